@@ -1,0 +1,111 @@
+// memopt/callbacks.hpp — hooks the Trainer calls at step boundaries, and the built-in
+// ones: a progress bar/log printer and a cache release (malloc_trim on CPU, the CUDA
+// caching allocator's empty_cache in CUDA builds).
+#pragma once
+
+#include <malloc.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "memopt/detail/version.hpp"
+#include "memopt/memory/report.hpp"
+
+#if MEMOPT_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace memopt {
+
+/// What one optimizer step produced. Tensors stay on the device: reading them syncs.
+struct StepStats {
+  int64_t step = 0;            // 1-based index of the step just taken
+  double lr = 0;               // learning rate used
+  torch::Tensor loss;          // 0-dim: mean loss over the effective batch
+  torch::Tensor grad_norm;     // 0-dim: global gradient norm before clipping
+  torch::Tensor num_targets;   // 0-dim: targets in the effective batch
+  int64_t tokens = 0;          // input tokens in the effective batch
+  double seconds = 0;          // wall time of the step (host view)
+};
+
+/// A log line: StepStats read back to the host, plus throughput and memory.
+struct LogLine {
+  int64_t step = 0;
+  int64_t max_steps = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double tokens_per_s = 0;  // since the previous log line
+  memory::Report memory;
+};
+
+/// Override what you need; the Trainer calls these in order at each step.
+///   struct Print : memopt::Callback { void on_log(const memopt::LogLine& l) override { ... } };
+struct Callback {
+  virtual ~Callback() = default;
+  virtual void on_step_begin(int64_t /*step*/) {}
+  virtual void on_step_end(const StepStats& /*stats*/) {}
+  virtual void on_log(const LogLine& /*line*/) {}
+  virtual void on_train_end(const memory::Report& /*report*/) {}
+};
+
+namespace callbacks {
+
+/// Prints a progress bar on a terminal, one line per log otherwise (CI, files).
+class ProgressBar : public Callback {
+ public:
+  explicit ProgressBar(std::FILE* out = stderr) : out_(out), tty_(isatty(fileno(out)) != 0) {}
+
+  void on_log(const LogLine& l) override {
+    constexpr int kWidth = 24;
+    const int filled = l.max_steps > 0 ? static_cast<int>(kWidth * l.step / l.max_steps) : 0;
+    const std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+    const std::string text = fmt::format(
+        "[{}] step {:>5}/{} | loss {:.4f} | lr {:.2e} | |g| {:.3f} | {:.0f} tok/s | tensors {:.0f} MiB (peak {:.0f}) | "
+        "RSS {:.0f} MiB",
+        bar, l.step, l.max_steps, l.loss, l.lr, l.grad_norm, l.tokens_per_s, memory::mib(l.memory.tensors.live_bytes),
+        memory::mib(l.memory.tensors.peak_bytes), memory::mib(l.memory.rss_bytes));
+    if (tty_) {
+      fmt::print(out_, "\r{}\x1b[K", text);
+    } else {
+      fmt::print(out_, "{}\n", text);
+    }
+    if (tty_ && l.step == l.max_steps) fmt::print(out_, "\n");
+    std::fflush(out_);
+  }
+
+ private:
+  std::FILE* out_;
+  bool tty_;
+};
+
+/// Every N steps, returns freed memory to the system: malloc_trim(0) on CPU (glibc keeps
+/// freed arenas otherwise), the caching allocator's empty_cache in CUDA builds.
+class ReleaseCache : public Callback {
+ public:
+  explicit ReleaseCache(int64_t every_n_steps) : every_(every_n_steps) {
+    TORCH_CHECK(every_n_steps >= 1, "memopt::callbacks::ReleaseCache: every_n_steps must be >= 1 (got ",
+                every_n_steps, "). HINT: use 1 to release after every step.");
+  }
+  void on_step_end(const StepStats& s) override {
+    if (s.step % every_ != 0) return;
+    malloc_trim(0);
+#if MEMOPT_HAS_CUDA
+    c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+    ++releases_;
+  }
+  int64_t releases() const { return releases_; }
+
+ private:
+  int64_t every_;
+  int64_t releases_ = 0;
+};
+
+}  // namespace callbacks
+}  // namespace memopt

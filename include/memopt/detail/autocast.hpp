@@ -1,0 +1,66 @@
+// memopt/detail/autocast.hpp — not API. The one place that names LibTorch's autocast
+// calls, which moved between versions (per-device in 2.4+). Everything else uses
+// AutocastState / AutocastGuard, written against a device type.
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+#include "memopt/detail/version.hpp"
+
+namespace memopt::detail {
+
+/// Autocast on/off and its dtype for one device type: what a guard saves and restores,
+/// and what activation checkpointing replays around its recompute.
+struct AutocastState {
+  c10::DeviceType device = c10::kCPU;
+  bool enabled = false;
+  c10::ScalarType dtype = c10::kBFloat16;
+
+  static AutocastState current(c10::DeviceType device) {
+#if MEMOPT_TORCH_AT_LEAST(2, 4)
+    return {device, at::autocast::is_autocast_enabled(device), at::autocast::get_autocast_dtype(device)};
+#else
+    if (device == c10::kCUDA) return {device, at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
+    return {device, at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()};
+#endif
+  }
+
+  void apply() const {
+#if MEMOPT_TORCH_AT_LEAST(2, 4)
+    at::autocast::set_autocast_enabled(device, enabled);
+    at::autocast::set_autocast_dtype(device, dtype);
+#else
+    if (device == c10::kCUDA) {
+      at::autocast::set_enabled(enabled);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+    } else {
+      at::autocast::set_cpu_enabled(enabled);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+    }
+#endif
+  }
+};
+
+/// Sets an autocast state for a scope; restores the previous one on exit and clears
+/// the cast cache when the outermost autocast scope closes (cached low-precision
+/// copies of parameters go stale after an optimizer step otherwise).
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(AutocastState state) : previous_(AutocastState::current(state.device)) {
+    state.apply();
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    previous_.apply();
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  AutocastState previous_;
+};
+
+}  // namespace memopt::detail

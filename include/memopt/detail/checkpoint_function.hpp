@@ -1,0 +1,173 @@
+// memopt/detail/checkpoint_function.hpp — not API. Activation checkpointing as a custom
+// autograd Function (LibTorch C++ has none): forward runs the block without saving its
+// activations; backward replays it with the RNG and autocast state of the forward, so
+// dropout draws the same masks, and returns the block's input and parameter gradients.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "memopt/detail/autocast.hpp"
+#include "memopt/detail/version.hpp"
+
+#if MEMOPT_HAS_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace memopt {
+
+/// A block's computation: its tensor inputs in, one tensor out. Checkpointing calls it
+/// twice (forward, then the recompute in backward), so capture by value.
+using BlockFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+namespace detail {
+
+// Carries a BlockFn through AutogradContext::saved_data (an IValue capsule).
+struct BlockFnHolder : torch::CustomClassHolder {
+  explicit BlockFnHolder(BlockFn f) : fn(std::move(f)) {}
+  BlockFn fn;
+};
+
+// Random-number state of the devices a block may draw from (CPU always, the current
+// CUDA device in CUDA builds).
+struct RngState {
+  torch::Tensor cpu;
+#if MEMOPT_HAS_CUDA
+  torch::Tensor cuda;
+#endif
+
+  static RngState capture() {
+    RngState s;
+    auto gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      s.cpu = gen.get_state();
+    }
+#if MEMOPT_HAS_CUDA
+    if (at::cuda::is_available()) {
+      auto cg = at::cuda::detail::getDefaultCUDAGenerator();
+      std::lock_guard<std::mutex> lock(cg.mutex());
+      s.cuda = cg.get_state();
+    }
+#endif
+    return s;
+  }
+
+  void restore() const {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(cpu);
+    }
+#if MEMOPT_HAS_CUDA
+    if (cuda.defined()) {
+      auto cg = at::cuda::detail::getDefaultCUDAGenerator();
+      std::lock_guard<std::mutex> lock(cg.mutex());
+      cg.set_state(cuda);
+    }
+#endif
+  }
+};
+
+// Inputs to apply(): the block's tensor inputs followed by its parameters. Parameters
+// are inputs so their gradients flow through the normal AccumulateGrad path (and the
+// node exists even when no data input requires grad).
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const BlockFn& fn, int64_t num_inputs,
+                               at::TensorList inputs_and_params) {
+    std::vector<torch::Tensor> inputs(inputs_and_params.begin(), inputs_and_params.begin() + num_inputs);
+    const RngState rng = RngState::capture();
+    ctx->saved_data["fn"] = c10::IValue::make_capsule(c10::make_intrusive<BlockFnHolder>(fn));
+    ctx->saved_data["num_inputs"] = num_inputs;
+    ctx->saved_data["rng_cpu"] = rng.cpu;
+#if MEMOPT_HAS_CUDA
+    if (rng.cuda.defined()) ctx->saved_data["rng_cuda"] = rng.cuda;
+    const auto cuda_autocast = AutocastState::current(c10::kCUDA);
+    ctx->saved_data["autocast_cuda"] = cuda_autocast.enabled;
+    ctx->saved_data["autocast_cuda_dtype"] = static_cast<int64_t>(cuda_autocast.dtype);
+#endif
+    const auto cpu_autocast = AutocastState::current(c10::kCPU);
+    ctx->saved_data["autocast_cpu"] = cpu_autocast.enabled;
+    ctx->saved_data["autocast_cpu_dtype"] = static_cast<int64_t>(cpu_autocast.dtype);
+    ctx->save_for_backward(inputs_and_params.vec());  // references only: no activations
+    return fn(inputs);                                 // runs under no-grad: nothing saved
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const int64_t num_inputs = ctx->saved_data["num_inputs"].toInt();
+    const auto holder = ctx->saved_data["fn"].toCapsule();
+    const BlockFn& fn = static_cast<BlockFnHolder*>(holder.get())->fn;
+
+    // Detached copies of the inputs are the recompute's leaves; parameters are used as
+    // they are (the block's own modules reference them).
+    std::vector<torch::Tensor> inputs;
+    std::vector<torch::Tensor> wrt;
+    std::vector<int64_t> wrt_index;
+    for (int64_t i = 0; i < static_cast<int64_t>(saved.size()); ++i) {
+      torch::Tensor t = saved[i];
+      if (i < num_inputs) {
+        torch::Tensor leaf = t.detach();
+        leaf.requires_grad_(t.requires_grad());
+        inputs.push_back(leaf);
+        t = leaf;
+      }
+      if (t.requires_grad()) {
+        wrt.push_back(t);
+        wrt_index.push_back(i);
+      }
+    }
+
+    torch::autograd::variable_list grads(saved.size());
+    if (wrt.empty() || !grad_outputs[0].defined()) return with_non_tensor_slots(std::move(grads));
+
+    // Replay the forward: same RNG draws, same autocast, grad mode on.
+    RngState forward_rng;
+    forward_rng.cpu = ctx->saved_data["rng_cpu"].toTensor();
+#if MEMOPT_HAS_CUDA
+    if (ctx->saved_data.count("rng_cuda")) forward_rng.cuda = ctx->saved_data["rng_cuda"].toTensor();
+#endif
+    const RngState outer_rng = RngState::capture();
+    torch::Tensor output;
+    {
+      forward_rng.restore();
+      AutocastGuard cpu_autocast({c10::kCPU, ctx->saved_data["autocast_cpu"].toBool(),
+                                  static_cast<c10::ScalarType>(ctx->saved_data["autocast_cpu_dtype"].toInt())});
+#if MEMOPT_HAS_CUDA
+      AutocastGuard cuda_autocast({c10::kCUDA, ctx->saved_data["autocast_cuda"].toBool(),
+                                   static_cast<c10::ScalarType>(ctx->saved_data["autocast_cuda_dtype"].toInt())});
+#endif
+      torch::AutoGradMode enable_grad(true);
+      output = fn(inputs);
+    }
+    outer_rng.restore();  // the rest of backward sees the RNG as it was
+
+    auto block_grads = torch::autograd::grad({output}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
+                                             /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t k = 0; k < wrt.size(); ++k) grads[wrt_index[k]] = block_grads[k];
+    return with_non_tensor_slots(std::move(grads));
+  }
+
+ private:
+  // backward returns one slot per forward argument: fn and num_inputs get none, and
+  // the TensorList's elements are flattened after them.
+  static torch::autograd::variable_list with_non_tensor_slots(torch::autograd::variable_list grads) {
+    grads.insert(grads.begin(), 2, torch::Tensor());
+    return grads;
+  }
+};
+
+/// Runs `fn(inputs)` under activation checkpointing for a block with `params`.
+inline torch::Tensor checkpointed(const BlockFn& fn, const std::vector<torch::Tensor>& inputs,
+                                  const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> all = inputs;
+  all.insert(all.end(), params.begin(), params.end());
+  return CheckpointFunction::apply(fn, static_cast<int64_t>(inputs.size()), at::TensorList(all));
+}
+
+}  // namespace detail
+}  // namespace memopt

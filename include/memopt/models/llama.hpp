@@ -1,0 +1,239 @@
+// memopt/models/llama.hpp — a LLaMA-style decoder: token embedding, N blocks of
+// (RMSNorm → attention with RoPE and optional grouped KV heads → RMSNorm → SwiGLU),
+// final norm and an untied output head. Parameter names follow HuggingFace
+// (model.layers.N.self_attn.q_proj.weight, lm_head.weight, …) so real checkpoints load.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "memopt/batch.hpp"
+#include "memopt/concepts.hpp"
+#include "memopt/nn/attention.hpp"
+#include "memopt/nn/mlp.hpp"
+#include "memopt/nn/rmsnorm.hpp"
+#include "memopt/nn/rope.hpp"
+#include "memopt/policies/checkpoint.hpp"
+
+namespace memopt::models {
+
+/// Model size and options, with HuggingFace's config.json field names.
+///   auto cfg = memopt::models::LlamaConfig().vocab_size(4096).hidden_size(256).num_hidden_layers(4);
+struct LlamaConfig {
+  TORCH_ARG(int64_t, vocab_size) = 32000;
+  TORCH_ARG(int64_t, hidden_size) = 512;
+  TORCH_ARG(int64_t, num_hidden_layers) = 8;
+  TORCH_ARG(int64_t, num_attention_heads) = 8;
+  /// 0 means num_attention_heads (no grouped-query attention).
+  TORCH_ARG(int64_t, num_key_value_heads) = 0;
+  /// 0 means LLaMA's rule: 8/3 · hidden_size rounded up to a multiple of 64.
+  TORCH_ARG(int64_t, intermediate_size) = 0;
+  TORCH_ARG(int64_t, max_position_embeddings) = 2048;
+  TORCH_ARG(double, rope_theta) = 10000.0;
+  TORCH_ARG(double, rms_norm_eps) = 1e-5;
+  /// Dropout on attention probabilities and on each residual branch (training only).
+  TORCH_ARG(double, dropout) = 0.0;
+  /// false: bidirectional attention (a LLaDA student).
+  TORCH_ARG(bool, causal) = true;
+  /// Standard deviation of the normal init of linear and embedding weights.
+  TORCH_ARG(double, initializer_range) = 0.02;
+
+
+ public:
+  int64_t ffn_size() const {
+    if (intermediate_size_ > 0) return intermediate_size_;
+    const int64_t raw = (8 * hidden_size_ + 2) / 3;
+    return (raw + 63) / 64 * 64;
+  }
+  int64_t kv_heads() const { return num_key_value_heads_ > 0 ? num_key_value_heads_ : num_attention_heads_; }
+
+  void validate() const {
+    auto positive = [](int64_t v, const char* name) {
+      TORCH_CHECK(v >= 1, "memopt::models::LlamaConfig: ", name, " must be >= 1 (got ", v,
+                  "). HINT: check the model preset or config.json.");
+    };
+    positive(vocab_size_, "vocab_size");
+    positive(hidden_size_, "hidden_size");
+    positive(num_hidden_layers_, "num_hidden_layers");
+    positive(num_attention_heads_, "num_attention_heads");
+    positive(max_position_embeddings_, "max_position_embeddings");
+    TORCH_CHECK(hidden_size_ % num_attention_heads_ == 0 && (hidden_size_ / num_attention_heads_) % 2 == 0,
+                "memopt::models::LlamaConfig: hidden_size / num_attention_heads must be an even integer (got ",
+                hidden_size_, " / ", num_attention_heads_, "). HINT: RoPE rotates pairs of head dimensions.");
+    TORCH_CHECK(num_attention_heads_ % kv_heads() == 0,
+                "memopt::models::LlamaConfig: num_attention_heads must be a multiple of num_key_value_heads (got ",
+                num_attention_heads_, " and ", kv_heads(), ").");
+    TORCH_CHECK(dropout_ >= 0 && dropout_ < 1, "memopt::models::LlamaConfig: dropout must lie in [0, 1) (got ",
+                dropout_, ").");
+  }
+};
+
+/// One decoder block: h = x + attn(norm(x)); y = h + mlp(norm(h)).
+class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl> {
+ public:
+  explicit LlamaDecoderLayerImpl(LlamaConfig config) : config(config) { reset(); }
+  void reset() override {
+    self_attn = register_module("self_attn", nn::Attention(nn::AttentionOptions(config.hidden_size(),
+                                                                                 config.num_attention_heads())
+                                                               .num_kv_heads(config.kv_heads())
+                                                               .causal(config.causal())
+                                                               .dropout(config.dropout())));
+    mlp = register_module("mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size())));
+    input_layernorm = register_module(
+        "input_layernorm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
+    post_attention_layernorm = register_module(
+        "post_attention_layernorm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
+  }
+
+  /// x (B, T, C), cos/sin (T, D) -> (B, T, C)
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+    const double p = config.dropout();
+    auto h = x + torch::dropout(self_attn(input_layernorm(x), cos, sin), p, is_training());  // (B, T, C)
+    return h + torch::dropout(mlp(post_attention_layernorm(h)), p, is_training());         // (B, T, C)
+  }
+
+  LlamaConfig config;
+  nn::Attention self_attn{nullptr};
+  nn::SwiGLU mlp{nullptr};
+  nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+/// The stack without the head (HF's LlamaModel): embed_tokens, layers, norm.
+class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
+ public:
+  explicit LlamaModelImpl(LlamaConfig config) : config(config) { reset(); }
+  void reset() override {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size(), config.hidden_size()));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < config.num_hidden_layers(); ++i) layers->push_back(LlamaDecoderLayer(config));
+    norm = register_module("norm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
+  }
+
+  /// tokens (B, T) -> hidden states (B, T, C); each block runs through the policy.
+  template <CheckpointPolicy Checkpoint>
+  torch::Tensor forward(const torch::Tensor& tokens, const Checkpoint& ckpt) {
+    const int64_t T = tokens.size(1);
+    TORCH_CHECK(T <= config.max_position_embeddings(), "memopt::models::Llama: sequence length ", T,
+                " exceeds max_position_embeddings ", config.max_position_embeddings(),
+                ". HINT: lower --seq_len or raise max_position_embeddings.");
+    auto [cos, sin] = nn::rope_tables(T, config.hidden_size() / config.num_attention_heads(), config.rope_theta(),
+                                      tokens.device());  // (T, D) each
+    auto x = embed_tokens(tokens);                       // (B, T, C)
+    for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
+      auto layer = layers->ptr<LlamaDecoderLayerImpl>(i);
+      x = ckpt.run_block(i, *layer,
+                         [layer](const std::vector<torch::Tensor>& in) { return layer->forward(in[0], in[1], in[2]); },
+                         {x, cos, sin});  // (B, T, C)
+    }
+    return norm(x);  // (B, T, C)
+  }
+
+  LlamaConfig config;
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  nn::RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaModel);
+
+/// Sampling options for Llama::generate.  SampleOptions().max_new_tokens(64).temperature(0.8)
+struct SampleOptions {
+  TORCH_ARG(int64_t, max_new_tokens) = 64;
+  /// 0 means greedy decoding.
+  TORCH_ARG(double, temperature) = 0.0;
+  /// Keep the k most likely tokens before sampling; 0 keeps all.
+  TORCH_ARG(int64_t, top_k) = 0;
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Stop after this token (-1: never).
+  TORCH_ARG(int64_t, eos_id) = -1;
+};
+
+/// LLaMA for causal LM (HF's LlamaForCausalLM): model + untied lm_head.
+///   memopt::models::Llama model(memopt::models::LlamaConfig().vocab_size(4096));
+///   auto logits = model->forward(tokens);                          // (B, T, V)
+///   auto loss = model->loss_sum(batch, memopt::checkpoint::EveryBlock{});
+class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
+ public:
+  explicit LlamaImpl(LlamaConfig config) : config(config) {
+    config.validate();
+    reset();
+  }
+  void reset() override {
+    model = register_module("model", LlamaModel(config));
+    lm_head = register_module("lm_head",
+                              torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size(), config.vocab_size())
+                                                    .bias(false)));
+    init_weights();
+  }
+
+  /// Normal(0, initializer_range) for linear and embedding weights, ones for norms.
+  void init_weights() {
+    torch::NoGradGuard no_grad;
+    for (auto& item : named_parameters()) {
+      if (item.value().dim() >= 2) item.value().normal_(0.0, config.initializer_range());
+    }
+  }
+
+  /// tokens (B, T) -> logits (B, T, V)
+  template <CheckpointPolicy Checkpoint>
+  torch::Tensor forward(const torch::Tensor& tokens, const Checkpoint& ckpt) {
+    return lm_head(model->forward(tokens, ckpt));
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) { return forward(tokens, checkpoint::None{}); }
+
+  /// Sum of next-token cross-entropies over the batch's non-ignored targets (fp32).
+  template <CheckpointPolicy Checkpoint>
+  torch::Tensor loss_sum(const Batch& batch, const Checkpoint& ckpt) {
+    auto logits = forward(batch.inputs, ckpt);  // (B, T, V)
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), batch.targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+  }
+
+  /// Continues `prompt` (1-D token ids); greedy when temperature is 0.
+  torch::Tensor generate(const torch::Tensor& prompt, const SampleOptions& options) {
+    TORCH_CHECK(prompt.dim() == 1 && prompt.numel() >= 1, "memopt::models::Llama::generate: prompt must be a "
+                "non-empty 1-D tensor of token ids (got shape ", prompt.sizes(), ").");
+    TORCH_CHECK(prompt.max().item<int64_t>() < config.vocab_size() && prompt.min().item<int64_t>() >= 0,
+                "memopt::models::Llama::generate: prompt token ids must lie in [0, ", config.vocab_size(),
+                "). HINT: use the tokenizer the model was trained with.");
+    torch::NoGradGuard no_grad;
+    const bool was_training = is_training();
+    eval();
+    std::mt19937_64 rng(options.seed());
+    std::vector<int64_t> ids(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + prompt.numel());
+    for (int64_t n = 0; n < options.max_new_tokens(); ++n) {
+      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - config.max_position_embeddings());
+      auto context = torch::tensor(std::vector<int64_t>(ids.begin() + start, ids.end())).unsqueeze(0);  // (1, T)
+      auto logits = forward(context.to(lm_head->weight.device())).select(1, -1).squeeze(0).to(torch::kFloat).cpu();  // (V)
+      const int64_t next = pick_token(logits, options, rng);
+      ids.push_back(next);
+      if (next == options.eos_id()) break;
+    }
+    train(was_training);
+    return torch::tensor(ids);
+  }
+
+  LlamaConfig config;
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  static int64_t pick_token(torch::Tensor logits, const SampleOptions& options, std::mt19937_64& rng) {
+    if (options.temperature() <= 0) return logits.argmax().item<int64_t>();
+    logits = logits / options.temperature();
+    if (options.top_k() > 0 && options.top_k() < logits.size(0)) {
+      auto kth = std::get<0>(logits.topk(options.top_k())).min();
+      logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+    }
+    auto probs = torch::softmax(logits, 0).contiguous();
+    std::discrete_distribution<int64_t> pick(probs.data_ptr<float>(), probs.data_ptr<float>() + probs.numel());
+    return pick(rng);
+  }
+};
+TORCH_MODULE(Llama);
+
+}  // namespace memopt::models

@@ -1,0 +1,35 @@
+// memopt/nn/mlp.hpp — the SwiGLU feed-forward of LLaMA: down(silu(gate(x)) · up(x)),
+// no biases, HF parameter names (gate_proj, up_proj, down_proj).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace memopt::nn {
+
+/// Options for SwiGLU.  SwiGLU(SwiGLUOptions(512, 1408))
+struct SwiGLUOptions {
+  SwiGLUOptions(int64_t hidden_size, int64_t intermediate_size)
+      : hidden_size_(hidden_size), intermediate_size_(intermediate_size) {}
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(int64_t, intermediate_size);
+};
+
+class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
+ public:
+  explicit SwiGLUImpl(SwiGLUOptions options) : options(options) { reset(); }
+  void reset() override {
+    const int64_t C = options.hidden_size(), F = options.intermediate_size();
+    gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(C, F).bias(false)));
+    up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(C, F).bias(false)));
+    down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(F, C).bias(false)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {  // (B, T, C) -> (B, T, C)
+    return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  }
+
+  SwiGLUOptions options;
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(SwiGLU);
+
+}  // namespace memopt::nn

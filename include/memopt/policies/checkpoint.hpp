@@ -1,0 +1,75 @@
+// memopt/policies/checkpoint.hpp — activation checkpointing policies. A model runs each
+// block through `ckpt.run_block(i, block, fn, inputs)`; the policy decides whether the
+// block's activations are kept (None) or recomputed in backward (EveryBlock, EveryNth<N>).
+// Works for any torch::nn::Module: see run_sequential() and models/llama.hpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "memopt/concepts.hpp"
+#include "memopt/detail/checkpoint_function.hpp"
+
+namespace memopt::checkpoint {
+
+namespace detail {
+inline std::vector<torch::Tensor> trainable(torch::nn::Module& block) {
+  std::vector<torch::Tensor> params;
+  for (auto& p : block.parameters())
+    if (p.requires_grad()) params.push_back(p);
+  return params;
+}
+}  // namespace detail
+
+/// Keeps every activation (fastest, most memory).
+struct None {
+  static constexpr bool kRecomputes = false;
+  torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
+                          const std::vector<torch::Tensor>& inputs) const {
+    return fn(inputs);
+  }
+};
+
+/// Recomputes every block in backward: keeps only each block's input.
+///   x = memopt::checkpoint::EveryBlock{}.run_block(i, *layer, fn, {x});
+struct EveryBlock {
+  static constexpr bool kRecomputes = true;
+  torch::Tensor run_block(int64_t, torch::nn::Module& block, const BlockFn& fn,
+                          const std::vector<torch::Tensor>& inputs) const {
+    return memopt::detail::checkpointed(fn, inputs, detail::trainable(block));
+  }
+};
+
+/// Recomputes blocks 0, N, 2N, …: 1/N of the blocks, trading memory for less recompute.
+template <int N>
+struct EveryNth {
+  static_assert(N >= 1, "memopt::checkpoint::EveryNth<N>: N must be >= 1");
+  static constexpr bool kRecomputes = true;
+  torch::Tensor run_block(int64_t index, torch::nn::Module& block, const BlockFn& fn,
+                          const std::vector<torch::Tensor>& inputs) const {
+    if (index % N != 0) return fn(inputs);
+    return memopt::detail::checkpointed(fn, inputs, detail::trainable(block));
+  }
+};
+
+}  // namespace memopt::checkpoint
+
+namespace memopt {
+
+/// Runs a torch::nn::Sequential of single-input blocks under a checkpoint policy: the
+/// shortest way to give a user-defined model checkpointing.
+///   x = memopt::run_sequential(ckpt, blocks_, x);   // blocks_: torch::nn::Sequential
+template <CheckpointPolicy Checkpoint>
+torch::Tensor run_sequential(const Checkpoint& ckpt, const torch::nn::Sequential& blocks, torch::Tensor x) {
+  int64_t index = 0;
+  for (const auto& any : *blocks) {
+    auto module = any;  // shallow copy: shares the module, outlives this call
+    x = ckpt.run_block(index++, *any.ptr(),
+                       [module](const std::vector<torch::Tensor>& in) mutable { return module.forward(in[0]); }, {x});
+  }
+  return x;
+}
+
+}  // namespace memopt

@@ -1,0 +1,283 @@
+// memopt/trainer.hpp — Trainer<Checkpoint, Precision, Accum, Offload>: the training loop
+// with the chosen memory optimizations compiled in and the others costing nothing.
+// The step reads top to bottom; policies are types, so there is no runtime branch on one.
+#pragma once
+
+#include <sched.h>
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "memopt/batch.hpp"
+#include "memopt/callbacks.hpp"
+#include "memopt/concepts.hpp"
+#include "memopt/memory/report.hpp"
+#include "memopt/memory/tracker.hpp"
+#include "memopt/optim/clip.hpp"
+#include "memopt/optim/param_groups.hpp"
+#include "memopt/optim/schedule.hpp"
+#include "memopt/policies/accum.hpp"
+#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/offload.hpp"
+#include "memopt/policies/precision.hpp"
+
+namespace memopt {
+
+/// Options of the optimizer, schedule and loop.
+///   auto opts = memopt::TrainerOptions().lr(3e-4).warmup_steps(50).max_steps(400);
+struct TrainerOptions {
+  TORCH_ARG(double, lr) = 3e-4;
+  TORCH_ARG(double, beta1) = 0.9;
+  TORCH_ARG(double, beta2) = 0.95;
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0.1;
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  TORCH_ARG(optim::Decay, decay) = optim::Decay::kCosine;
+  TORCH_ARG(double, min_lr_ratio) = 0.1;
+  /// Global gradient-norm clip; 0 turns clipping off.
+  TORCH_ARG(double, grad_clip) = 1.0;
+  TORCH_ARG(int64_t, max_steps) = 1000;
+  /// Steps between log lines (the only host syncs of the loop).
+  TORCH_ARG(int64_t, log_interval) = 10;
+  /// Intra-op threads; 0 means all CPUs this process may run on.
+  TORCH_ARG(int, threads) = 0;
+  /// Micro-batches per step for accum::Runtime.
+  TORCH_ARG(int64_t, accum_steps) = 1;
+
+
+ public:
+  /// Throws a message naming the option, the value and a HINT when one is out of range.
+  void validate() const {
+    TORCH_CHECK(lr_ > 0, "memopt::TrainerOptions: lr must be > 0 (got ", lr_, "). HINT: try 3e-4.");
+    TORCH_CHECK(beta1_ >= 0 && beta1_ < 1 && beta2_ >= 0 && beta2_ < 1,
+                "memopt::TrainerOptions: betas must lie in [0, 1) (got ", beta1_, ", ", beta2_,
+                "). HINT: try 0.9, 0.95.");
+    TORCH_CHECK(eps_ > 0, "memopt::TrainerOptions: eps must be > 0 (got ", eps_, ").");
+    TORCH_CHECK(weight_decay_ >= 0, "memopt::TrainerOptions: weight_decay must be >= 0 (got ", weight_decay_, ").");
+    TORCH_CHECK(warmup_steps_ >= 0, "memopt::TrainerOptions: warmup_steps must be >= 0 (got ", warmup_steps_, ").");
+    TORCH_CHECK(min_lr_ratio_ >= 0 && min_lr_ratio_ <= 1,
+                "memopt::TrainerOptions: min_lr_ratio must lie in [0, 1] (got ", min_lr_ratio_, ").");
+    TORCH_CHECK(grad_clip_ >= 0, "memopt::TrainerOptions: grad_clip must be >= 0 (got ", grad_clip_,
+                "). HINT: 0 turns clipping off.");
+    TORCH_CHECK(max_steps_ >= 1, "memopt::TrainerOptions: max_steps must be >= 1 (got ", max_steps_, ").");
+    TORCH_CHECK(log_interval_ >= 1, "memopt::TrainerOptions: log_interval must be >= 1 (got ", log_interval_, ").");
+    TORCH_CHECK(threads_ >= 0, "memopt::TrainerOptions: threads must be >= 0 (got ", threads_,
+                "). HINT: 0 uses every available CPU.");
+    TORCH_CHECK(accum_steps_ >= 1, "memopt::TrainerOptions: accum_steps must be >= 1 (got ", accum_steps_,
+                "). HINT: pass --accum 1 or more.");
+  }
+};
+
+/// CPUs this process may run on (its affinity mask), at least 1.
+inline int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+/// A source of micro-batches: `loader.next()` returns a Batch.
+template <class L>
+concept BatchSource = requires(L& loader) {
+  { loader.next() } -> std::convertible_to<Batch>;
+};
+
+/// What a loss function computes: `loss_fn(batch, checkpoint_policy)` returns the SUM of
+/// the per-target losses of the batch (the Trainer normalises).
+template <class F, class Checkpoint>
+concept LossFunction = requires(F& fn, const Batch& batch, const Checkpoint& ckpt) {
+  { fn(batch, ckpt) } -> std::convertible_to<torch::Tensor>;
+};
+
+/// What fit() returns.
+struct FitResult {
+  int64_t steps = 0;
+  double final_loss = 0;
+  double tokens_per_s = 0;
+  double seconds = 0;
+  memory::Report memory;
+};
+
+/// The training loop. Policies are chosen at compile time; everything else at run time.
+///
+///   memopt::memory::Tracker::install();                      // first line of main()
+///   auto model = memopt::models::Llama(cfg);
+///   memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast,
+///                   memopt::accum::Fixed<4>> trainer(*model, memopt::TrainerOptions().lr(1e-3));
+///   trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
+template <CheckpointPolicy Checkpoint = checkpoint::None, PrecisionPolicy Precision = precision::Fp32,
+          AccumPolicy Accum = accum::None, OffloadPolicy Offload = offload::None>
+class Trainer {
+ public:
+  using checkpoint_type = Checkpoint;
+  using precision_type = Precision;
+  using accum_type = Accum;
+  using offload_type = Offload;
+
+  /// Takes the model's trainable parameters; builds the optimizer through the Offload policy.
+  Trainer(torch::nn::Module& model, TrainerOptions options) : Trainer(model, options, make_accum_policy(options)) {}
+  Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum)
+      : options_(validated(options)), accum_(std::move(accum)) {
+    at::set_num_threads(options_.threads() > 0 ? options_.threads() : available_cpus());
+    for (const auto& p : model.parameters())
+      if (p.requires_grad()) params_.push_back(p);
+    TORCH_CHECK(!params_.empty(), "memopt::Trainer: the model has no trainable parameters. "
+                                  "HINT: register parameters with register_parameter/register_module.");
+    device_ = params_.front().device();
+    auto adamw = torch::optim::AdamWOptions(options_.lr())
+                     .betas({options_.beta1(), options_.beta2()})
+                     .eps(options_.eps())
+                     .weight_decay(options_.weight_decay());
+    optimizer_ = offload_.make_optimizer(optim::param_groups(model.named_parameters(), adamw), adamw);
+  }
+
+  /// Adds a callback (called in the order added).
+  Trainer& add_callback(std::shared_ptr<Callback> cb) {
+    callbacks_.push_back(std::move(cb));
+    return *this;
+  }
+
+  /// One optimizer step over accum_.micro_steps() micro-batches from `loader`.
+  template <BatchSource Loader, LossFunction<Checkpoint> LossFn>
+  StepStats step(Loader& loader, LossFn&& loss_fn) {
+    const auto start = std::chrono::steady_clock::now();
+    for (auto& cb : callbacks_) cb->on_step_begin(step_ + 1);
+    auto& tracker = memory::Tracker::instance();
+
+    // ---- the effective batch: its micro-batches and their target count ----
+    std::vector<Batch> micro_batches = next_micro_batches(loader);   // accum_.micro_steps() × (B, T)
+    torch::Tensor num_targets = count_targets(micro_batches);        // 0-dim, no host sync
+
+    // ---- forward + backward per micro-batch; gradients accumulate with += ----
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
+    for (const Batch& batch : micro_batches) {
+      tracker.set_phase(memory::Phase::kForward);
+      torch::Tensor loss = forward_loss(batch, loss_fn) / num_targets;  // 0-dim, this micro-batch's share
+      tracker.set_phase(memory::Phase::kBackward);
+      precision_.backward(loss);
+      loss_sum += loss.detach();
+    }
+
+    // ---- optimizer step ----
+    tracker.set_phase(memory::Phase::kOptimizer);
+    torch::Tensor grad_norm = optim::clip_grad_norm_(params_, options_.grad_clip());
+    const double lr = set_learning_rate(step_);
+    offload_.before_step(*optimizer_);
+    precision_.step(*optimizer_);
+    offload_.after_step(*optimizer_);
+    zero_grad();
+    tracker.set_phase(memory::Phase::kIdle);
+
+    StepStats stats{++step_, lr, loss_sum, grad_norm, num_targets, tokens_in(micro_batches),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+    for (auto& cb : callbacks_) cb->on_step_end(stats);
+    return stats;
+  }
+
+  /// Runs steps until options.max_steps(), logging every options.log_interval() steps.
+  template <BatchSource Loader, LossFunction<Checkpoint> LossFn>
+  FitResult fit(Loader& loader, LossFn&& loss_fn) {
+    FitResult result;
+    int64_t tokens_since_log = 0;
+    double seconds_since_log = 0;
+    while (step_ < options_.max_steps()) {
+      StepStats s = step(loader, loss_fn);
+      tokens_since_log += s.tokens;
+      seconds_since_log += s.seconds;
+      result.seconds += s.seconds;
+      result.steps += 1;
+      result.tokens_per_s += static_cast<double>(s.tokens);  // total tokens until the end
+      if (s.step % options_.log_interval() == 0 || s.step == options_.max_steps()) {
+        LogLine line{s.step, options_.max_steps(), s.loss.item<double>(), s.lr, s.grad_norm.item<double>(),
+                     static_cast<double>(tokens_since_log) / std::max(seconds_since_log, 1e-9),
+                     memory::Report::now()};
+        result.final_loss = line.loss;
+        for (auto& cb : callbacks_) cb->on_log(line);
+        tokens_since_log = 0;
+        seconds_since_log = 0;
+      }
+    }
+    result.tokens_per_s /= std::max(result.seconds, 1e-9);
+    result.memory = memory::Report::now();
+    for (auto& cb : callbacks_) cb->on_train_end(result.memory);
+    return result;
+  }
+
+  int64_t steps_taken() const { return step_; }
+  const TrainerOptions& options() const { return options_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const Accum& accum() const { return accum_; }
+  const Checkpoint& checkpoint() const { return checkpoint_; }
+
+ private:
+  static TrainerOptions validated(TrainerOptions o) {
+    o.validate();
+    return o;
+  }
+  static Accum make_accum_policy(const TrainerOptions& o) {
+    if constexpr (std::is_constructible_v<Accum, int64_t>) {
+      return Accum(o.accum_steps());
+    } else {
+      return Accum{};
+    }
+  }
+
+  template <class Loader>
+  std::vector<Batch> next_micro_batches(Loader& loader) {
+    std::vector<Batch> batches;
+    batches.reserve(static_cast<size_t>(accum_.micro_steps()));
+    for (int64_t m = 0; m < accum_.micro_steps(); ++m) {
+      Batch b = loader.next();
+      batches.push_back({b.inputs.to(device_), b.targets.to(device_)});
+    }
+    return batches;
+  }
+
+  static torch::Tensor count_targets(const std::vector<Batch>& batches) {
+    torch::Tensor n = batches.front().num_targets();
+    for (size_t m = 1; m < batches.size(); ++m) n = n + batches[m].num_targets();
+    return n.clamp_min(1).to(torch::kFloat);
+  }
+
+  static int64_t tokens_in(const std::vector<Batch>& batches) {
+    int64_t n = 0;
+    for (const auto& b : batches) n += b.inputs.numel();
+    return n;
+  }
+
+  template <class LossFn>
+  torch::Tensor forward_loss(const Batch& batch, LossFn& loss_fn) {
+    auto autocast = precision_.autocast(device_.type());  // no-op for Fp32
+    return loss_fn(batch, checkpoint_).to(torch::kFloat);
+  }
+
+  double set_learning_rate(int64_t step) {
+    const double lr = optim::scheduled_lr(step, options_.lr(), options_.warmup_steps(), options_.max_steps(),
+                                          options_.decay(), options_.min_lr_ratio());
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+    return lr;
+  }
+
+  void zero_grad() {
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();  // frees the gradient memory
+  }
+
+  TrainerOptions options_;
+  [[no_unique_address]] Checkpoint checkpoint_;
+  [[no_unique_address]] Precision precision_;
+  [[no_unique_address]] Accum accum_;
+  [[no_unique_address]] Offload offload_;
+  std::vector<torch::Tensor> params_;
+  c10::Device device_ = torch::kCPU;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  int64_t step_ = 0;
+};
+
+}  // namespace memopt
