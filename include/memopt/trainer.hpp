@@ -214,6 +214,7 @@ class Trainer {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const Accum& accum() const { return accum_; }
   const Checkpoint& checkpoint() const { return checkpoint_; }
+  const Offload& offload() const { return offload_; }
 
  private:
   static TrainerOptions validated(TrainerOptions o) {
