@@ -48,14 +48,18 @@ inline bool is_document_name(const std::string& name) {
 /// Plain text of tagged Brown text: each whitespace-separated "word/tag" token loses the
 /// tag (after the LAST '/': "and/or/cc" -> "and/or"); `` and '' become ", a lone ' is an
 /// opening then a closing quote, no space goes before , . ; : ! ? ) ] } % '' or clitics,
-/// none after `` ( [ {, and a "." after a word ending in "." is dropped ("etc. ." -> "etc.").
+/// none after `` ( [ {, a "." after a word ending in "." is dropped ("etc. ." -> "etc."),
+/// and inch marks, tagged as a word ending in '' plus a '' token ("12''/nn ''/''"), become
+/// one " ("12\"").
 /// Pass a whole paragraph so quote pairs spanning its sentences match.
 ///   strip_tags("``/`` Only/rb a/at handful/nn ''/'' ,/, he/pps said/vbd ./.")
 ///     == "\"Only a handful\", he said."
 inline std::string strip_tags(std::string_view line) {
   std::string out;
-  bool glue_next = false;    // the previous word opens something: no space after it
-  bool single_open = false;  // a lone ' seen an odd number of times
+  bool glue_next = false;     // the previous word opens something: no space after it
+  bool single_open = false;   // a lone ' seen an odd number of times
+  bool after_inches = false;  // the previous word ended in '' (an inch mark)
+  std::string inches;         // the rewritten inch word (12'' -> 12")
   size_t pos = 0;
   while (pos < line.size()) {
     while (pos < line.size() && detail::is_space(line[pos])) ++pos;
@@ -66,10 +70,20 @@ inline std::string strip_tags(std::string_view line) {
     const size_t slash = token.rfind('/');
     std::string_view word = slash == std::string_view::npos ? token : token.substr(0, slash);
     if (word.empty()) continue;
+    if (after_inches && word == "''") {  // the duplicate of the inch mark: drop it
+      after_inches = false;
+      continue;
+    }
+    after_inches = false;
 
     bool opens = false, closes = false;
     std::string_view text = word;
-    if (word == "``") {
+    if (word.size() > 2 && word.substr(word.size() - 2) == "''") {  // 12'' -> 12"
+      inches.assign(word.substr(0, word.size() - 2));
+      inches += '"';
+      text = inches;
+      after_inches = true;
+    } else if (word == "``") {
       text = "\"", opens = true;
     } else if (word == "''") {
       text = "\"", closes = true;

@@ -1,0 +1,7 @@
+# scripts/env.sh — sourced by the scripts: repository root, build settings shared by
+# scripts/test, scripts/demo and scripts/bench.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# ccache may reuse objects built with the precompiled header only with these settings.
+export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
+JOBS="${JOBS:-$(nproc)}"
+GENERATOR=(-G Ninja)
