@@ -1,0 +1,221 @@
+// tests/models/llama_test.cpp — memopt::models::Llama against an independent python3-torch
+// LLaMA (tests/baselines/llama_reference.py, HF maths and names): the same weights must
+// give the same logits, loss and parameter gradients, with and without activation
+// checkpointing, causal and bidirectional; plus greedy generation and bad-input errors.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <memopt/batch.hpp>
+#include <memopt/models/llama.hpp>
+#include <memopt/policies/checkpoint.hpp>
+
+namespace {
+
+// Tolerances. Python and C++ both run float32 on the CPU. The reference's own float32
+// error against float64 (same script, float64 weights) is 9e-8 on logits, 7e-8 relative
+// on loss_sum and 6e-7 of each gradient tensor's largest entry; memopt measures 0 (bit
+// for bit) against it on LibTorch 1.13. The bounds leave 10-100x room over float32
+// noise (another LibTorch, thread count or op order) yet fail on real mistakes: a wrong
+// mask moves logits by 0.24, and a 0.1% error in one gradient tensor fails kGradRtol.
+// Gradient tensors differ in scale by 100x (q_proj's largest entry is 4e-4), so their
+// bound is relative to each tensor's largest reference entry.
+constexpr double kLogitsAtol = 1e-5;
+constexpr double kLossRtol = 1e-6;
+constexpr double kGradRtol = 2e-5;
+
+using TensorMap = std::map<std::string, torch::Tensor>;
+
+// tests/baselines/llama_reference.pt: a torch.save(dict) zip of tensors.
+const TensorMap& reference() {
+  static const TensorMap ref = [] {
+    const std::string path = std::string(MEMOPT_TEST_BASELINES) + "/llama_reference.pt";
+    std::ifstream file(path, std::ios::binary);
+    if (!file) throw std::runtime_error("cannot open " + path + " (run tests/baselines/llama_reference.py)");
+    std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    TensorMap out;
+    for (const auto& entry : torch::pickle_load(bytes).toGenericDict())
+      out.emplace(entry.key().toStringRef(), entry.value().toTensor());
+    return out;
+  }();
+  return ref;
+}
+
+const torch::Tensor& ref_at(const std::string& key) {
+  const auto& ref = reference();
+  auto it = ref.find(key);
+  if (it == ref.end()) throw std::runtime_error("llama_reference.pt has no key " + key);
+  return it->second;
+}
+
+// Keys under `prefix`, with the prefix removed.
+std::set<std::string> ref_names(const std::string& prefix) {
+  std::set<std::string> names;
+  for (const auto& [key, value] : reference())
+    if (key.rfind(prefix, 0) == 0) names.insert(key.substr(prefix.size()));
+  return names;
+}
+
+memopt::models::LlamaConfig reference_config(bool causal) {
+  auto i = [](const char* field) { return ref_at(std::string("config/") + field).item<int64_t>(); };
+  auto d = [](const char* field) { return ref_at(std::string("config/") + field).item<double>(); };
+  return memopt::models::LlamaConfig()
+      .vocab_size(i("vocab_size"))
+      .hidden_size(i("hidden_size"))
+      .num_hidden_layers(i("num_hidden_layers"))
+      .num_attention_heads(i("num_attention_heads"))
+      .num_key_value_heads(i("num_key_value_heads"))
+      .intermediate_size(i("intermediate_size"))
+      .max_position_embeddings(i("max_position_embeddings"))
+      .rope_theta(d("rope_theta"))
+      .rms_norm_eps(d("rms_norm_eps"))
+      .dropout(0.0)
+      .causal(causal);
+}
+
+// A Llama holding the reference weights; every name must exist on both sides with the
+// same shape (this is what proves the HF naming).
+memopt::models::Llama reference_model(bool causal) {
+  torch::manual_seed(0);
+  memopt::models::Llama model(reference_config(causal));
+  const auto ref_params = ref_names("param/");
+  std::set<std::string> ours;
+  torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters()) {
+    ours.insert(item.key());
+    INFO("memopt parameter " << item.key() << " must exist in the reference");
+    REQUIRE(ref_params.count(item.key()) == 1);
+    const auto& src = ref_at("param/" + item.key());
+    INFO("shape of " << item.key() << ": memopt " << item.value().sizes() << ", reference " << src.sizes());
+    REQUIRE(item.value().sizes() == src.sizes());
+    item.value().copy_(src);
+  }
+  for (const auto& name : ref_params) {
+    INFO("reference parameter " << name << " must exist in memopt");
+    REQUIRE(ours.count(name) == 1);
+  }
+  return model;
+}
+
+memopt::Batch reference_batch() { return {ref_at("inputs"), ref_at("targets")}; }
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+// Forward + backward of loss_sum / num_targets under `ckpt`; checks logits, loss and the
+// gradients named in the reference under `prefix` ("" or "bidir/").
+template <class Checkpoint>
+void check_against_reference(memopt::models::Llama& model, const Checkpoint& ckpt, const std::string& prefix) {
+  const auto batch = reference_batch();
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor logits = model->forward(batch.inputs, ckpt);  // (B, T, V)
+    const auto& ref = ref_at(prefix + "logits");
+    REQUIRE(logits.sizes() == ref.sizes());
+    const double diff = max_abs_diff(logits, ref);
+    INFO(prefix << "logits max abs diff " << diff);
+    CHECK(diff <= kLogitsAtol);
+  }
+
+  model->zero_grad();
+  const torch::Tensor loss_sum = model->loss_sum(batch, ckpt);
+  const double ref_loss = ref_at(prefix + "loss_sum").item<double>();
+  const double loss_rel = std::abs(loss_sum.item<double>() - ref_loss) / std::abs(ref_loss);
+  INFO(prefix << "loss_sum " << loss_sum.item<double>() << " vs " << ref_loss << " (rel diff " << loss_rel << ")");
+  CHECK(loss_rel <= kLossRtol);
+  REQUIRE(batch.num_targets().item<int64_t>() == ref_at("num_targets").item<int64_t>());
+  (loss_sum / batch.num_targets()).backward();
+
+  const auto grad_names = ref_names(prefix + "grad/");
+  REQUIRE(!grad_names.empty());
+  const auto params = model->named_parameters();
+  double worst = 0.0;  // largest diff relative to its tensor's largest reference entry
+  for (const auto& name : grad_names) {
+    const auto* param = params.find(name);
+    REQUIRE(param != nullptr);
+    INFO("gradient of " << name);
+    REQUIRE(param->grad().defined());
+    const auto& ref = ref_at(prefix + "grad/" + name);
+    const double scale = ref.abs().max().item<double>();
+    REQUIRE(scale > 0);
+    const double rel = max_abs_diff(param->grad(), ref) / scale;
+    worst = std::max(worst, rel);
+    INFO(prefix << "grad max abs diff / max abs reference = " << rel << " (max abs reference " << scale << ")");
+    CHECK(rel <= kGradRtol);
+  }
+  INFO(prefix << "worst relative grad diff " << worst);
+  CHECK(worst <= kGradRtol);
+}
+
+}  // namespace
+
+TEST_CASE("Llama matches the python3-torch reference (causal)", "[llama]") {
+  auto model = reference_model(/*causal=*/true);
+  REQUIRE(ref_names("grad/").size() == model->named_parameters().size());  // every parameter has a reference grad
+  SECTION("checkpoint::None") { check_against_reference(model, memopt::checkpoint::None{}, ""); }
+  SECTION("checkpoint::EveryBlock") { check_against_reference(model, memopt::checkpoint::EveryBlock{}, ""); }
+  SECTION("checkpoint::EveryNth<2>") { check_against_reference(model, memopt::checkpoint::EveryNth<2>{}, ""); }
+}
+
+TEST_CASE("Llama matches the python3-torch reference (bidirectional)", "[llama]") {
+  auto model = reference_model(/*causal=*/false);
+  SECTION("checkpoint::None") { check_against_reference(model, memopt::checkpoint::None{}, "bidir/"); }
+  SECTION("checkpoint::EveryBlock") { check_against_reference(model, memopt::checkpoint::EveryBlock{}, "bidir/"); }
+}
+
+TEST_CASE("the reference tells a causal model from a bidirectional one", "[llama]") {
+  // Guards the tolerances above: the two references differ far beyond them.
+  REQUIRE(max_abs_diff(ref_at("logits"), ref_at("bidir/logits")) > 1000 * kLogitsAtol);
+  auto causal = reference_model(/*causal=*/true);
+  torch::NoGradGuard no_grad;
+  REQUIRE(max_abs_diff(causal->forward(ref_at("inputs")), ref_at("bidir/logits")) > 1000 * kLogitsAtol);
+}
+
+TEST_CASE("Llama::generate is greedy and deterministic", "[llama]") {
+  auto model = reference_model(/*causal=*/true);
+  const auto& prompt = ref_at("generate/prompt");
+  const auto& expected = ref_at("generate/tokens");
+  const int64_t new_tokens = expected.numel() - prompt.numel();
+  const auto options = memopt::models::SampleOptions().max_new_tokens(new_tokens);
+
+  const auto first = model->generate(prompt, options);
+  const auto second = model->generate(prompt, options);
+  REQUIRE(first.numel() == prompt.numel() + new_tokens);
+  REQUIRE(torch::equal(first, second));
+  REQUIRE(torch::equal(first.slice(0, 0, prompt.numel()), prompt));
+  REQUIRE(first.min().item<int64_t>() >= 0);
+  REQUIRE(first.max().item<int64_t>() < model->config.vocab_size());
+  INFO("memopt " << first << "\nreference " << expected);
+  REQUIRE(torch::equal(first, expected));  // the reference's top-2 logit gaps are >= 1.7e-2
+}
+
+TEST_CASE("Llama::generate slides its context past max_position_embeddings", "[llama]") {
+  auto model = reference_model(/*causal=*/true);
+  const int64_t max_pos = model->config.max_position_embeddings();
+  const auto prompt = torch::arange(max_pos, torch::kLong).remainder(model->config.vocab_size());
+  const auto out = model->generate(prompt, memopt::models::SampleOptions().max_new_tokens(3));
+  REQUIRE(out.numel() == max_pos + 3);
+}
+
+TEST_CASE("Llama rejects sequences longer than max_position_embeddings", "[llama]") {
+  auto model = reference_model(/*causal=*/true);
+  const int64_t too_long = model->config.max_position_embeddings() + 1;
+  const auto tokens = torch::zeros({1, too_long}, torch::kLong);
+  REQUIRE_THROWS_AS(model->forward(tokens), c10::Error);
+  REQUIRE_THROWS_WITH(model->forward(tokens),
+                      Catch::Contains("max_position_embeddings") && Catch::Contains("HINT"));
+  const memopt::Batch batch{tokens, tokens};
+  REQUIRE_THROWS_WITH(model->loss_sum(batch, memopt::checkpoint::EveryBlock{}),
+                      Catch::Contains("max_position_embeddings") && Catch::Contains("HINT"));
+  // At the limit it runs.
+  REQUIRE_NOTHROW(model->forward(tokens.slice(1, 0, too_long - 1)));
+}
