@@ -18,6 +18,7 @@ struct Args {
   int64_t steps = 150;
   int64_t micro_batch = 8;
   int64_t seq_len = 256;
+  int64_t max_seq_len = 512;
   int64_t layers = 4;
   int64_t dim = 256;
   int64_t heads = 8;
@@ -55,10 +56,26 @@ double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const me
 }
 
 int run(const Args& a) {
+  // ---- options first: a bad flag fails before any data is read ----
+  TORCH_CHECK(a.micro_batch >= 1, "llama_lm: --micro_batch must be >= 1 (got ", a.micro_batch,
+              "). HINT: 8 fits in a few hundred MiB at the default size.");
+  TORCH_CHECK(a.seq_len >= 1, "llama_lm: --seq_len must be >= 1 (got ", a.seq_len, "). HINT: try 256.");
+  TORCH_CHECK(a.seq_len <= a.max_seq_len, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
+              "--max_seq_len ", a.max_seq_len, "). HINT: lower --seq_len or raise --max_seq_len.");
+  const auto options = memopt::TrainerOptions()
+                           .lr(a.lr)
+                           .warmup_steps(a.warmup)
+                           .max_steps(a.steps)
+                           .log_interval(a.log_interval)
+                           .threads(a.threads);
+  options.validate();
+
+  // ---- data ----
   const auto train = memopt::data::TokenShard::open(a.data + "/train.bin");
   const auto val = memopt::data::TokenShard::open(a.data + "/val.bin");
   const memopt::data::Tokenizer tokenizer(a.data + "/tokenizer.model");
 
+  // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
   auto config = memopt::models::LlamaConfig()
                     .vocab_size(tokenizer.vocab_size())
@@ -66,21 +83,14 @@ int run(const Args& a) {
                     .num_hidden_layers(a.layers)
                     .num_attention_heads(a.heads)
                     .num_key_value_heads(a.kv_heads)
-                    .max_position_embeddings(std::max<int64_t>(a.seq_len, 256))
+                    .max_position_embeddings(a.max_seq_len)
                     .dropout(a.dropout);
   memopt::models::Llama model(config);
   train->check_vocab(config.vocab_size());
   val->check_vocab(config.vocab_size());
-  TORCH_CHECK(a.seq_len <= config.max_position_embeddings(), "llama_lm: --seq_len ", a.seq_len,
-              " exceeds the model's max_position_embeddings ", config.max_position_embeddings(), ".");
 
   memopt::data::RandomWindowLoader loader(train, memopt::data::LoaderOptions(a.micro_batch, a.seq_len).seed(a.seed));
-  Policy trainer(*model, memopt::TrainerOptions()
-                             .lr(a.lr)
-                             .warmup_steps(a.warmup)
-                             .max_steps(a.steps)
-                             .log_interval(a.log_interval)
-                             .threads(a.threads));
+  Policy trainer(*model, options);
   trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
 
   int64_t params = 0;
@@ -120,18 +130,17 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Train a LLaMA-style LM on the Brown corpus with memopt's Trainer"};
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
-  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (4 per step)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--dim", a.dim, "hidden size")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--heads", a.heads, "attention heads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (4 per step)")->capture_default_str();
+  app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option("--max_seq_len", a.max_seq_len, "the model's maximum sequence length")->capture_default_str();
+  app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str();
+  app.add_option("--dim", a.dim, "hidden size")->capture_default_str();
+  app.add_option("--heads", a.heads, "attention heads")->capture_default_str();
   app.add_option("--kv_heads", a.kv_heads, "KV heads (0: same as --heads)")->capture_default_str();
-  app.add_option("--dropout", a.dropout, "dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.99));
-  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--dropout", a.dropout, "dropout probability")->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str();
   app.add_option("--eval_batches", a.eval_batches, "held-out batches to evaluate")->capture_default_str();
   app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();

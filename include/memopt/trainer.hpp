@@ -58,15 +58,20 @@ struct TrainerOptions {
     TORCH_CHECK(beta1_ >= 0 && beta1_ < 1 && beta2_ >= 0 && beta2_ < 1,
                 "memopt::TrainerOptions: betas must lie in [0, 1) (got ", beta1_, ", ", beta2_,
                 "). HINT: try 0.9, 0.95.");
-    TORCH_CHECK(eps_ > 0, "memopt::TrainerOptions: eps must be > 0 (got ", eps_, ").");
-    TORCH_CHECK(weight_decay_ >= 0, "memopt::TrainerOptions: weight_decay must be >= 0 (got ", weight_decay_, ").");
-    TORCH_CHECK(warmup_steps_ >= 0, "memopt::TrainerOptions: warmup_steps must be >= 0 (got ", warmup_steps_, ").");
+    TORCH_CHECK(eps_ > 0, "memopt::TrainerOptions: eps must be > 0 (got ", eps_, "). HINT: try 1e-8.");
+    TORCH_CHECK(weight_decay_ >= 0, "memopt::TrainerOptions: weight_decay must be >= 0 (got ", weight_decay_,
+                "). HINT: 0 turns weight decay off; 0.1 is usual.");
+    TORCH_CHECK(warmup_steps_ >= 0, "memopt::TrainerOptions: warmup_steps must be >= 0 (got ", warmup_steps_,
+                "). HINT: 0 starts at the full learning rate.");
     TORCH_CHECK(min_lr_ratio_ >= 0 && min_lr_ratio_ <= 1,
-                "memopt::TrainerOptions: min_lr_ratio must lie in [0, 1] (got ", min_lr_ratio_, ").");
+                "memopt::TrainerOptions: min_lr_ratio must lie in [0, 1] (got ", min_lr_ratio_,
+                "). HINT: 0.1 decays to a tenth of lr.");
     TORCH_CHECK(grad_clip_ >= 0, "memopt::TrainerOptions: grad_clip must be >= 0 (got ", grad_clip_,
                 "). HINT: 0 turns clipping off.");
-    TORCH_CHECK(max_steps_ >= 1, "memopt::TrainerOptions: max_steps must be >= 1 (got ", max_steps_, ").");
-    TORCH_CHECK(log_interval_ >= 1, "memopt::TrainerOptions: log_interval must be >= 1 (got ", log_interval_, ").");
+    TORCH_CHECK(max_steps_ >= 1, "memopt::TrainerOptions: max_steps must be >= 1 (got ", max_steps_,
+                "). HINT: pass --steps 1 or more.");
+    TORCH_CHECK(log_interval_ >= 1, "memopt::TrainerOptions: log_interval must be >= 1 (got ", log_interval_,
+                "). HINT: 10 logs every tenth step.");
     TORCH_CHECK(threads_ >= 0, "memopt::TrainerOptions: threads must be >= 0 (got ", threads_,
                 "). HINT: 0 uses every available CPU.");
     TORCH_CHECK(accum_steps_ >= 1, "memopt::TrainerOptions: accum_steps must be >= 1 (got ", accum_steps_,

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Bad input to examples/00_llama_lm: each case must exit 1 (not crash) with a message
+# that names the file or option and the value seen, and ends with a HINT.
+# Usage: llama_lm_errors.sh path/to/llama_lm
+set -uo pipefail
+bin="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+expect_error() {  # expect_error NAME REGEX ARGS...
+  local name="$1" regex="$2"
+  shift 2
+  local out rc
+  out=$("$bin" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne 1 ]; then
+    echo "FAIL $name: exit code $rc (want 1). Output: $out"
+    failures=$((failures + 1))
+  elif ! grep -Eq "$regex" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
+    echo "FAIL $name: output does not match /$regex/ and HINT: $out"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name: $(head -c 160 <<<"$out")"
+  fi
+}
+
+# A 64-byte shard header: magic, version 1, 2 bytes/token, COUNT tokens, VOCAB.
+header() {  # header MAGIC COUNT VOCAB
+  printf '%s' "$1"
+  printf '\x01\x00\x00\x00\x02\x00\x00\x00'
+  printf "$(printf '\\x%02x' $(( $2 & 255 )) $(( ($2 >> 8) & 255 )))\x00\x00\x00\x00\x00\x00"
+  printf "$(printf '\\x%02x' $(( $3 & 255 )) $(( ($3 >> 8) & 255 )))\x00\x00\x00\x00\x00\x00"
+  head -c 32 /dev/zero
+}
+
+mkdir -p "$tmp/truncated" "$tmp/magic" "$tmp/bigid"
+{ header MEMOPTTK 1000 4096; head -c 100 /dev/zero; } > "$tmp/truncated/train.bin"
+{ header NOTASHRD 10 4096; head -c 20 /dev/zero; } > "$tmp/magic/train.bin"
+{ header MEMOPTTK 2 100; printf '\x05\x00\xc8\x00'; } > "$tmp/bigid/train.bin"   # token 200 >= vocab 100
+
+expect_error missing_corpus "$tmp/nowhere/train.bin" --data "$tmp/nowhere"
+expect_error truncated_shard "$tmp/truncated/train.bin" --data "$tmp/truncated"
+expect_error wrong_magic "$tmp/magic/train.bin.*magic" --data "$tmp/magic"
+expect_error token_id_beyond_vocab "$tmp/bigid/train.bin.*200" --data "$tmp/bigid"
+expect_error zero_accum_micro_batch "micro_batch.*got 0" --micro_batch 0 --data "$tmp/nowhere"
+expect_error negative_lr "lr must be > 0 \(got -0.1\)" --lr -0.1 --data "$tmp/nowhere"
+expect_error zero_steps "max_steps.*got 0" --steps 0 --data "$tmp/nowhere"
+expect_error zero_seq_len "seq_len.*got 0" --seq_len 0 --data "$tmp/nowhere"
+expect_error seq_len_beyond_model "seq_len 4096 exceeds.*512" --seq_len 4096 --data "$tmp/nowhere"
+
+echo "$((9 - failures)) passed, $failures failed"
+[ "$failures" -eq 0 ]
