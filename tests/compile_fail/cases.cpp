@@ -1,0 +1,79 @@
+// memopt's compile-fail cases: each CASE_<name> macro removes one thing from an otherwise
+// correct program, which must then be rejected with a message naming what is missing
+// (tests/compile_fail/CMakeLists.txt lists the cases and the text each must produce).
+// CASE_control removes nothing and must compile: it proves the harness can compile at all.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "memopt/batch.hpp"
+#include "memopt/trainer.hpp"
+
+#if !defined(CASE_control) && !defined(CASE_checkpoint_without_run_block) &&   \
+    !defined(CASE_precision_without_step) && !defined(CASE_accum_without_micro_steps) && \
+    !defined(CASE_offload_without_make_optimizer) && !defined(CASE_accum_fixed_zero)
+#error "memopt compile_fail: define one CASE_<name> macro (see tests/compile_fail/CMakeLists.txt)"
+#endif
+
+// A user-defined policy for each of the Trainer's four parameters, each with every hook.
+struct MyCheckpoint {
+#if !defined(CASE_checkpoint_without_run_block)
+  torch::Tensor run_block(int64_t, torch::nn::Module&, const memopt::BlockFn& fn,
+                          const std::vector<torch::Tensor>& inputs) const {
+    return fn(inputs);
+  }
+#endif
+};
+
+struct MyPrecision {
+  struct NoGuard {};
+  NoGuard autocast(c10::DeviceType) const { return {}; }
+  void backward(const torch::Tensor& loss) const { loss.backward(); }
+#if !defined(CASE_precision_without_step)
+  bool step(torch::optim::Optimizer& optimizer) const {
+    optimizer.step();
+    return true;
+  }
+#endif
+};
+
+struct MyAccum {
+#if !defined(CASE_accum_without_micro_steps)
+  static constexpr int64_t micro_steps() { return 2; }
+#endif
+};
+
+struct MyOffload {
+#if !defined(CASE_offload_without_make_optimizer)
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                          const torch::optim::AdamWOptions& options) {
+    return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  }
+#endif
+  void before_step(torch::optim::Optimizer&) {}
+  void after_step(torch::optim::Optimizer&) {}
+};
+
+#if defined(CASE_accum_fixed_zero)
+using Accum = memopt::accum::Fixed<0>;
+#else
+using Accum = MyAccum;
+#endif
+
+struct Loader {
+  memopt::Batch next() { return {torch::zeros({2, 4}, torch::kLong), torch::zeros({2, 4}, torch::kLong)}; }
+};
+
+int main() {
+  torch::nn::Embedding model(8, 4);
+  memopt::Trainer<MyCheckpoint, MyPrecision, Accum, MyOffload> trainer(*model, memopt::TrainerOptions());
+  Loader loader;
+  trainer.step(loader, [&](const memopt::Batch& b, const auto& ckpt) {
+    torch::Tensor x = ckpt.run_block(0, *model, [&](const std::vector<torch::Tensor>& in) { return model(in[0]); },
+                                     {b.inputs});
+    return x.sum();
+  });
+  return 0;
+}
