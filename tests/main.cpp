@@ -1,11 +1,11 @@
-// Test runner: installs memopt's tracking allocator before any tensor exists (so the
-// memory tests see exact counts), pins LibTorch to the available CPUs, then runs Catch2.
+// Test runner: memopt::init() installs the tracking allocator before any tensor exists
+// (so the memory tests see exact counts) and sets LibTorch's threads, then runs Catch2.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include <memopt/memory/tracker.hpp>
+#include <memopt/runtime.hpp>
 
 int main(int argc, char** argv) {
-  memopt::memory::Tracker::install();
+  memopt::init();  // tracker before any tensor exists; threads before any parallel work
   return Catch::Session().run(argc, argv);
 }

@@ -293,6 +293,8 @@ TEST_CASE("bad Trainer options fail with the option, the value and a HINT", "[tr
                                                                       Catch::Contains("HINT"));
   CHECK_THROWS_WITH(memopt::accum::Runtime(0), Catch::Contains("(got 0)") && Catch::Contains("HINT"));
   CHECK(message_of(memopt::TrainerOptions()).empty());
+  CHECK_THROWS_WITH(memopt::init(memopt::RuntimeOptions().threads(-2)), Catch::Contains("(got -2)") &&
+                                                                           Catch::Contains("HINT"));
 }
 
 TEST_CASE("the learning-rate schedule warms up linearly and decays to min_lr_ratio", "[optim]") {

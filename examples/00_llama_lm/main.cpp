@@ -126,7 +126,6 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  memopt::memory::Tracker::install();  // before any tensor exists
   Args a;
   CLI::App app{"Train a LLaMA-style LM on the Brown corpus with memopt's Trainer"};
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
@@ -149,5 +148,8 @@ int main(int argc, char** argv) {
   app.add_option("--sample_tokens", a.sample_tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  return memopt::guarded_main([&] { return run(a); });
+  return memopt::guarded_main([&] {
+    memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
+    return run(a);
+  });
 }

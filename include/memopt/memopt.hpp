@@ -22,4 +22,5 @@
 #include "memopt/policies/checkpoint.hpp"
 #include "memopt/policies/offload.hpp"
 #include "memopt/policies/precision.hpp"
+#include "memopt/runtime.hpp"
 #include "memopt/trainer.hpp"

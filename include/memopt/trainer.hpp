@@ -3,13 +3,10 @@
 // The step reads top to bottom; policies are types, so there is no runtime branch on one.
 #pragma once
 
-#include <sched.h>
-
 #include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -26,6 +23,7 @@
 #include "memopt/policies/checkpoint.hpp"
 #include "memopt/policies/offload.hpp"
 #include "memopt/policies/precision.hpp"
+#include "memopt/runtime.hpp"
 
 namespace memopt {
 
@@ -79,14 +77,6 @@ struct TrainerOptions {
   }
 };
 
-/// CPUs this process may run on (its affinity mask), at least 1.
-inline int available_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 /// A source of micro-batches: `loader.next()` returns a Batch.
 template <class L>
 concept BatchSource = requires(L& loader) {
@@ -111,7 +101,7 @@ struct FitResult {
 
 /// The training loop. Policies are chosen at compile time; everything else at run time.
 ///
-///   memopt::memory::Tracker::install();                      // first line of main()
+///   memopt::init();                                          // first line of main()
 ///   auto model = memopt::models::Llama(cfg);
 ///   memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast,
 ///                   memopt::accum::Fixed<4>> trainer(*model, memopt::TrainerOptions().lr(1e-3));
@@ -129,7 +119,13 @@ class Trainer {
   Trainer(torch::nn::Module& model, TrainerOptions options) : Trainer(model, options, make_accum_policy(options)) {}
   Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum)
       : options_(validated(options)), accum_(std::move(accum)) {
-    at::set_num_threads(options_.threads() > 0 ? options_.threads() : available_cpus());
+    const int threads = options_.threads() > 0 ? options_.threads() : available_cpus();
+    if (at::get_num_threads() != threads) {
+      TORCH_WARN_ONCE("memopt::Trainer: changing LibTorch's threads from ", at::get_num_threads(), " to ", threads,
+                      " after start-up; with OpenMP this can make every step several times slower. HINT: call "
+                      "memopt::init() (or at::set_num_threads) first in main().");
+      at::set_num_threads(threads);
+    }
     for (const auto& p : model.parameters())
       if (p.requires_grad()) params_.push_back(p);
     TORCH_CHECK(!params_.empty(), "memopt::Trainer: the model has no trainable parameters. "
