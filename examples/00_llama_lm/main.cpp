@@ -15,9 +15,9 @@ namespace {
 
 struct Args {
   std::string data = "data/brown";
-  int64_t steps = 150;
-  int64_t micro_batch = 8;
-  int64_t seq_len = 256;
+  int64_t steps = 120;
+  int64_t micro_batch = 4;
+  int64_t seq_len = 128;
   int64_t max_seq_len = 512;
   int64_t layers = 4;
   int64_t dim = 256;
@@ -25,7 +25,7 @@ struct Args {
   int64_t kv_heads = 0;
   double dropout = 0.0;
   double lr = 2e-3;
-  int64_t warmup = 20;
+  int64_t warmup = 12;
   int64_t eval_batches = 16;
   int64_t log_interval = 10;
   int threads = 0;
