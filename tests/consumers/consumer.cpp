@@ -1,12 +1,22 @@
-// A program that uses an *installed* memopt (find_package(memopt)): a user-defined
+// The consumer program of both consumer tests (find_package/ builds it against an
+// installed memopt, add_subdirectory/ with memopt as a subproject): a user-defined
 // classifier whose blocks run under activation checkpointing, trained for a few steps by
 // memopt::Trainer with two accumulated micro-batches. Exits 0 only if the loss went down.
-//   cmake -S . -B build -DCMAKE_PREFIX_PATH=<memopt prefix> && cmake --build build && build/consumer
+//   cmake -S find_package -B build -DCMAKE_PREFIX_PATH=<memopt prefix> && cmake --build build && build/consumer
 #include <cstdio>
 
 #include <torch/torch.h>
 
+#ifdef MEMOPT_CONSUMER_UMBRELLA
 #include <memopt/memopt.hpp>  // the umbrella header: proves every installed header is there
+#else
+#include <memopt/batch.hpp>  // the headers one by one: proves they stand on their own
+#include <memopt/memory/tracker.hpp>
+#include <memopt/policies/accum.hpp>
+#include <memopt/policies/checkpoint.hpp>
+#include <memopt/policies/precision.hpp>
+#include <memopt/trainer.hpp>
+#endif
 
 // One residual block: x + gelu(linear(x)). A plain module with forward(Tensor), so it
 // can sit in a torch::nn::Sequential.
@@ -71,7 +81,7 @@ int main() {
   const memopt::FitResult result = trainer.fit(loader, loss_sum);
   const double after = eval_loss();
 
-  std::printf("find_package consumer: %lld steps, held-out loss %.4f -> %.4f\n",
+  std::printf(MEMOPT_CONSUMER " consumer: %lld steps, held-out loss %.4f -> %.4f\n",
               static_cast<long long>(result.steps), before, after);
   if (result.steps != 30 || !(after < before)) {
     std::printf("consumer FAILED: the loss did not decrease\n");
