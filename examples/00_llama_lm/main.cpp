@@ -103,6 +103,7 @@ int run(const Args& a) {
 
   const double before = heldout_loss(model, val, a);
   fmt::print("held-out loss before training {:.3f} (perplexity {:.1f})\n", before, std::exp(before));
+  std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
   const auto result =
       trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
   const double after = heldout_loss(model, val, a);
