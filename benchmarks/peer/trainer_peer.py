@@ -1,0 +1,259 @@
+#!/usr/bin/python3
+"""benchmarks/peer/trainer_peer.py — the PyTorch eager peer of benchmarks/trainer_bench.cpp.
+
+The same LLaMA (HF layout: fp32 RMSNorm, rotate_half RoPE, SwiGLU of LlamaConfig::ffn_size(),
+untied head, normal(0, 0.02) init), the same optimizer (AdamW lr 3e-4, betas 0.9/0.95,
+eps 1e-8, weight decay 0.1 on matrices only, no decay on 1-D params and embeddings, grad
+clip 1.0, constant lr), the same loss normalisation (sum over each micro-batch divided by
+the target count of the whole effective batch) and the same tokens (the LCG below). One
+configuration per process; prints one JSON line with the C++ benchmark's keys.
+
+    /usr/bin/python3 benchmarks/peer/trainer_peer.py --precision bf16 --checkpoint every
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+IGNORE_INDEX = -100
+MASK64 = (1 << 64) - 1
+
+
+class LcgTokenLoader:
+    """Random tokens from a 64-bit LCG, identical to LcgTokenLoader in trainer_bench.cpp."""
+
+    def __init__(self, batch, seq, vocab, seed):
+        self.batch, self.seq, self.vocab, self.state = batch, seq, vocab, seed & MASK64
+
+    def next(self):
+        n = self.batch * (self.seq + 1)
+        out = [0] * n
+        s, vocab = self.state, self.vocab
+        for i in range(n):
+            s = (s * 6364136223846793005 + 1442695040888963407) & MASK64
+            out[i] = (s >> 33) % vocab
+        self.state = s
+        rows = torch.tensor(out, dtype=torch.long).view(self.batch, self.seq + 1)  # (B, T+1)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()                # (B, T) each
+
+
+def ffn_size(dim):
+    """memopt::models::LlamaConfig::ffn_size(): 8/3 · dim rounded up to a multiple of 64."""
+    raw = (8 * dim + 2) // 3
+    return (raw + 63) // 64 * 64
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):  # (..., C)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_tables(seq, head_dim, theta=10000.0):
+    inv_freq = 1.0 / torch.pow(theta, torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+    freqs = torch.outer(torch.arange(seq, dtype=torch.float), inv_freq)  # (T, D/2)
+    emb = torch.cat([freqs, freqs], -1)                                   # (T, D)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat([-x2, x1], -1)
+
+
+def apply_rope(x, cos, sin):
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, cos, sin):  # x (B, T, C)
+        B, T, C = x.shape
+        H, D = self.heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, H, D).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, H, D).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, T)
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+        probs = torch.softmax(scores, -1, dtype=torch.float).to(q.dtype)
+        y = torch.matmul(probs, v)                                     # (B, H, T, D)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.self_attn = Attention(dim, heads)
+        self.mlp = SwiGLU(dim, ffn_size(dim))
+        self.input_layernorm = RMSNorm(dim)
+        self.post_attention_layernorm = RMSNorm(dim)
+
+    def forward(self, x, cos, sin):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab, dim, layers, heads):
+        super().__init__()
+        self.heads = heads
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(vocab, dim)
+        self.model.layers = nn.ModuleList([DecoderLayer(dim, heads) for _ in range(layers)])
+        self.model.norm = RMSNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.02)
+
+    def loss_sum(self, inputs, targets, checkpoint, reentrant):
+        T = inputs.shape[1]
+        cos, sin = rope_tables(T, self.model.embed_tokens.embedding_dim // self.heads)
+        x = self.model.embed_tokens(inputs)  # (B, T, C)
+        for layer in self.model.layers:
+            if checkpoint:
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=reentrant)
+            else:
+                x = layer(x, cos, sin)
+        logits = self.lm_head(self.model.norm(x))  # (B, T, V)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--accum", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=0, help="0: all available CPUs")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--checkpoint", choices=["none", "every"], default="none")
+    ap.add_argument("--reentrant", choices=["auto", "true", "false"], default="auto",
+                    help="torch.utils.checkpoint's use_reentrant; auto: the faster one on 1.13 CPU (true)")
+    ap.add_argument("--impl", choices=["pytorch"], default="pytorch")
+    args = ap.parse_args()
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed)
+    bf16 = args.precision == "bf16"
+    checkpoint = args.checkpoint == "every"
+    # Reentrant is ~2x faster than non-reentrant under bf16 autocast on 1.13 CPU (DESIGN.md),
+    # and measured no slower in fp32 here: auto picks it for both.
+    reentrant = args.reentrant != "false"
+
+    model = Llama(args.vocab, args.dim, args.layers, args.heads)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    params = list(model.parameters())
+    loader = LcgTokenLoader(args.micro, args.seq, args.vocab, args.seed)
+    name = f"l{args.layers}-d{args.dim}-s{args.seq}-{args.precision}" + ("-ckpt" if checkpoint else "")
+
+    def step():
+        micro_batches = [loader.next() for _ in range(args.accum)]
+        num_targets = sum((t != IGNORE_INDEX).sum() for _, t in micro_batches).clamp_min(1).float()
+        loss_sum = torch.zeros(())
+        for inputs, targets in micro_batches:
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+            with autocast:
+                loss = model.loss_sum(inputs, targets, checkpoint, reentrant).float() / num_targets
+            loss.backward()
+            loss_sum += loss.detach()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss_sum.item()
+
+    times, loss_first, loss_last = [], 0.0, 0.0
+    for s in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        loss = step()
+        seconds = time.perf_counter() - start
+        if s == 0:
+            loss_first = loss
+        loss_last = loss
+        if s >= args.warmup:
+            times.append(seconds)
+        print(f"  {name} [pytorch] step {s}{' (warm-up)' if s < args.warmup else ''}: loss {loss:.6g}, "
+              f"{seconds * 1e3:.1f} ms", file=sys.stderr)
+
+    step_s = sum(times) / len(times)
+    tokens_per_step = args.micro * args.accum * args.seq
+    line = {
+        "name": name,
+        "impl": "pytorch",
+        "tokens_per_s": tokens_per_step / step_s,
+        "step_ms": step_s * 1e3,
+        "step_ms_min": min(times) * 1e3,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "loss_first": loss_first,
+        "loss_last": loss_last,
+        "params_m": sum(p.numel() for p in params) / 1e6,
+        "layers": args.layers,
+        "dim": args.dim,
+        "heads": args.heads,
+        "seq": args.seq,
+        "micro": args.micro,
+        "accum": args.accum,
+        "vocab": args.vocab,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "precision": args.precision,
+        "checkpoint": args.checkpoint,
+        "threads": torch.get_num_threads(),
+        "load_avg_1m": os.getloadavg()[0],  # other work on the machine skews the timings
+    }
+    if checkpoint:
+        line["peer_checkpoint"] = "use_reentrant=True" if reentrant else "use_reentrant=False"
+    print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

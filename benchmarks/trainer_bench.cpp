@@ -1,0 +1,240 @@
+// benchmarks/trainer_bench.cpp — memopt's Trainer on a LLaMA, one configuration per
+// process (so the peak RSS printed is that configuration's alone), timed over --steps
+// optimizer steps after --warmup untimed ones. Prints one JSON line on stdout with the
+// same keys as the PyTorch eager peer (benchmarks/peer/trainer_peer.py), which draws the
+// same tokens from the same LCG. `--impl hand` trains the same model in a hand-written
+// LibTorch loop instead (fp32, no checkpoint): the baseline of the Trainer's overhead.
+//
+//   memopt_bench_trainer --layers 4 --dim 256 --seq 256 --precision bf16 --checkpoint every
+//   scripts/bench trainer            # the whole suite, peer and ratios included
+#include <stdlib.h>  // getloadavg
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "memopt/memopt.hpp"
+
+namespace {
+
+/// What one process benchmarks (the command line).
+struct BenchConfig {
+  int64_t layers = 4;
+  int64_t dim = 256;
+  int64_t heads = 8;
+  int64_t seq = 256;
+  int64_t micro = 8;  // B of one micro-batch
+  int64_t accum = 2;  // micro-batches per optimizer step
+  int64_t vocab = 4096;
+  int64_t steps = 5;
+  int64_t warmup = 1;
+  uint64_t seed = 1234;
+  int threads = 0;  // 0: every CPU this process may run on
+  std::string precision = "fp32";
+  std::string checkpoint = "none";
+  std::string impl = "memopt";
+
+  int64_t tokens_per_step() const { return micro * accum * seq; }
+  std::string name() const {
+    return "l" + std::to_string(layers) + "-d" + std::to_string(dim) + "-s" + std::to_string(seq) + "-" + precision +
+           (checkpoint == "every" ? "-ckpt" : "");
+  }
+};
+
+/// Random tokens from a 64-bit LCG (Knuth's MMIX constants), drawn row by row: B rows of
+/// T + 1 tokens per micro-batch, inputs = row[:T], targets = row[1:]. The peer implements
+/// the same generator, so both train on identical data.
+class LcgTokenLoader {
+ public:
+  LcgTokenLoader(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed)
+      : batch_(batch), seq_(seq), vocab_(static_cast<uint64_t>(vocab)), state_(seed) {}
+
+  memopt::Batch next() {
+    auto rows = torch::empty({batch_, seq_ + 1}, torch::kLong);  // (B, T+1)
+    int64_t* p = rows.data_ptr<int64_t>();
+    for (int64_t i = 0; i < rows.numel(); ++i) {
+      state_ = state_ * 6364136223846793005ULL + 1442695040888963407ULL;  // mod 2^64
+      p[i] = static_cast<int64_t>((state_ >> 33) % vocab_);
+    }
+    return {rows.slice(1, 0, seq_).contiguous(), rows.slice(1, 1).contiguous()};  // (B, T) each
+  }
+
+ private:
+  int64_t batch_, seq_;
+  uint64_t vocab_;
+  uint64_t state_;
+};
+
+/// What a run measured.
+struct BenchResult {
+  std::vector<double> step_seconds;  // timed steps only
+  double loss_first = 0;             // the very first (warm-up) step's loss
+  double loss_last = 0;
+};
+
+/// Runs warmup + steps calls of `step` (which returns the step's loss), timing the last `steps`.
+template <class StepFn>
+BenchResult time_steps(const BenchConfig& cfg, StepFn&& step) {
+  BenchResult r;
+  for (int64_t s = 0; s < cfg.warmup + cfg.steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    const double loss = step();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s == 0) r.loss_first = loss;
+    r.loss_last = loss;
+    if (s >= cfg.warmup) r.step_seconds.push_back(seconds);
+    std::cerr << "  " << cfg.name() << " [" << cfg.impl << "] step " << s << (s < cfg.warmup ? " (warm-up)" : "")
+              << ": loss " << loss << ", " << seconds * 1e3 << " ms\n";
+  }
+  return r;
+}
+
+/// memopt's Trainer with the policy types picked in main().
+template <memopt::CheckpointPolicy Checkpoint, memopt::PrecisionPolicy Precision>
+BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model) {
+  auto options = memopt::TrainerOptions()
+                     .accum_steps(cfg.accum)
+                     .threads(cfg.threads)
+                     .decay(memopt::optim::Decay::kConstant)  // lr 3e-4 throughout, as the peer
+                     .max_steps(cfg.warmup + cfg.steps);
+  memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime> trainer(*model, options);
+  LcgTokenLoader loader(cfg.micro, cfg.seq, cfg.vocab, cfg.seed);
+  auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
+  return time_steps(cfg, [&] { return trainer.step(loader, loss_fn).loss.template item<double>(); });
+}
+
+/// The same training written by hand against LibTorch: no memopt Trainer, policies or
+/// tracker phases; the optimizer, parameter groups, clipping and loss normalisation are
+/// the Trainer's, so the step-time ratio is the Trainer's overhead.
+BenchResult run_hand(const BenchConfig& cfg, memopt::models::Llama& model) {
+  std::vector<torch::Tensor> decay, no_decay;  // weight decay on matrices, none on norms and embeddings
+  for (const auto& item : model->named_parameters()) {
+    const bool decays = item.value().dim() >= 2 && item.key().find("embed") == std::string::npos;
+    (decays ? decay : no_decay).push_back(item.value());
+  }
+  auto adamw = torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(adamw));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(adamw).weight_decay(0.0)));
+  torch::optim::AdamW optimizer(std::move(groups), adamw);
+  const std::vector<torch::Tensor> params = model->parameters();
+  LcgTokenLoader loader(cfg.micro, cfg.seq, cfg.vocab, cfg.seed);
+
+  return time_steps(cfg, [&] {
+    std::vector<memopt::Batch> micro_batches;  // accum × (B, T)
+    torch::Tensor num_targets = torch::zeros({}, torch::kLong);
+    for (int64_t m = 0; m < cfg.accum; ++m) {
+      micro_batches.push_back(loader.next());
+      num_targets += micro_batches.back().num_targets();
+    }
+    num_targets = num_targets.to(torch::kFloat);
+    torch::Tensor loss_sum = torch::zeros({});
+    for (const auto& batch : micro_batches) {
+      torch::Tensor loss = model->loss_sum(batch, memopt::checkpoint::None{}) / num_targets;
+      loss.backward();
+      loss_sum += loss.detach();
+    }
+    torch::nn::utils::clip_grad_norm_(params, 1.0);
+    optimizer.step();
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();  // set to none, as the Trainer and the peer
+    return loss_sum.item<double>();
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchConfig cfg;
+  CLI::App app{"memopt_bench_trainer: memopt's Trainer on a LLaMA, one configuration per run, one JSON line"};
+  app.add_option("--layers", cfg.layers, "decoder blocks")->check(CLI::PositiveNumber);
+  app.add_option("--dim", cfg.dim, "hidden size")->check(CLI::PositiveNumber);
+  app.add_option("--heads", cfg.heads, "attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--seq", cfg.seq, "tokens per row (T)")->check(CLI::PositiveNumber);
+  app.add_option("--micro", cfg.micro, "rows per micro-batch (B)")->check(CLI::PositiveNumber);
+  app.add_option("--accum", cfg.accum, "micro-batches per optimizer step")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", cfg.vocab, "vocabulary size")->check(CLI::PositiveNumber);
+  app.add_option("--steps", cfg.steps, "timed optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", cfg.warmup, "untimed optimizer steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", cfg.seed, "seed of the token LCG");
+  app.add_option("--threads", cfg.threads, "intra-op threads (0: all available CPUs)")->check(CLI::NonNegativeNumber);
+  app.add_option("--precision", cfg.precision, "compute precision")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--checkpoint", cfg.checkpoint, "activation checkpointing")->check(CLI::IsMember({"none", "every"}));
+  app.add_option("--impl", cfg.impl, "memopt: the Trainer; hand: a hand-written LibTorch loop (fp32, no checkpoint)")
+      ->check(CLI::IsMember({"memopt", "hand"}));
+  CLI11_PARSE(app, argc, argv);
+  // Tracker and threads before any tensor or parallel work, for every --impl (the peer
+  // sets its threads first too).
+  memopt::init(memopt::RuntimeOptions().threads(cfg.threads));
+
+  try {
+    TORCH_CHECK(cfg.impl != "hand" || (cfg.precision == "fp32" && cfg.checkpoint == "none"),
+                "memopt_bench_trainer: --impl hand runs fp32 without checkpointing only (got --precision ",
+                cfg.precision, " --checkpoint ", cfg.checkpoint, "). HINT: drop --precision/--checkpoint.");
+    torch::manual_seed(static_cast<int64_t>(cfg.seed));
+    memopt::models::Llama model(memopt::models::LlamaConfig()
+                                    .vocab_size(cfg.vocab)
+                                    .hidden_size(cfg.dim)
+                                    .num_hidden_layers(cfg.layers)
+                                    .num_attention_heads(cfg.heads)
+                                    .max_position_embeddings(cfg.seq));
+    model->train();
+    int64_t num_params = 0;
+    for (const auto& p : model->parameters()) num_params += p.numel();
+
+    // The policies are types: the only runtime branch is this one, outside every step.
+    namespace ckpt = memopt::checkpoint;
+    namespace prec = memopt::precision;
+    const bool bf16 = cfg.precision == "bf16", every = cfg.checkpoint == "every";
+    BenchResult r;
+    if (cfg.impl == "hand") r = run_hand(cfg, model);
+    else if (!bf16 && !every) r = run_trainer<ckpt::None, prec::Fp32>(cfg, model);
+    else if (!bf16 && every) r = run_trainer<ckpt::EveryBlock, prec::Fp32>(cfg, model);
+    else if (bf16 && !every) r = run_trainer<ckpt::None, prec::Bf16Autocast>(cfg, model);
+    else r = run_trainer<ckpt::EveryBlock, prec::Bf16Autocast>(cfg, model);
+
+    double total = 0;
+    for (double s : r.step_seconds) total += s;
+    const double step_s = total / static_cast<double>(r.step_seconds.size());
+    const double min_s = *std::min_element(r.step_seconds.begin(), r.step_seconds.end());
+    double load[1] = {-1};
+    getloadavg(load, 1);  // other work on the machine skews the timings: reported with them
+    nlohmann::ordered_json line{
+        {"name", cfg.name()},
+        {"impl", cfg.impl},
+        {"tokens_per_s", static_cast<double>(cfg.tokens_per_step()) / step_s},
+        {"step_ms", step_s * 1e3},
+        {"step_ms_min", min_s * 1e3},
+        {"peak_tracked_mib", memopt::memory::mib(memopt::memory::Tracker::instance().peak_bytes())},
+        {"peak_rss_mib", memopt::memory::mib(memopt::memory::peak_rss_bytes())},
+        {"loss_first", r.loss_first},
+        {"loss_last", r.loss_last},
+        {"params_m", static_cast<double>(num_params) / 1e6},
+        {"layers", cfg.layers},
+        {"dim", cfg.dim},
+        {"heads", cfg.heads},
+        {"seq", cfg.seq},
+        {"micro", cfg.micro},
+        {"accum", cfg.accum},
+        {"vocab", cfg.vocab},
+        {"steps", cfg.steps},
+        {"warmup", cfg.warmup},
+        {"precision", cfg.precision},
+        {"checkpoint", cfg.checkpoint},
+        {"threads", at::get_num_threads()},
+        {"load_avg_1m", load[0]},
+    };
+    std::cout << line.dump() << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << '\n';
+    return 1;
+  }
+  return 0;
+}
