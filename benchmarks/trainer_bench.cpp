@@ -232,6 +232,9 @@ int main(int argc, char** argv) {
         {"load_avg_1m", load[0]},
     };
     std::cout << line.dump() << std::endl;
+  } catch (const c10::Error& e) {
+    std::cerr << e.what_without_backtrace() << '\n';
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << e.what() << '\n';
     return 1;

@@ -1,7 +1,7 @@
 // memopt/runtime.hpp — what a memopt program does first: install the exact memory tracker
-// (before any tensor exists) and set LibTorch's thread count (before any parallel work:
-// LibTorch 1.13 with OpenMP ran a training step ~6x slower here when the count was raised
-// from 1 to 2 after ops had already run, than when set first).
+// (before any tensor exists) and set LibTorch's thread count (it defaults to 1 here).
+// Note: 2-thread OpenMP regions stall badly when other processes load the cores (steps
+// ran up to 6x slower while compiles ran beside them); benchmark on an idle machine.
 #pragma once
 
 #include <sched.h>

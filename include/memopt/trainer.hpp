@@ -120,12 +120,7 @@ class Trainer {
   Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum)
       : options_(validated(options)), accum_(std::move(accum)) {
     const int threads = options_.threads() > 0 ? options_.threads() : available_cpus();
-    if (at::get_num_threads() != threads) {
-      TORCH_WARN_ONCE("memopt::Trainer: changing LibTorch's threads from ", at::get_num_threads(), " to ", threads,
-                      " after start-up; with OpenMP this can make every step several times slower. HINT: call "
-                      "memopt::init() (or at::set_num_threads) first in main().");
-      at::set_num_threads(threads);
-    }
+    at::set_num_threads(threads);  // usually already done by memopt::init()
     for (const auto& p : model.parameters())
       if (p.requires_grad()) params_.push_back(p);
     TORCH_CHECK(!params_.empty(), "memopt::Trainer: the model has no trainable parameters. "
