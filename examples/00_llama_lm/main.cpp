@@ -15,7 +15,7 @@ namespace {
 
 struct Args {
   std::string data = "data/brown";
-  int64_t steps = 120;
+  int64_t steps = 80;
   int64_t micro_batch = 4;
   int64_t seq_len = 128;
   int64_t max_seq_len = 512;
@@ -25,7 +25,7 @@ struct Args {
   int64_t kv_heads = 0;
   double dropout = 0.0;
   double lr = 2e-3;
-  int64_t warmup = 12;
+  int64_t warmup = 8;
   int64_t eval_batches = 16;
   int64_t log_interval = 10;
   int threads = 0;
