@@ -180,6 +180,7 @@ class Trainer {
   template <BatchSource Loader, LossFunction<Checkpoint> LossFn>
   FitResult fit(Loader& loader, LossFn&& loss_fn) {
     FitResult result;
+    int64_t total_tokens = 0;
     int64_t tokens_since_log = 0;
     double seconds_since_log = 0;
     while (step_ < options_.max_steps()) {
@@ -188,7 +189,7 @@ class Trainer {
       seconds_since_log += s.seconds;
       result.seconds += s.seconds;
       result.steps += 1;
-      result.tokens_per_s += static_cast<double>(s.tokens);  // total tokens until the end
+      total_tokens += s.tokens;
       if (s.step % options_.log_interval() == 0 || s.step == options_.max_steps()) {
         LogLine line{s.step, options_.max_steps(), s.loss.item<double>(), s.lr, s.grad_norm.item<double>(),
                      static_cast<double>(tokens_since_log) / std::max(seconds_since_log, 1e-9),
@@ -199,7 +200,7 @@ class Trainer {
         seconds_since_log = 0;
       }
     }
-    result.tokens_per_s /= std::max(result.seconds, 1e-9);
+    result.tokens_per_s = static_cast<double>(total_tokens) / std::max(result.seconds, 1e-9);
     result.memory = memory::Report::now();
     for (auto& cb : callbacks_) cb->on_train_end(result.memory);
     return result;

@@ -25,7 +25,6 @@ inline std::vector<torch::Tensor> trainable(torch::nn::Module& block) {
 
 /// Keeps every activation (fastest, most memory).
 struct None {
-  static constexpr bool kRecomputes = false;
   torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return fn(inputs);
@@ -35,7 +34,6 @@ struct None {
 /// Recomputes every block in backward: keeps only each block's input.
 ///   x = memopt::checkpoint::EveryBlock{}.run_block(i, *layer, fn, {x});
 struct EveryBlock {
-  static constexpr bool kRecomputes = true;
   torch::Tensor run_block(int64_t, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return memopt::detail::checkpointed(fn, inputs, detail::trainable(block));
@@ -46,7 +44,6 @@ struct EveryBlock {
 template <int N>
 struct EveryNth {
   static_assert(N >= 1, "memopt::checkpoint::EveryNth<N>: N must be >= 1");
-  static constexpr bool kRecomputes = true;
   torch::Tensor run_block(int64_t index, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     if (index % N != 0) return fn(inputs);
