@@ -35,6 +35,9 @@ struct TrainerOptions {
   TORCH_ARG(double, beta2) = 0.95;
   TORCH_ARG(double, eps) = 1e-8;
   TORCH_ARG(double, weight_decay) = 0.1;
+  /// true: no weight decay on norms, biases and embeddings (optim::param_groups);
+  /// false: one group, every parameter decays (plain torch.optim.AdamW(model.parameters())).
+  TORCH_ARG(bool, param_specific_decay) = true;
   TORCH_ARG(int64_t, warmup_steps) = 0;
   TORCH_ARG(optim::Decay, decay) = optim::Decay::kCosine;
   TORCH_ARG(double, min_lr_ratio) = 0.1;
@@ -130,7 +133,10 @@ class Trainer {
                      .betas({options_.beta1(), options_.beta2()})
                      .eps(options_.eps())
                      .weight_decay(options_.weight_decay());
-    optimizer_ = offload_.make_optimizer(optim::param_groups(model.named_parameters(), adamw), adamw);
+    optimizer_ = offload_.make_optimizer(options_.param_specific_decay()
+                                             ? optim::param_groups(model.named_parameters(), adamw)
+                                             : optim::single_group(params_, adamw),
+                                         adamw);
   }
 
   /// Adds a callback (called in the order added).

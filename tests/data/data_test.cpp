@@ -145,6 +145,22 @@ TEST_CASE("write_shard picks uint32 above 65536 ids and round-trips them", "[dat
   CHECK(TokenShard::open(path)->size() == 2);
 }
 
+TEST_CASE("TokenShard::from_tokens holds a shard in memory, same as the file", "[data][shard]") {
+  TempDir dir;
+  std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9, 2, 6};
+  memopt::data::write_shard(dir.file("pi.bin"), tokens, 10);
+  auto file = TokenShard::open(dir.file("pi.bin"));
+  auto memory = TokenShard::from_tokens("pi.txt", tokens, 10);
+  CHECK(memory->path() == "pi.txt");
+  CHECK(memory->size() == file->size());
+  CHECK(memory->max_token_id() == 9);
+  CHECK(same(memory->window(0, 8), file->window(0, 8)));
+  memopt::data::RandomWindowLoader a(memory, memopt::data::LoaderOptions(2, 3).seed(7));
+  memopt::data::RandomWindowLoader b(file, memopt::data::LoaderOptions(2, 3).seed(7));
+  CHECK(same(a.next().inputs, b.next().inputs));
+  require_error([&] { TokenShard::from_tokens("bad.txt", {1, 12}, 10); }, {"bad.txt", "token id 12", "HINT"});
+}
+
 TEST_CASE("write_shard rejects ids outside the vocab", "[data][shard]") {
   TempDir dir;
   const std::string path = dir.file("bad.bin");

@@ -93,17 +93,16 @@ inline void widen_le(const unsigned char* src, int64_t len, int64_t* dst) {
 
 }  // namespace detail
 
-/// Writes `tokens` as a shard at `path` (via `path + ".tmp"`, then an atomic rename).
+/// The bytes of a shard holding `tokens` (header + ids). `name` only labels errors.
 /// Ids are stored as uint16 when vocab_size <= 65536, else as uint32.
-///   memopt::data::write_shard("data/brown/train.bin", ids, tokenizer.vocab_size());
-inline void write_shard(const std::string& path, const std::vector<int32_t>& tokens,
-                        int64_t vocab_size) {
+inline std::vector<unsigned char> encode_shard(const std::string& name, const std::vector<int32_t>& tokens,
+                                               int64_t vocab_size) {
   TORCH_CHECK(vocab_size >= 1 && vocab_size <= (int64_t{1} << 32),
-              "memopt::data: write_shard('", path, "'): vocab_size must be in [1, 2^32] (got ",
+              "memopt::data: shard '", name, "': vocab_size must be in [1, 2^32] (got ",
               vocab_size, "). HINT: pass the tokenizer's vocab_size()");
   for (size_t i = 0; i < tokens.size(); ++i) {
-    TORCH_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size, "memopt::data: write_shard('", path,
-                "'): token id ", tokens[i], " at position ", i, " is outside [0, vocab_size ",
+    TORCH_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size, "memopt::data: shard '", name,
+                "': token id ", tokens[i], " at position ", i, " is outside [0, vocab_size ",
                 vocab_size, "). HINT: encode with the tokenizer whose vocab_size you pass");
   }
   const uint32_t width = vocab_size <= 65536 ? 2 : 4;
@@ -122,7 +121,14 @@ inline void write_shard(const std::string& path, const std::vector<int32_t>& tok
       detail::store_le<uint32_t>(body + 4 * i, static_cast<uint32_t>(tokens[i]));
     }
   }
+  return bytes;
+}
 
+/// Writes `tokens` as a shard at `path` (via `path + ".tmp"`, then an atomic rename).
+///   memopt::data::write_shard("data/brown/train.bin", ids, tokenizer.vocab_size());
+inline void write_shard(const std::string& path, const std::vector<int32_t>& tokens,
+                        int64_t vocab_size) {
+  const std::vector<unsigned char> bytes = encode_shard(path, tokens, vocab_size);
   const std::string tmp = path + ".tmp";
   std::FILE* file = std::fopen(tmp.c_str(), "wb");
   TORCH_CHECK(file != nullptr, "memopt::data: cannot create '", tmp, "' (",
@@ -150,6 +156,24 @@ class TokenShard {
   ///   auto shard = memopt::data::TokenShard::open("data/brown/val.bin");
   static std::shared_ptr<const TokenShard> open(const std::string& path) {
     return std::make_shared<const TokenShard>(path);
+  }
+
+  /// A shard held in memory: text tokenized on the fly, no file. `name` labels errors.
+  ///   auto shard = memopt::data::TokenShard::from_tokens("train.txt", ids, tokenizer.vocab_size());
+  static std::shared_ptr<const TokenShard> from_tokens(std::string name, const std::vector<int32_t>& tokens,
+                                                       int64_t vocab_size) {
+    std::vector<unsigned char> bytes = encode_shard(name, tokens, vocab_size);
+    return std::make_shared<const TokenShard>(std::move(name), std::move(bytes));
+  }
+
+  /// Adopts the bytes of a shard (as encode_shard makes them) and validates them.
+  TokenShard(std::string name, std::vector<unsigned char> bytes)
+      : path_(std::move(name)), owned_(std::move(bytes)) {
+    bytes_ = static_cast<int64_t>(owned_.size());
+    TORCH_CHECK(bytes_ >= kShardHeaderBytes, "memopt::data: token shard '", path_, "' holds ", bytes_,
+                " bytes, fewer than its ", kShardHeaderBytes, "-byte header. HINT: build it with encode_shard");
+    map_ = owned_.data();
+    validate();
   }
 
   explicit TokenShard(std::string path) : path_(std::move(path)) {
@@ -186,7 +210,9 @@ class TokenShard {
 
   TokenShard(const TokenShard&) = delete;
   TokenShard& operator=(const TokenShard&) = delete;
-  ~TokenShard() { ::munmap(const_cast<unsigned char*>(map_), static_cast<size_t>(bytes_)); }
+  ~TokenShard() {
+    if (owned_.empty()) ::munmap(const_cast<unsigned char*>(map_), static_cast<size_t>(bytes_));
+  }
 
   /// Number of tokens.   int64_t n = shard->size();
   int64_t size() const { return size_; }
@@ -298,6 +324,7 @@ class TokenShard {
   }
 
   std::string path_;
+  std::vector<unsigned char> owned_;  // from_tokens: the bytes; empty when memory-mapped
   const unsigned char* map_ = nullptr;
   int64_t bytes_ = 0;
   int64_t width_ = 0;

@@ -32,4 +32,12 @@ inline std::vector<torch::optim::OptimizerParamGroup> param_groups(
   return groups;
 }
 
+/// One group holding every parameter, with `options` (weight decay on all of them).
+inline std::vector<torch::optim::OptimizerParamGroup> single_group(const std::vector<torch::Tensor>& params,
+                                                                   const torch::optim::AdamWOptions& options) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(params, std::make_unique<torch::optim::AdamWOptions>(options));
+  return groups;
+}
+
 }  // namespace memopt::optim

@@ -1,0 +1,514 @@
+// examples/01_llama_to_llada — distils an autoregressive LLaMA teacher into a LLaDA student
+// (same transformer, bidirectional, trained as a masked diffusion model) on the Brown corpus.
+// Two strategies of the original scripts are presets of this one program, plus the naive
+// baseline they improve on; explicit policy flags override a preset:
+//   none           fp32, no checkpointing, the teacher's forward records a graph (the naive script)
+//   simple         + checkpointing, bf16 autocast, teacher under InferenceMode, cache release
+//   comprehensive  + pre-tokenized shards, gradient accumulation, clipping, AdamW with
+//                    parameter-specific weight decay, linear warmup and decay, sparse top-k KD
+// It trains the teacher first with --train_teacher (or loads a HuggingFace-style safetensors
+// checkpoint), distils, evaluates masked-token cross-entropy at mask ratios 0.15/0.5/0.85 on
+// the held-out split, prints samples from LLaDA's low-confidence remasking sampler, and saves
+// the student (model.safetensors + config.json) and a metrics JSONL.
+//   Run: scripts/demo   (or build-release/examples/01_llama_to_llada/llama_to_llada --help)
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <memopt/data/loader.hpp>
+#include <memopt/data/shard.hpp>
+#include <memopt/data/tokenizer.hpp>
+#include <memopt/io/pretrained.hpp>
+#include <memopt/memopt.hpp>
+#include <memopt/models/distill.hpp>
+#include <memopt/models/llada.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using memopt::models::Llama;
+using memopt::models::LlamaConfig;
+
+// ---- command line: the original scripts' flags, the presets and their overrides ----
+struct Args {
+  std::string teacher_model = "out/teacher";
+  bool train_teacher = false;
+  int64_t teacher_steps = 100;
+  double teacher_lr = 2e-3;
+  std::string student_model;  // empty: the teacher's shape, bidirectional, + mask token
+  std::string data_path = "data/brown";
+  std::string output_dir = "out/llada";
+  std::string strategy = "comprehensive";
+  int64_t batch_size = 4;
+  int64_t gradient_accumulation_steps = 4;
+  double weight_decay = 0.1;
+  int64_t warmup_steps = 8;
+  int64_t max_steps = 100;
+  double lr = 2e-3;
+  int64_t seq_len = 128;
+  // teacher shape (with --train_teacher)
+  int64_t layers = 4, dim = 256, heads = 8, kv_heads = 0, max_seq_len = 512;
+  // distillation
+  double alpha = 0.5;
+  double kd_temperature = 2.0;
+  int64_t kd_top_k = 0;
+  // policy overrides (empty / negative: the preset decides)
+  std::string checkpoint, precision, teacher_dtype, data_format;
+  bool teacher_autograd = false;
+  double grad_clip = 1.0;
+  int64_t release_cache_every = 10;
+  // evaluation and samples
+  int64_t eval_batches = 8;
+  int64_t samples = 3, prompt_tokens = 16, gen_length = 32, sample_steps = 32, block_length = 16;
+  double temperature = 0.0, cfg_scale = 0.0;
+  int64_t log_interval = 10;
+  int threads = 0;
+  uint64_t seed = 1234;
+};
+
+// What a strategy turns on, after the explicit flags are applied.
+struct Plan {
+  std::string strategy;
+  std::string checkpoint = "every_block";  // none | every_block
+  std::string precision = "bf16";          // fp32 | bf16
+  std::string data_format = "shards";      // shards | text
+  std::string teacher_dtype = "fp32";      // fp32 | bf16
+  bool teacher_autograd = false;
+  int64_t accum = 1;
+  double grad_clip = 0.0;
+  bool param_specific_decay = false;
+  bool schedule = false;  // linear warmup and decay; constant lr otherwise
+  int64_t release_cache_every = 0;
+  int64_t kd_top_k = 0;
+};
+
+// The preset, then every flag the user gave explicitly.
+Plan make_plan(const Args& a, const CLI::App& app) {
+  Plan p;
+  p.strategy = a.strategy;
+  if (a.strategy == "none") {
+    p.checkpoint = "none", p.precision = "fp32", p.data_format = "text", p.teacher_autograd = true;
+  } else if (a.strategy == "simple") {
+    p.data_format = "text", p.release_cache_every = a.release_cache_every;
+  } else {  // comprehensive
+    p.accum = a.gradient_accumulation_steps, p.grad_clip = a.grad_clip, p.param_specific_decay = true;
+    p.schedule = true, p.release_cache_every = a.release_cache_every, p.kd_top_k = 64;
+    p.teacher_dtype = "bf16";
+  }
+  auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
+  if (given("--checkpoint")) p.checkpoint = a.checkpoint;
+  if (given("--precision")) p.precision = a.precision;
+  if (given("--data_format")) p.data_format = a.data_format;
+  if (given("--teacher_dtype")) p.teacher_dtype = a.teacher_dtype;
+  if (given("--teacher_autograd")) p.teacher_autograd = a.teacher_autograd;
+  if (given("--gradient_accumulation_steps")) p.accum = a.gradient_accumulation_steps;
+  if (given("--grad_clip")) p.grad_clip = a.grad_clip;
+  if (given("--release_cache_every")) p.release_cache_every = a.release_cache_every;
+  if (given("--kd_top_k")) p.kd_top_k = a.kd_top_k;
+  TORCH_CHECK(p.accum >= 1, "llama_to_llada: --gradient_accumulation_steps must be >= 1 (got ", p.accum,
+              "). HINT: 1 takes one micro-batch per step; the effective batch is batch_size x this.");
+  TORCH_CHECK(p.teacher_dtype != "bf16" || !p.teacher_autograd,
+              "llama_to_llada: --teacher_dtype bf16 with --teacher_autograd would train nothing in bf16 weights "
+              "(got both). HINT: drop one of them.");
+  return p;
+}
+
+// ---- data ----
+struct Data {
+  memopt::data::Tokenizer tokenizer;
+  std::shared_ptr<const memopt::data::TokenShard> train, val;
+};
+
+// Pre-tokenized shards (memory-mapped), or the text tokenized now and held in memory.
+std::shared_ptr<const memopt::data::TokenShard> load_split(const Args& a, const Plan& p,
+                                                           const memopt::data::Tokenizer& tok,
+                                                           const std::string& split) {
+  if (p.data_format == "shards") return memopt::data::TokenShard::open(a.data_path + "/" + split + ".bin");
+  const std::string path = a.data_path + "/" + split + ".txt";
+  std::ifstream in(path);
+  TORCH_CHECK(in, "llama_to_llada: cannot read '", path, "'. HINT: --data_format text reads one document per "
+              "line from DATA_PATH/{train,val}.txt; scripts/demo prepares data/brown.");
+  std::vector<int32_t> ids;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const auto encoded = tok.encode(line);
+    ids.insert(ids.end(), encoded.begin(), encoded.end());
+    ids.push_back(static_cast<int32_t>(tok.eos_id()));
+  }
+  return memopt::data::TokenShard::from_tokens(path, ids, tok.vocab_size());
+}
+
+Data load_data(const Args& a, const Plan& p) {
+  memopt::data::Tokenizer tok(a.data_path + "/tokenizer.model");
+  auto train = load_split(a, p, tok, "train");
+  auto val = load_split(a, p, tok, "val");
+  for (const auto& shard : {train, val}) {
+    TORCH_CHECK(shard->size() >= a.seq_len + 1, "llama_to_llada: the corpus '", shard->path(), "' holds ",
+                shard->size(), " tokens, shorter than one sequence of --seq_len ", a.seq_len,
+                " (+1). HINT: use a larger corpus or a smaller --seq_len.");
+  }
+  return {std::move(tok), std::move(train), std::move(val)};
+}
+
+// ---- policies: the plan's strings select the Trainer's types (one instantiation each) ----
+template <class F>
+int with_policies(const Plan& p, F&& f) {
+  using namespace memopt;
+  if (p.checkpoint == "every_block" && p.precision == "bf16") return f(checkpoint::EveryBlock{}, precision::Bf16Autocast{});
+  if (p.checkpoint == "every_block") return f(checkpoint::EveryBlock{}, precision::Fp32{});
+  if (p.precision == "bf16") return f(checkpoint::None{}, precision::Bf16Autocast{});
+  return f(checkpoint::None{}, precision::Fp32{});
+}
+
+memopt::TrainerOptions trainer_options(const Args& a, const Plan& p, double lr, int64_t steps) {
+  return memopt::TrainerOptions()
+      .lr(lr)
+      .weight_decay(a.weight_decay)
+      .param_specific_decay(p.param_specific_decay)
+      .warmup_steps(p.schedule ? a.warmup_steps : 0)
+      .decay(p.schedule ? memopt::optim::Decay::kLinear : memopt::optim::Decay::kConstant)
+      .min_lr_ratio(0.0)
+      .grad_clip(p.grad_clip)
+      .max_steps(steps)
+      .accum_steps(p.accum)
+      .log_interval(a.log_interval)
+      .threads(a.threads);
+}
+
+// Writes one JSON object per log line (and the evaluation and summary lines) to metrics.jsonl.
+class MetricsJsonl : public memopt::Callback {
+ public:
+  MetricsJsonl(const std::string& path, memopt::models::Distiller* distiller)
+      : out_(path, std::ios::app), distiller_(distiller) {
+    TORCH_CHECK(out_, "llama_to_llada: cannot write '", path, "'. HINT: check --output_dir is writable.");
+  }
+  void on_step_end(const memopt::StepStats&) override {
+    if (distiller_ && distiller_->options().teacher_autograd()) distiller_->clear_teacher_grads();
+  }
+  void on_log(const memopt::LogLine& l) override {
+    nlohmann::json j = {{"event", distiller_ ? "distill" : "teacher"},
+                        {"step", l.step},
+                        {"loss", l.loss},
+                        {"lr", l.lr},
+                        {"grad_norm", l.grad_norm},
+                        {"tokens_per_s", l.tokens_per_s},
+                        {"tracked_mib", memopt::memory::mib(l.memory.tensors.live_bytes)},
+                        {"peak_tracked_mib", memopt::memory::mib(l.memory.tensors.peak_bytes)},
+                        {"rss_mib", memopt::memory::mib(l.memory.rss_bytes)}};
+    if (distiller_) {
+      const auto terms = distiller_->take_terms();
+      const double tokens = std::max(terms.tokens.item<double>(), 1.0);
+      j["diffusion_loss"] = terms.diffusion_sum.item<double>() / tokens;
+      j["kd_loss"] = terms.kd_sum.item<double>() / tokens;
+    }
+    write(j);
+  }
+  void write(const nlohmann::json& j) {
+    out_ << j.dump() << '\n';
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+  memopt::models::Distiller* distiller_;
+};
+
+// ---- teacher: trained here (causal LM) or loaded from a HuggingFace-style checkpoint ----
+Llama train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& metrics) {
+  torch::manual_seed(static_cast<int64_t>(a.seed));
+  Llama teacher(LlamaConfig()
+                    .vocab_size(d.tokenizer.vocab_size())
+                    .hidden_size(a.dim)
+                    .num_hidden_layers(a.layers)
+                    .num_attention_heads(a.heads)
+                    .num_key_value_heads(a.kv_heads)
+                    .max_position_embeddings(a.max_seq_len));
+  fmt::print("teacher: training a causal LLaMA ({} layers, d{}) for {} steps\n", a.layers, a.dim, a.teacher_steps);
+  std::fflush(stdout);
+  if (a.teacher_steps > 0) {
+    with_policies(p, [&](auto ckpt, auto prec) {
+      memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
+          *teacher, trainer_options(a, p, a.teacher_lr, a.teacher_steps));
+      trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+      memopt::data::RandomWindowLoader loader(d.train, memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
+      const auto r = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return teacher->loss_sum(b, c); });
+      metrics.write({{"event", "teacher_done"}, {"steps", r.steps}, {"seconds", r.seconds}, {"loss", r.final_loss}});
+      return 0;
+    });
+  }
+  memopt::io::save_pretrained(*teacher, teacher->config, a.teacher_model);
+  fmt::print("teacher: saved to {}/\n", a.teacher_model);
+  return teacher;
+}
+
+Llama load_teacher(const Args& a, const Data& d) {
+  TORCH_CHECK(fs::exists(a.teacher_model + "/config.json"), "llama_to_llada: no teacher at '", a.teacher_model,
+              "' (config.json is missing). HINT: pass --train_teacher to train one there first, or point "
+              "--teacher_model at a folder with config.json and model.safetensors.");
+  const LlamaConfig config = memopt::io::read_llama_config(a.teacher_model + "/config.json");
+  TORCH_CHECK(config.vocab_size() == d.tokenizer.vocab_size(), "llama_to_llada: the teacher's config.json (",
+              a.teacher_model, ") has vocab_size ", config.vocab_size(), " but the tokenizer '", d.tokenizer.path(),
+              "' has ", d.tokenizer.vocab_size(),
+              " pieces. HINT: the teacher must be trained with this tokenizer (pass --train_teacher).");
+  TORCH_CHECK(config.causal(), "llama_to_llada: the teacher at '", a.teacher_model,
+              "' is bidirectional (\"causal\": false in config.json). HINT: the teacher is an autoregressive LLaMA.");
+  Llama teacher = memopt::io::load_pretrained(a.teacher_model);
+  return teacher;
+}
+
+// The student: the teacher's shape (or --student_model's config.json), bidirectional, V + 1 ids.
+Llama make_student(const Args& a, const Llama& teacher) {
+  const int64_t vocab = teacher->config.vocab_size() + 1;
+  LlamaConfig config = teacher->config;
+  std::string weights;
+  if (!a.student_model.empty()) {
+    const bool dir = fs::is_directory(a.student_model);
+    config = memopt::io::read_llama_config(dir ? a.student_model + "/config.json" : a.student_model);
+    TORCH_CHECK(config.vocab_size() == vocab, "llama_to_llada: --student_model '", a.student_model,
+                "' has vocab_size ", config.vocab_size(), " but the student needs the teacher's ",
+                vocab - 1, " + 1 mask token = ", vocab, ". HINT: set \"vocab_size\": ", vocab, " in its config.json.");
+    if (dir && fs::exists(a.student_model + "/model.safetensors")) weights = a.student_model + "/model.safetensors";
+  }
+  config.vocab_size(vocab).causal(false).dropout(0.0);
+  torch::manual_seed(static_cast<int64_t>(a.seed) + 1);
+  Llama student(config);
+  if (!weights.empty()) {
+    memopt::io::load_state_dict(*student, *memopt::io::SafetensorsFile::open(weights));
+    fmt::print("student: initialised from {}\n", weights);
+  }
+  return student;
+}
+
+// ---- evaluation ----
+struct Eval {
+  std::map<double, double> masked_ce;  // mask ratio -> mean CE over masked tokens
+  double teacher_loss = 0;             // next-token CE of the teacher
+};
+
+Eval evaluate(const Args& a, memopt::models::Distiller& distill, const Data& d) {
+  Eval e;
+  if (a.eval_batches <= 0) return e;
+  c10::InferenceMode no_graph;
+  auto& student = distill.student();
+  student->eval();
+  const int64_t mask_id = distill.options().mask_id();
+  for (double ratio : {0.15, 0.5, 0.85}) {
+    torch::manual_seed(static_cast<int64_t>(a.seed) + 7);  // the same masks for every model
+    memopt::data::SequentialLoader loader(d.val, memopt::data::LoaderOptions(a.batch_size, a.seq_len));
+    double ce = 0, count = 0;
+    for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
+      const torch::Tensor x0 = loader.next().inputs;                                     // (B, L)
+      const auto masked = memopt::models::llada::mask_at_ratio(x0, mask_id, ratio);      // noisy (B, L)
+      const torch::Tensor logits = student->forward(masked.noisy);                        // (B, L, V + 1)
+      ce += torch::nn::functional::cross_entropy(logits.index({masked.mask}).to(torch::kFloat),
+                                                  x0.index({masked.mask}),
+                                                  torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                .item<double>();
+      count += masked.mask.sum().item<double>();
+    }
+    e.masked_ce[ratio] = ce / std::max(count, 1.0);
+  }
+  if (distill.teacher()) {
+    memopt::detail::AutocastGuard autocast({c10::kCPU, distill.options().teacher_bf16(), c10::kBFloat16});
+    memopt::data::SequentialLoader loader(d.val, memopt::data::LoaderOptions(a.batch_size, a.seq_len));
+    double sum = 0, count = 0;
+    for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
+      const memopt::Batch b = loader.next();
+      sum += distill.teacher()->loss_sum(b, memopt::checkpoint::None{}).item<double>();
+      count += b.num_targets().item<double>();
+    }
+    e.teacher_loss = sum / std::max(count, 1.0);
+  }
+  student->train();
+  return e;
+}
+
+// LLaDA samples from prompts cut from the held-out split, next to the teacher's greedy continuation.
+void print_samples(const Args& a, memopt::models::Distiller& distill, const Data& d) {
+  if (a.samples <= 0) return;
+  c10::InferenceMode no_graph;
+  auto& student = distill.student();
+  student->eval();
+  const auto options = memopt::models::llada::SamplerOptions(distill.options().mask_id())
+                           .steps(a.sample_steps)
+                           .gen_length(a.gen_length)
+                           .block_length(a.block_length)
+                           .temperature(a.temperature)
+                           .cfg_scale(a.cfg_scale);
+  const int64_t stride = std::max<int64_t>(1, (d.val->size() - a.prompt_tokens) / a.samples);
+  for (int64_t s = 0; s < a.samples; ++s) {
+    const torch::Tensor prompt = d.val->window(s * stride, a.prompt_tokens);  // (Lp)
+    const torch::Tensor out = memopt::models::llada::generate(
+        [&](const torch::Tensor& x) { return student->forward(x); }, prompt.unsqueeze(0), options);  // (1, Lp + G)
+    const torch::Tensor continuation = out[0].slice(0, a.prompt_tokens);
+    fmt::print("\nprompt:  {}\nstudent: {}\n", d.tokenizer.decode(prompt), d.tokenizer.decode(continuation));
+    if (distill.teacher()) {
+      memopt::detail::AutocastGuard autocast({c10::kCPU, distill.options().teacher_bf16(), c10::kBFloat16});
+      const torch::Tensor ar = distill.teacher()->generate(prompt, memopt::models::SampleOptions()
+                                                                     .max_new_tokens(a.gen_length)
+                                                                     .temperature(0.0));
+      fmt::print("teacher: {}\n", d.tokenizer.decode(ar.slice(0, a.prompt_tokens)));
+    }
+  }
+  student->train();
+}
+
+int run(const Args& a, const CLI::App& app) {
+  // ---- options first: a bad flag fails before any data is read ----
+  const Plan plan = make_plan(a, app);
+  TORCH_CHECK(a.batch_size >= 1, "llama_to_llada: --batch_size must be >= 1 (got ", a.batch_size,
+              "). HINT: 4 sequences per micro-batch fit in a few hundred MiB at the default size.");
+  TORCH_CHECK(a.seq_len >= 2 && a.seq_len <= a.max_seq_len, "llama_to_llada: --seq_len must lie in [2, --max_seq_len ",
+              a.max_seq_len, "] (got ", a.seq_len, "). HINT: try 128.");
+  TORCH_CHECK(a.max_steps >= 0 && a.teacher_steps >= 0, "llama_to_llada: --max_steps and --teacher_steps must be "
+              ">= 0 (got ", a.max_steps, " and ", a.teacher_steps, "). HINT: 0 skips that training.");
+  TORCH_CHECK(a.prompt_tokens >= 1, "llama_to_llada: --prompt_tokens must be >= 1 (got ", a.prompt_tokens,
+              "). HINT: try 16.");
+  trainer_options(a, plan, a.lr, std::max<int64_t>(a.max_steps, 1)).validate();
+  trainer_options(a, plan, a.teacher_lr, std::max<int64_t>(a.teacher_steps, 1)).validate();
+
+  const Data data = load_data(a, plan);
+  fs::create_directories(a.output_dir);
+  std::ofstream(a.output_dir + "/metrics.jsonl", std::ios::trunc);  // this run's log starts empty
+  MetricsJsonl metrics(a.output_dir + "/metrics.jsonl", nullptr);
+  metrics.write({{"event", "start"}, {"strategy", plan.strategy}, {"checkpoint", plan.checkpoint},
+                 {"precision", plan.precision}, {"data_format", plan.data_format}, {"accum", plan.accum},
+                 {"batch_size", a.batch_size}, {"seq_len", a.seq_len}, {"teacher_dtype", plan.teacher_dtype},
+                 {"teacher_autograd", plan.teacher_autograd}, {"kd_top_k", plan.kd_top_k}, {"alpha", a.alpha}});
+
+  Llama teacher = a.train_teacher ? train_teacher(a, plan, data, metrics) : load_teacher(a, data);
+  if (plan.teacher_dtype == "bf16") teacher->to(torch::kBFloat16);
+  memopt::memory::Tracker::instance().reset_peaks();
+  memopt::memory::reset_peak_rss();
+
+  Llama student = make_student(a, teacher);
+  memopt::models::Distiller distill(teacher, student,
+                                    memopt::models::DistillOptions(teacher->config.vocab_size())
+                                        .alpha(a.alpha)
+                                        .temperature(a.kd_temperature)
+                                        .top_k(plan.kd_top_k)
+                                        .teacher_autograd(plan.teacher_autograd)
+                                        .teacher_bf16(plan.teacher_dtype == "bf16"));
+  auto distill_metrics = std::make_shared<MetricsJsonl>(a.output_dir + "/metrics.jsonl", &distill);
+
+  int64_t params = 0;
+  for (const auto& p : student->parameters()) params += p.numel();
+  fmt::print("student: LLaDA {:.2f} M parameters, vocab {} (+ mask id {}); strategy {}: checkpoint {}, precision {}, "
+             "data {}, accum {}, clip {}, teacher {}{}, KD top-k {}, alpha {}\n",
+             params / 1e6, student->config.vocab_size(), teacher->config.vocab_size(), plan.strategy,
+             plan.checkpoint, plan.precision, plan.data_format, plan.accum, plan.grad_clip, plan.teacher_dtype,
+             plan.teacher_autograd ? " with autograd" : " inference-mode", plan.kd_top_k, a.alpha);
+  std::fflush(stdout);
+
+  // ---- distillation ----
+  memopt::FitResult result;
+  if (a.max_steps > 0) {
+    with_policies(plan, [&](auto ckpt, auto prec) {
+      memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
+          *student, trainer_options(a, plan, a.lr, a.max_steps));
+      trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>()).add_callback(distill_metrics);
+      if (plan.release_cache_every > 0)
+        trainer.add_callback(std::make_shared<memopt::callbacks::ReleaseCache>(plan.release_cache_every));
+      memopt::data::RandomWindowLoader loader(data.train,
+                                              memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed + 1));
+      result = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return distill.loss_sum(b, c); });
+      return 0;
+    });
+    fmt::print("distilled {} steps in {:.0f} s, {:.0f} tokens/s\n{}", result.steps, result.seconds,
+               result.tokens_per_s, result.memory.table());
+  }
+  const auto peak = memopt::memory::Report::now();
+  memopt::io::save_pretrained(*student, student->config, a.output_dir + "/student");
+
+  // ---- held-out quality and samples ----
+  const Eval e = evaluate(a, distill, data);
+  if (a.eval_batches > 0) {
+    fmt::print("held-out masked-token CE (student): ratio 0.15 {:.3f} | 0.5 {:.3f} | 0.85 {:.3f}\n",
+               e.masked_ce.at(0.15), e.masked_ce.at(0.5), e.masked_ce.at(0.85));
+    fmt::print("held-out next-token CE (teacher): {:.3f} (perplexity {:.1f})\n", e.teacher_loss,
+               std::exp(e.teacher_loss));
+  }
+  metrics.write({{"event", "summary"},
+                 {"strategy", plan.strategy},
+                 {"steps", result.steps},
+                 {"tokens_per_s", result.tokens_per_s},
+                 {"peak_tracked_mib", memopt::memory::mib(peak.tensors.peak_bytes)},
+                 {"peak_rss_mib", memopt::memory::mib(peak.peak_rss_bytes)},
+                 {"final_loss", result.final_loss},
+                 {"masked_ce_0.15", a.eval_batches > 0 ? e.masked_ce.at(0.15) : 0.0},
+                 {"masked_ce_0.5", a.eval_batches > 0 ? e.masked_ce.at(0.5) : 0.0},
+                 {"masked_ce_0.85", a.eval_batches > 0 ? e.masked_ce.at(0.85) : 0.0},
+                 {"teacher_loss", e.teacher_loss},
+                 {"alpha", a.alpha}});
+  print_samples(a, distill, data);
+  fmt::print("\nsaved: {0}/student/model.safetensors, {0}/student/config.json, {0}/metrics.jsonl\n", a.output_dir);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Distil an autoregressive LLaMA teacher into a LLaDA (masked diffusion) student with memopt"};
+  auto one_of = [](std::vector<std::string> v) { return CLI::IsMember(std::move(v)); };
+  app.add_option("--teacher_model", a.teacher_model, "teacher folder: config.json + model.safetensors (HF names)")
+      ->capture_default_str();
+  app.add_flag("--train_teacher", a.train_teacher, "train the teacher on the corpus first and save it there");
+  app.add_option("--teacher_steps", a.teacher_steps, "teacher training steps (0: random init)")->capture_default_str();
+  app.add_option("--teacher_lr", a.teacher_lr, "teacher peak learning rate")->capture_default_str();
+  app.add_option("--student_model", a.student_model,
+                 "student config.json or folder (default: the teacher's shape, bidirectional, + mask token)");
+  app.add_option("--data_path", a.data_path, "folder: tokenizer.model, {train,val}.bin and/or .txt")
+      ->capture_default_str();
+  app.add_option("--output_dir", a.output_dir, "where the student and metrics.jsonl go")->capture_default_str();
+  app.add_option("--strategy", a.strategy, "preset: none | simple | comprehensive")
+      ->check(one_of({"none", "simple", "comprehensive"}))
+      ->capture_default_str();
+  app.add_option("--batch_size", a.batch_size, "sequences per micro-batch")->capture_default_str();
+  app.add_option("--gradient_accumulation_steps", a.gradient_accumulation_steps,
+                 "micro-batches per step (comprehensive; 1 in the other presets unless given)")
+      ->capture_default_str();
+  app.add_option("--weight_decay", a.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--warmup_steps", a.warmup_steps, "linear warmup steps (comprehensive)")->capture_default_str();
+  app.add_option("--max_steps", a.max_steps, "distillation steps (0: none)")->capture_default_str();
+  app.add_option("--lr", a.lr, "student peak learning rate")->capture_default_str();
+  app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option("--layers", a.layers, "teacher decoder blocks (--train_teacher)")->capture_default_str();
+  app.add_option("--dim", a.dim, "teacher hidden size (--train_teacher)")->capture_default_str();
+  app.add_option("--heads", a.heads, "teacher attention heads (--train_teacher)")->capture_default_str();
+  app.add_option("--kv_heads", a.kv_heads, "teacher KV heads, 0: --heads (--train_teacher)")->capture_default_str();
+  app.add_option("--max_seq_len", a.max_seq_len, "teacher max positions (--train_teacher)")->capture_default_str();
+  app.add_option("--alpha", a.alpha, "weight of the KD term (0: diffusion loss only, no teacher run)")
+      ->capture_default_str();
+  app.add_option("--kd_temperature", a.kd_temperature, "KD softmax temperature")->capture_default_str();
+  app.add_option("--kd_top_k", a.kd_top_k, "keep the teacher's top-k logits (0: all; comprehensive: 64)");
+  app.add_option("--checkpoint", a.checkpoint, "override: none | every_block")->check(one_of({"none", "every_block"}));
+  app.add_option("--precision", a.precision, "override: fp32 | bf16 (autocast)")->check(one_of({"fp32", "bf16"}));
+  app.add_option("--data_format", a.data_format, "override: shards (pre-tokenized) | text (tokenized now)")
+      ->check(one_of({"shards", "text"}));
+  app.add_option("--teacher_dtype", a.teacher_dtype, "override: fp32 | bf16 teacher weights and compute")
+      ->check(one_of({"fp32", "bf16"}));
+  app.add_option("--teacher_autograd", a.teacher_autograd, "override: true runs the teacher with a graph (naive)");
+  app.add_option("--grad_clip", a.grad_clip, "override: gradient-norm clip, 0 off (comprehensive: 1)");
+  app.add_option("--release_cache_every", a.release_cache_every, "override: steps between cache releases, 0 off");
+  app.add_option("--eval_batches", a.eval_batches, "held-out batches per evaluation (0: skip)")->capture_default_str();
+  app.add_option("--samples", a.samples, "LLaDA samples to print")->capture_default_str();
+  app.add_option("--prompt_tokens", a.prompt_tokens, "prompt length of the samples")->capture_default_str();
+  app.add_option("--gen_length", a.gen_length, "tokens each sample generates")->capture_default_str();
+  app.add_option("--sample_steps", a.sample_steps, "sampler steps")->capture_default_str();
+  app.add_option("--block_length", a.block_length, "semi-autoregressive block length")->capture_default_str();
+  app.add_option("--temperature", a.temperature, "Gumbel-max temperature (0: deterministic)")->capture_default_str();
+  app.add_option("--cfg_scale", a.cfg_scale, "classifier-free guidance scale (0: off)")->capture_default_str();
+  app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of init, data order, masks and sampling")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return memopt::guarded_main([&] {
+    memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
+    return run(a, app);
+  });
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# examples/01_llama_to_llada end to end on a tiny generated corpus (a SentencePiece BPE
+# model trained here, text tokenized on the fly): every strategy trains, evaluates, samples
+# and saves; a saved student loads back as --student_model. Then bad input: each case must
+# exit 1 (not crash) with a message naming the file/option and the value seen, and a HINT.
+# Usage: llama_to_llada_test.sh path/to/llama_to_llada
+set -uo pipefail
+bin="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passed=0
+
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+
+# ---- a tiny corpus: 600 generated lines, a 96-piece BPE model ----
+mkdir -p "$tmp/data"
+words=(the quick brown fox jumps over a lazy dog while memory models train tokens fast slow)
+for i in $(seq 1 600); do
+  echo "${words[$((i % 16))]} ${words[$((i * 7 % 16))]} ${words[$((i * 3 % 16))]} ${words[$((i * 5 % 16))]} ${words[$((i * 11 % 16))]}."
+done > "$tmp/data/train.txt"
+head -n 60 "$tmp/data/train.txt" > "$tmp/data/val.txt"
+if ! spm_train --input="$tmp/data/train.txt" --model_prefix="$tmp/data/tokenizer" --model_type=bpe \
+     --vocab_size=96 --hard_vocab_limit=false --character_coverage=1.0 --num_threads=1 --minloglevel=2 \
+     > /dev/null 2>&1; then
+  echo "FAIL spm_train could not build the test tokenizer (apt-get install sentencepiece)"
+  exit 1
+fi
+
+tiny=(--data_path "$tmp/data" --layers 1 --dim 32 --heads 2 --max_seq_len 64 --seq_len 16 --batch_size 2
+      --teacher_steps 2 --max_steps 2 --log_interval 1 --eval_batches 1 --samples 1 --prompt_tokens 4
+      --gen_length 8 --sample_steps 8 --block_length 4 --threads 1 --data_format text)
+
+expect_run() {  # expect_run NAME ARGS... : exit 0, the evaluation and the saved student
+  local name="$1" out
+  shift
+  if ! out=$("$bin" "${tiny[@]}" "$@" 2>&1); then
+    fail "$name: exit code != 0. Output: $out"
+  elif ! grep -q "held-out masked-token CE" <<<"$out" || ! grep -q "^student: " <<<"$out"; then
+    fail "$name: no evaluation or sample in the output: $out"
+  else
+    ok "$name"
+  fi
+}
+
+expect_run teacher_and_simple --train_teacher --teacher_model "$tmp/teacher" --output_dir "$tmp/simple" \
+  --strategy simple
+for f in teacher/config.json teacher/model.safetensors simple/student/config.json simple/student/model.safetensors; do
+  [ -s "$tmp/$f" ] || fail "missing $f after a run"
+done
+if grep -q '"event":"summary"' "$tmp/simple/metrics.jsonl" && grep -q '"diffusion_loss"' "$tmp/simple/metrics.jsonl"; then
+  ok "metrics.jsonl has log and summary lines"
+else
+  fail "metrics.jsonl lacks log or summary lines: $(cat "$tmp/simple/metrics.jsonl")"
+fi
+expect_run none --teacher_model "$tmp/teacher" --output_dir "$tmp/none" --strategy none
+expect_run comprehensive_sparse_kd --teacher_model "$tmp/teacher" --output_dir "$tmp/comp" \
+  --strategy comprehensive --gradient_accumulation_steps 2 --kd_top_k 8 --cfg_scale 1 --temperature 0.5
+expect_run student_from_checkpoint --teacher_model "$tmp/teacher" --output_dir "$tmp/again" \
+  --student_model "$tmp/simple/student" --strategy simple --alpha 0
+
+# ---- bad input ----
+expect_error() {  # expect_error NAME REGEX ARGS...
+  local name="$1" regex="$2" out rc
+  shift 2
+  out=$("$bin" "${tiny[@]}" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne 1 ]; then
+    fail "$name: exit code $rc (want 1). Output: $out"
+  elif ! grep -Eq "$regex" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
+    fail "$name: output does not match /$regex/ and HINT: $out"
+  else
+    ok "$name: $(grep -m1 error <<<"$out" | head -c 150)"
+  fi
+}
+
+expect_error missing_teacher "$tmp/nowhere.*config.json" --teacher_model "$tmp/nowhere" --output_dir "$tmp/e1"
+
+mkdir -p "$tmp/wrongvocab"
+cp "$tmp/teacher/model.safetensors" "$tmp/wrongvocab/"
+sed -E 's/"vocab_size": *[0-9]+/"vocab_size": 999/' "$tmp/teacher/config.json" > "$tmp/wrongvocab/config.json"
+expect_error teacher_vocab_mismatch "vocab_size 999.*tokenizer" --teacher_model "$tmp/wrongvocab" --output_dir "$tmp/e2"
+
+mkdir -p "$tmp/renamed"
+cp "$tmp/teacher/config.json" "$tmp/renamed/"
+sed 's/lm_head\.weight/lm_head.wEIGHT/' "$tmp/teacher/model.safetensors" > "$tmp/renamed/model.safetensors"
+expect_error checkpoint_names "lm_head" --teacher_model "$tmp/renamed" --output_dir "$tmp/e3"
+
+mkdir -p "$tmp/short"
+cp "$tmp/data/tokenizer.model" "$tmp/short/"
+echo "the fox." > "$tmp/short/train.txt"
+cp "$tmp/short/train.txt" "$tmp/short/val.txt"
+expect_error corpus_too_short "train.txt.*shorter than one sequence" --teacher_model "$tmp/teacher" \
+  --output_dir "$tmp/e4" --data_path "$tmp/short"
+
+expect_error zero_accum "gradient_accumulation_steps.*got 0" --teacher_model "$tmp/teacher" --output_dir "$tmp/e5" \
+  --gradient_accumulation_steps 0
+sed -E 's/"vocab_size": *[0-9]+/"vocab_size": 5/' "$tmp/teacher/config.json" > "$tmp/student.json"
+expect_error student_vocab "student_model.*vocab_size 5" --teacher_model "$tmp/teacher" --output_dir "$tmp/e6" \
+  --student_model "$tmp/student.json"
+expect_error missing_shards "nowhere/train.bin" --teacher_model "$tmp/teacher" --output_dir "$tmp/e7" \
+  --data_format shards --data_path "$tmp/data/nowhere"
+
+echo "$passed passed, $failures failed"
+[ "$failures" -eq 0 ]
