@@ -454,6 +454,7 @@ int run(const Args& a, const CLI::App& app) {
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Distil an autoregressive LLaMA teacher into a LLaDA (masked diffusion) student with memopt"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag wins
   auto one_of = [](std::vector<std::string> v) { return CLI::IsMember(std::move(v)); };
   app.add_option("--teacher_model", a.teacher_model, "teacher folder: config.json + model.safetensors (HF names)")
       ->capture_default_str();

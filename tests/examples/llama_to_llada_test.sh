@@ -99,8 +99,8 @@ expect_error zero_accum "gradient_accumulation_steps.*got 0" --teacher_model "$t
 sed -E 's/"vocab_size": *[0-9]+/"vocab_size": 5/' "$tmp/teacher/config.json" > "$tmp/student.json"
 expect_error student_vocab "student_model.*vocab_size 5" --teacher_model "$tmp/teacher" --output_dir "$tmp/e6" \
   --student_model "$tmp/student.json"
-expect_error missing_shards "nowhere/train.bin" --teacher_model "$tmp/teacher" --output_dir "$tmp/e7" \
-  --data_format shards --data_path "$tmp/data/nowhere"
+expect_error missing_shards "data/train.bin" --teacher_model "$tmp/teacher" --output_dir "$tmp/e7" \
+  --data_format shards
 
 echo "$passed passed, $failures failed"
 [ "$failures" -eq 0 ]

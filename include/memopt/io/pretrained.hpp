@@ -1,0 +1,319 @@
+// memopt/io/pretrained.hpp — HuggingFace-style checkpoints of memopt::models::Llama: a
+// folder with config.json (HF's LlamaConfig fields) and model.safetensors (HF parameter
+// names), as written by transformers' save_pretrained. save_pretrained()/load_pretrained()
+// round-trip a model; load_state_dict() loads any module strictly, naming what is missing,
+// unexpected or of the wrong shape.
+#pragma once
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "memopt/error.hpp"
+#include "memopt/io/safetensors.hpp"
+#include "memopt/models/llama.hpp"
+
+namespace memopt::io {
+
+namespace detail {
+
+/// HF's torch_dtype string ("float32", "bfloat16", …) for the dtypes save_pretrained writes.
+inline const char* hf_dtype_name(torch::Dtype dtype) {
+  switch (dtype) {
+    case torch::kFloat32: return "float32";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kFloat16: return "float16";
+    case torch::kFloat64: return "float64";
+    default: return nullptr;
+  }
+}
+
+/// Typed look-ups in a config.json object; every error names the file, the field and the value.
+class ConfigFields {
+ public:
+  ConfigFields(std::string path, const nlohmann::json& json) : path_(std::move(path)), json_(json) {}
+
+  /// The value at `key`, or nullptr when it is absent or null (HF writes null for "unset").
+  const nlohmann::json* find(const char* key) const {
+    auto it = json_.find(key);
+    return it == json_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  /// A positive integer that must be present.
+  int64_t required_int(const char* key) const {
+    const auto* value = find(key);
+    TORCH_CHECK(value != nullptr, where(key), " is missing. HINT: config.json needs vocab_size, hidden_size, "
+                "num_hidden_layers and num_attention_heads; write it with memopt::io::write_llama_config or "
+                "take it from the model's HF folder");
+    return positive_int(key, *value);
+  }
+
+  /// A positive integer, or `fallback` when absent.
+  int64_t int_or(const char* key, int64_t fallback) const {
+    const auto* value = find(key);
+    return value ? positive_int(key, *value) : fallback;
+  }
+
+  double number_or(const char* key, double fallback) const {
+    const auto* value = typed(key, &nlohmann::json::is_number, "a number");
+    return value ? value->get<double>() : fallback;
+  }
+
+  bool bool_or(const char* key, bool fallback) const {
+    const auto* value = typed(key, &nlohmann::json::is_boolean, "true or false");
+    return value ? value->get<bool>() : fallback;
+  }
+
+  std::string string_or(const char* key, const std::string& fallback) const {
+    const auto* value = typed(key, &nlohmann::json::is_string, "a string");
+    return value ? value->get<std::string>() : fallback;
+  }
+
+  /// Fails when `key` is set to something memopt's Llama does not implement.
+  void unsupported(const char* key, const nlohmann::json& seen, const char* hint) const {
+    TORCH_CHECK(false, where(key), " is ", snippet(seen), ", which memopt::models::Llama does not support. HINT: ",
+                hint);
+  }
+
+  std::string where(const char* key) const {
+    return "memopt::io: config '" + path_ + "': field \"" + key + "\"";
+  }
+
+ private:
+  static constexpr const char* kFixHint = "fix config.json (HF's LlamaConfig field types)";
+
+  /// The value at `key` (nullptr when absent), which must pass `is_type`.
+  const nlohmann::json* typed(const char* key, bool (nlohmann::json::*is_type)() const noexcept,
+                              const char* type_name) const {
+    const auto* value = find(key);
+    TORCH_CHECK(!value || (value->*is_type)(), where(key), " must be ", type_name, " (got ", snippet(*value),
+                "). HINT: ", kFixHint);
+    return value;
+  }
+
+  int64_t positive_int(const char* key, const nlohmann::json& value) const {
+    TORCH_CHECK(value.is_number_integer(), where(key), " must be an integer (got ", snippet(value), "). HINT: ",
+                kFixHint);
+    TORCH_CHECK(value.get<int64_t>() >= 1, where(key), " must be >= 1 (got ", snippet(value), "). HINT: ",
+                kFixHint);
+    return value.get<int64_t>();
+  }
+
+  std::string path_;
+  const nlohmann::json& json_;
+};
+
+}  // namespace detail
+
+/// HF config.json fields of `config` (LlamaForCausalLM), with the head count and FFN width
+/// resolved. The one memopt-only field, "causal", is written only when false.
+///   std::string text = memopt::io::to_json(config).dump(2);
+inline nlohmann::json to_json(const models::LlamaConfig& config, torch::Dtype dtype = torch::kFloat32) {
+  const char* dtype_name = detail::hf_dtype_name(dtype);
+  TORCH_CHECK(dtype_name != nullptr, "memopt::io: to_json: torch_dtype ", dtype,
+              " is not a floating type HF models use. HINT: pass torch::kFloat32, kBFloat16 or kFloat16");
+  nlohmann::json json = {
+      {"architectures", nlohmann::json::array({"LlamaForCausalLM"})},
+      {"model_type", "llama"},
+      {"vocab_size", config.vocab_size()},
+      {"hidden_size", config.hidden_size()},
+      {"num_hidden_layers", config.num_hidden_layers()},
+      {"num_attention_heads", config.num_attention_heads()},
+      {"num_key_value_heads", config.kv_heads()},
+      {"intermediate_size", config.ffn_size()},
+      {"max_position_embeddings", config.max_position_embeddings()},
+      {"rope_theta", config.rope_theta()},
+      {"rms_norm_eps", config.rms_norm_eps()},
+      {"attention_dropout", config.dropout()},
+      {"initializer_range", config.initializer_range()},
+      {"hidden_act", "silu"},
+      {"tie_word_embeddings", false},
+      {"torch_dtype", dtype_name},
+  };
+  if (!config.causal()) json["causal"] = false;
+  return json;
+}
+
+/// Reads a HF config.json. Missing optional fields take HF's LlamaConfig defaults
+/// (intermediate_size 11008, max_position_embeddings 2048, rms_norm_eps 1e-6, rope_theta
+/// 10000, num_key_value_heads = num_attention_heads); vocab_size, hidden_size,
+/// num_hidden_layers and num_attention_heads are required. "attention_dropout" becomes
+/// LlamaConfig::dropout (which memopt also applies to residual branches); torch_dtype is
+/// ignored. Tied embeddings, rope_scaling, biases and activations other than silu are rejected.
+///   auto config = memopt::io::read_llama_config("checkpoints/tiny/config.json");
+inline models::LlamaConfig read_llama_config(const std::string& path) {
+  std::ifstream in(path);
+  TORCH_CHECK(in.good(), "memopt::io: cannot open config '", path, "' (", std::strerror(errno),
+              "). HINT: check the path; a HF model folder holds config.json next to model.safetensors");
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    TORCH_CHECK(false, "memopt::io: config '", path, "' is not valid JSON (", e.what(),
+                "). HINT: fix or rewrite it with memopt::io::write_llama_config");
+  }
+  TORCH_CHECK(json.is_object(), "memopt::io: config '", path, "' must be a JSON object (got ",
+              detail::snippet(json), "). HINT: fix or rewrite it with memopt::io::write_llama_config");
+  const detail::ConfigFields fields(path, json);
+
+  if (fields.bool_or("tie_word_embeddings", false))
+    fields.unsupported("tie_word_embeddings", true,
+                       "memopt's Llama has an untied lm_head; untie the checkpoint (save lm_head.weight as a "
+                       "copy of model.embed_tokens.weight) and set tie_word_embeddings to false");
+  if (const std::string act = fields.string_or("hidden_act", "silu"); act != "silu")
+    fields.unsupported("hidden_act", act, "memopt's SwiGLU uses silu");
+  if (const auto* scaling = fields.find("rope_scaling"))
+    fields.unsupported("rope_scaling", *scaling, "memopt's RoPE has no scaling; set rope_scaling to null");
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    if (fields.bool_or(bias, false)) fields.unsupported(bias, true, "memopt's projections have no bias");
+
+  auto config = models::LlamaConfig()
+                    .vocab_size(fields.required_int("vocab_size"))
+                    .hidden_size(fields.required_int("hidden_size"))
+                    .num_hidden_layers(fields.required_int("num_hidden_layers"))
+                    .num_attention_heads(fields.required_int("num_attention_heads"))
+                    .num_key_value_heads(fields.int_or("num_key_value_heads", 0))
+                    .intermediate_size(fields.int_or("intermediate_size", 11008))
+                    .max_position_embeddings(fields.int_or("max_position_embeddings", 2048))
+                    .rope_theta(fields.number_or("rope_theta", 10000.0))
+                    .rms_norm_eps(fields.number_or("rms_norm_eps", 1e-6))
+                    .dropout(fields.number_or("attention_dropout", 0.0))
+                    .initializer_range(fields.number_or("initializer_range", 0.02))
+                    .causal(fields.bool_or("causal", true));
+  try {
+    config.validate();
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "memopt::io: config '", path, "': ", error_message(e));
+  }
+  return config;
+}
+
+/// Writes `config` as a HF config.json at `path` (atomically).
+///   memopt::io::write_llama_config(config, "checkpoints/tiny/config.json");
+inline void write_llama_config(const models::LlamaConfig& config, const std::string& path,
+                               torch::Dtype dtype = torch::kFloat32) {
+  const std::string text = to_json(config, dtype).dump(2) + "\n";
+  detail::write_atomically(path, "memopt::io: write_llama_config('" + path + "')", [&](std::FILE* file) {
+    return std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  });
+}
+
+/// What load_state_dict() accepts.   LoadStateDictOptions().strict(false)
+struct LoadStateDictOptions {
+  /// true: every parameter and buffer of the model must be in the file, and every tensor
+  /// of the file in the model (except harmless extras such as rotary_emb.inv_freq).
+  TORCH_ARG(bool, strict) = true;
+};
+
+/// Copies the model's parameters and buffers from `file` by name, converting dtype and
+/// device. Shapes are all checked before anything is copied.
+///   memopt::io::load_state_dict(*model, *memopt::io::SafetensorsFile::open("model.safetensors"));
+inline void load_state_dict(torch::nn::Module& model, const SafetensorsFile& file,
+                            const LoadStateDictOptions& options = {}) {
+  const std::string who = "memopt::io: load_state_dict from '" + file.path() + "'";
+  std::vector<std::pair<std::string, torch::Tensor>> targets;
+  for (const auto& item : model.named_parameters()) targets.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers()) targets.emplace_back(item.key(), item.value());
+
+  std::vector<std::string> missing, unexpected;
+  std::set<std::string> known;
+  for (const auto& [name, tensor] : targets) {
+    known.insert(name);
+    if (!file.contains(name)) missing.push_back(name);
+  }
+  for (const auto& name : file.names()) {
+    const bool harmless = name.ends_with(".rotary_emb.inv_freq");  // HF recomputes it, so do we
+    if (!known.count(name) && !harmless) unexpected.push_back(name);
+  }
+  if (options.strict()) {
+    TORCH_CHECK(missing.empty(), who, ": the file lacks ", missing.size(), " of the model's ", targets.size(),
+                " tensors: ", detail::name_list(missing),
+                ". HINT: is this a LLaMA checkpoint with HF names (model.layers.N.self_attn.q_proj.weight, "
+                "lm_head.weight)? Pass LoadStateDictOptions().strict(false) to load a subset");
+    TORCH_CHECK(unexpected.empty(), who, ": the file holds ", unexpected.size(),
+                " tensors the model does not have: ", detail::name_list(unexpected),
+                ". HINT: check that config.json (num_hidden_layers, tie_word_embeddings) matches the "
+                "weights, or pass LoadStateDictOptions().strict(false) to skip them");
+  }
+  for (const auto& [name, tensor] : targets) {
+    if (!file.contains(name)) continue;
+    const auto& shape = file.info(name).shape;
+    TORCH_CHECK(tensor.sizes() == torch::IntArrayRef(shape), who, ": tensor '", name, "' has shape ",
+                torch::IntArrayRef(shape), " in the file but ", tensor.sizes(),
+                " in the model. HINT: the model's config (config.json) does not match these weights");
+  }
+
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : targets)
+    if (file.contains(name)) tensor.copy_(file.get(name));
+}
+
+/// Writes `dir`/config.json and `dir`/model.safetensors (HF names, metadata {"format": "pt"},
+/// parameters and floating buffers cast to `dtype`), creating `dir`. `config` must be the
+/// one the model was built with.
+///   memopt::io::save_pretrained(*model, model->config, "checkpoints/tiny", torch::kBFloat16);
+inline void save_pretrained(torch::nn::Module& model, const models::LlamaConfig& config, const std::string& dir,
+                            torch::Dtype dtype = torch::kFloat32) {
+  const std::string who = "memopt::io: save_pretrained('" + dir + "')";
+  TORCH_CHECK(detail::hf_dtype_name(dtype) != nullptr, who, ": dtype ", dtype,
+              " is not a floating type. HINT: pass torch::kFloat32, kBFloat16 or kFloat16");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  TORCH_CHECK(!ec, who, ": cannot create the directory (", ec.message(), "). HINT: check the path and permissions");
+
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value().to(dtype));
+  for (const auto& item : model.named_buffers()) {
+    const auto& buffer = item.value();
+    tensors.emplace_back(item.key(), buffer.is_floating_point() ? buffer.to(dtype) : buffer);
+  }
+  const std::filesystem::path root(dir);
+  save_safetensors((root / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_llama_config(config, (root / "config.json").string(), dtype);
+}
+
+/// The same for a Llama, with its own config.
+///   memopt::io::save_pretrained(model, "checkpoints/tiny");
+inline void save_pretrained(models::Llama& model, const std::string& dir, torch::Dtype dtype = torch::kFloat32) {
+  save_pretrained(*model, model->config, dir, dtype);
+}
+
+/// Builds a float32 Llama from `dir`/config.json and loads `dir`/model.safetensors into it
+/// (strictly). The model is returned in training mode, like a freshly built one.
+///   memopt::models::Llama model = memopt::io::load_pretrained("checkpoints/tiny");
+inline models::Llama load_pretrained(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  const std::string config_path = (root / "config.json").string();
+  const std::string weights_path = (root / "model.safetensors").string();
+  const char* folder_hint = "pass a folder written by memopt::io::save_pretrained or transformers' save_pretrained";
+  TORCH_CHECK(fs::is_directory(root), "memopt::io: load_pretrained: '", dir, "' is not a directory. HINT: ",
+              folder_hint);
+  TORCH_CHECK(fs::exists(config_path), "memopt::io: load_pretrained: '", config_path, "' does not exist. HINT: ",
+              folder_hint);
+  if (!fs::exists(weights_path)) {
+    const char* hint = fs::exists(root / "model.safetensors.index.json")
+                           ? "this is a sharded checkpoint, which memopt does not read; merge the shards into "
+                             "one model.safetensors"
+                       : fs::exists(root / "pytorch_model.bin")
+                           ? "convert pytorch_model.bin to model.safetensors (safetensors.torch.save_file)"
+                           : folder_hint;
+    TORCH_CHECK(false, "memopt::io: load_pretrained: '", weights_path, "' does not exist. HINT: ", hint);
+  }
+  const models::LlamaConfig config = read_llama_config(config_path);
+  models::Llama model(config);
+  load_state_dict(*model, *SafetensorsFile::open(weights_path));
+  return model;
+}
+
+}  // namespace memopt::io
