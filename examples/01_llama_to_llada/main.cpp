@@ -37,7 +37,7 @@ using memopt::models::LlamaConfig;
 struct Args {
   std::string teacher_model = "out/teacher";
   bool train_teacher = false;
-  int64_t teacher_steps = 100;
+  int64_t teacher_steps = 80;
   double teacher_lr = 2e-3;
   std::string student_model;  // empty: the teacher's shape, bidirectional, + mask token
   std::string data_path = "data/brown";
@@ -47,7 +47,7 @@ struct Args {
   int64_t gradient_accumulation_steps = 4;
   double weight_decay = 0.1;
   int64_t warmup_steps = 8;
-  int64_t max_steps = 100;
+  int64_t max_steps = 80;
   double lr = 2e-3;
   int64_t seq_len = 128;
   // teacher shape (with --train_teacher)
@@ -227,10 +227,15 @@ Llama train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& m
                     .num_attention_heads(a.heads)
                     .num_key_value_heads(a.kv_heads)
                     .max_position_embeddings(a.max_seq_len));
-  fmt::print("teacher: training a causal LLaMA ({} layers, d{}) for {} steps\n", a.layers, a.dim, a.teacher_steps);
+  fmt::print("teacher: training a causal LLaMA ({} layers, d{}) for {} steps (fp32, checkpoint {})\n", a.layers, a.dim,
+             a.teacher_steps, p.checkpoint);
   std::fflush(stdout);
   if (a.teacher_steps > 0) {
-    with_policies(p, [&](auto ckpt, auto prec) {
+    // fp32 whatever the strategy: on CPUs without AMX/AVX512-BF16 (the 2-core reference
+    // machine) bf16 matmuls are ~2x slower than fp32, and the teacher is not what is measured.
+    Plan fp32 = p;
+    fp32.precision = "fp32";
+    with_policies(fp32, [&](auto ckpt, auto prec) {
       memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
           *teacher, trainer_options(a, p, a.teacher_lr, a.teacher_steps));
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
@@ -342,8 +347,11 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
   const int64_t stride = std::max<int64_t>(1, (d.val->size() - a.prompt_tokens) / a.samples);
   for (int64_t s = 0; s < a.samples; ++s) {
     const torch::Tensor prompt = d.val->window(s * stride, a.prompt_tokens);  // (Lp)
-    const torch::Tensor out = memopt::models::llada::generate(
-        [&](const torch::Tensor& x) { return student->forward(x); }, prompt.unsqueeze(0), options);  // (1, Lp + G)
+    // The mask id is never a target, but an undertrained student may still rank it first.
+    auto never_mask = [&](const torch::Tensor& x) {
+      return student->forward(x).index_fill_(-1, torch::tensor({options.mask_id()}), -INFINITY);  // (1, L, V + 1)
+    };
+    const torch::Tensor out = memopt::models::llada::generate(never_mask, prompt.unsqueeze(0), options);  // (1, Lp + G)
     const torch::Tensor continuation = out[0].slice(0, a.prompt_tokens);
     fmt::print("\nprompt:  {}\nstudent: {}\n", d.tokenizer.decode(prompt), d.tokenizer.decode(continuation));
     if (distill.teacher()) {

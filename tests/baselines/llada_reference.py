@@ -89,12 +89,21 @@ def kd_sum(student, teacher, mask, p, temperature, top_k):
             t_logits = teacher[b, i - 1].double() / temperature
             s_logp = F.log_softmax(student[b, i].double() / temperature, dim=-1)
             if top_k:
-                t_logits, index = t_logits.topk(top_k)
-                s_logp = s_logp[index]
+                # k + 1 bins: the teacher's exact top-k probabilities and the mass of the rest.
+                t_logp_all = F.log_softmax(t_logits, dim=-1)
+                t_logp, index = t_logp_all.topk(top_k)
+                t_p = t_logp.exp()
+                s_in = s_logp[index]
+                rest = torch.ones_like(s_logp, dtype=torch.bool)
+                rest[index] = False
+                t_tail = (1 - t_p.sum()).clamp_min(0)
+                s_tail = s_logp[rest].exp().sum()
+                kl = (t_p * (t_logp - s_in)).sum()
+                if t_tail > 0:
+                    kl = kl + t_tail * (t_tail.log() - s_tail.log())
             else:
-                s_logp = s_logp[:vt]
-            t_p = F.softmax(t_logits, dim=-1)
-            kl = F.kl_div(s_logp, t_p, reduction='sum')
+                t_p = F.softmax(t_logits, dim=-1)
+                kl = F.kl_div(s_logp[:vt], t_p, reduction='sum')
             total = total + kl * temperature ** 2 / p[b, 0].double()
     return total
 

@@ -22,6 +22,8 @@
 
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <memopt/data/brown.hpp>
 #include <memopt/data/loader.hpp>
 #include <memopt/data/shard.hpp>
@@ -35,21 +37,8 @@ using memopt::data::TokenShard;
 
 namespace {
 
-/// A fresh folder under the system temp directory, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("memopt_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : memopt::test::TempDir {
+  TempDir() : memopt::test::TempDir("memopt_data_test") {}
 };
 
 std::vector<int32_t> iota_tokens(int32_t n) {
@@ -75,19 +64,8 @@ void patch_le(const std::string& path, size_t offset, uint64_t value, size_t n) 
   write_bytes(path, bytes);
 }
 
-/// Runs `fn`, requires a c10::Error whose message holds every one of `parts` and a HINT.
 void require_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    INFO(message);
-    CHECK_THAT(message, Catch::Contains("memopt::data:"));
-    CHECK_THAT(message, Catch::Contains("HINT: "));
-    for (const auto& part : parts) CHECK_THAT(message, Catch::Contains(part));
-    return;
-  }
-  FAIL("expected a c10::Error mentioning " << parts.front());
+  memopt::test::require_error(fn, "memopt::data:", parts);
 }
 
 bool same(const torch::Tensor& a, const torch::Tensor& b) { return torch::equal(a, b); }

@@ -25,6 +25,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <memopt/io/pretrained.hpp>
 #include <memopt/io/safetensors.hpp>
 #include <memopt/models/llama.hpp>
@@ -35,21 +37,8 @@ using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
 namespace {
 
-/// A fresh folder under the system temp directory, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("memopt_io_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : memopt::test::TempDir {
+  TempDir() : memopt::test::TempDir("memopt_io_test") {}
 };
 
 std::string read_text(const std::string& path) {
@@ -69,19 +58,8 @@ void write_raw(const std::string& path, const std::string& header, size_t data_b
   write_text(path, bytes + header + std::string(data_bytes, '\0'));
 }
 
-/// Runs `fn`; requires a c10::Error whose message holds "memopt::io:", a HINT and every part.
 void require_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    INFO(message);
-    CHECK_THAT(message, Catch::Contains("memopt::io:"));
-    CHECK_THAT(message, Catch::Contains("HINT: "));
-    for (const auto& part : parts) CHECK_THAT(message, Catch::Contains(part));
-    return;
-  }
-  FAIL("expected a c10::Error mentioning " << parts.front());
+  memopt::test::require_error(fn, "memopt::io:", parts);
 }
 
 /// Same dtype, shape and bytes (so NaN, -0.0 and bf16 bits count too).

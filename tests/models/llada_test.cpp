@@ -13,6 +13,8 @@
 
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <memopt/models/llada.hpp>
 #include <memopt/models/llama.hpp>
 
@@ -33,26 +35,16 @@ namespace {
 constexpr double kLossRtol = 2e-6;
 constexpr double kKdRtol = 1e-5;
 
-using TensorMap = std::map<std::string, torch::Tensor>;
+using memopt::test::TensorMap;
 
+// tests/baselines/llada_reference.pt, written by llada_reference.py.
 const TensorMap& reference() {
-  static const TensorMap ref = [] {
-    const std::string path = std::string(MEMOPT_TEST_BASELINES) + "/llada_reference.pt";
-    std::ifstream file(path, std::ios::binary);
-    if (!file) throw std::runtime_error("cannot open " + path + " (run tests/baselines/llada_reference.py)");
-    std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    TensorMap out;
-    for (const auto& entry : torch::pickle_load(bytes).toGenericDict())
-      out.emplace(entry.key().toStringRef(), entry.value().toTensor());
-    return out;
-  }();
+  static const TensorMap ref = memopt::test::load_baseline("llada_reference.pt");
   return ref;
 }
 
 const torch::Tensor& ref_at(const std::string& key) {
-  auto it = reference().find(key);
-  if (it == reference().end()) throw std::runtime_error("llada_reference.pt has no key " + key);
-  return it->second;
+  return memopt::test::baseline_at(reference(), "llada_reference.pt", key);
 }
 
 double rel_diff(const torch::Tensor& ours, const torch::Tensor& ref) {
@@ -232,13 +224,13 @@ TEST_CASE("losses match python's GUIDELINES and KD reference values", "[llada]")
   const int64_t k = ref_at("loss/top_k").item<int64_t>();
   const double dense = rel_diff(llada::kd_loss_sum(logits, llada::teacher_targets(teacher, 0), m, T),
                                 ref_at("loss/kd_dense"));
-  const double topk = rel_diff(llada::kd_loss_sum(logits, llada::teacher_targets(teacher, k), m, T),
+  const double topk = rel_diff(llada::kd_loss_sum(logits, llada::teacher_targets(teacher, k, T), m, T),
                                ref_at("loss/kd_topk"));
   INFO("KD rel diff: dense " << dense << ", top-" << k << " " << topk);
   CHECK(dense <= kKdRtol);
   CHECK(topk <= kKdRtol);
   // bf16 teacher targets (sparse KD's storage): close to the fp32 result.
-  CHECK(llada::kd_loss_sum(logits, llada::teacher_targets(teacher.to(torch::kBFloat16), k), m, T).item<double>() ==
+  CHECK(llada::kd_loss_sum(logits, llada::teacher_targets(teacher.to(torch::kBFloat16), k, T), m, T).item<double>() ==
         Approx(ref_at("loss/kd_topk").item<double>()).epsilon(0.05));
 }
 
@@ -314,8 +306,8 @@ TEST_CASE("KD aligns student position i with teacher position i-1", "[llada]") {
   auto perturbed = teacher.clone();
   perturbed.select(1, L - 1).add_(torch::randn({B, V}, seeded(23)) * 5);
   CHECK(torch::equal(llada::kd_loss_sum(student, llada::teacher_targets(perturbed, 0), m, 2.0), base));
-  CHECK(torch::equal(llada::kd_loss_sum(student, llada::teacher_targets(perturbed, 3), m, 2.0),
-                     llada::kd_loss_sum(student, llada::teacher_targets(teacher, 3), m, 2.0)));
+  CHECK(torch::equal(llada::kd_loss_sum(student, llada::teacher_targets(perturbed, 3, 2.0), m, 2.0),
+                     llada::kd_loss_sum(student, llada::teacher_targets(teacher, 3, 2.0), m, 2.0)));
   // Position 0 gets no KD term: masking only it gives 0, whatever the student says there.
   auto only_first = torch::zeros({B, L}, torch::kBool);
   only_first.select(1, 0).fill_(true);
@@ -337,11 +329,21 @@ TEST_CASE("sparse KD with k = V equals dense KD; gradients reach the student", "
   auto gen = seeded(32);
   const auto m = llada::forward_process(x0, V, 1e-3, gen);
   auto student = (torch::randn({B, L, V + 1}, seeded(33)) * 2).requires_grad_(true);
-  const auto sparse = llada::teacher_targets(teacher, V);
+  const auto sparse = llada::teacher_targets(teacher, V, 1.5);
   REQUIRE(sparse.sparse());
   REQUIRE(sparse.indices.sizes() == teacher.sizes());
   const auto dense = llada::kd_loss_sum(student, llada::teacher_targets(teacher, 0), m, 1.5);
   CHECK(llada::kd_loss_sum(student, sparse, m, 1.5).item<double>() == Approx(dense.item<double>()).epsilon(1e-5));
+  // With k < V the top-k probabilities stay exact and the rest is one bin: a student equal to
+  // the teacher (and sure its [MASK] class is never right) has KL 0, at any k — renormalising
+  // over the k would instead push the tail of the student to zero.
+  const auto copy = torch::cat({teacher, torch::full({B, L, 1}, -1e4)}, -1);  // (B, L, V + 1)
+  const auto shifted = torch::cat({copy.slice(1, 0, 1), copy.slice(1, 0, L - 1)}, 1);  // student[i] = teacher[i−1]
+  for (int64_t k : {1, 4, 12})
+    CHECK(llada::kd_loss_sum(shifted, llada::teacher_targets(teacher, k, 1.5), m, 1.5).item<double>() ==
+          Approx(0.0).margin(1e-4));
+  REQUIRE_THROWS_HINT(llada::kd_loss_sum(student, llada::teacher_targets(teacher, 4, 1.0), m, 1.5),
+                      "made at temperature 1");
   dense.backward();
   REQUIRE(student.grad().defined());
   CHECK(student.grad().abs().sum().item<double>() > 0);
@@ -353,7 +355,7 @@ TEST_CASE("sparse KD with k = V equals dense KD; gradients reach the student", "
   llada::TeacherTargets inference;
   {
     c10::InferenceMode no_graph;
-    inference = llada::teacher_targets(teacher, 5);
+    inference = llada::teacher_targets(teacher, 5, 1.5);
   }
   student.mutable_grad() = torch::Tensor();
   llada::kd_loss_sum(student, inference, m, 1.5).backward();

@@ -14,6 +14,8 @@
 
 #include <torch/torch.h>
 
+#include "support.hpp"
+
 #include <memopt/batch.hpp>
 #include <memopt/models/llama.hpp>
 #include <memopt/policies/checkpoint.hpp>
@@ -32,28 +34,16 @@ constexpr double kLogitsAtol = 1e-5;
 constexpr double kLossRtol = 1e-6;
 constexpr double kGradRtol = 2e-5;
 
-using TensorMap = std::map<std::string, torch::Tensor>;
+using memopt::test::TensorMap;
 
 // tests/baselines/llama_reference.pt: a torch.save(dict) zip of tensors.
 const TensorMap& reference() {
-  static const TensorMap ref = [] {
-    const std::string path = std::string(MEMOPT_TEST_BASELINES) + "/llama_reference.pt";
-    std::ifstream file(path, std::ios::binary);
-    if (!file) throw std::runtime_error("cannot open " + path + " (run tests/baselines/llama_reference.py)");
-    std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    TensorMap out;
-    for (const auto& entry : torch::pickle_load(bytes).toGenericDict())
-      out.emplace(entry.key().toStringRef(), entry.value().toTensor());
-    return out;
-  }();
+  static const TensorMap ref = memopt::test::load_baseline("llama_reference.pt");
   return ref;
 }
 
 const torch::Tensor& ref_at(const std::string& key) {
-  const auto& ref = reference();
-  auto it = ref.find(key);
-  if (it == ref.end()) throw std::runtime_error("llama_reference.pt has no key " + key);
-  return it->second;
+  return memopt::test::baseline_at(reference(), "llama_reference.pt", key);
 }
 
 // Keys under `prefix`, with the prefix removed.

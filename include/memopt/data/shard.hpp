@@ -5,11 +5,6 @@
 // names the file, the value seen and what to do about it.
 #pragma once
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -18,11 +13,14 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include <torch/torch.h>
+
+#include "memopt/detail/mapped_file.hpp"
 
 namespace memopt::data {
 
@@ -177,42 +175,18 @@ class TokenShard {
   }
 
   explicit TokenShard(std::string path) : path_(std::move(path)) {
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    TORCH_CHECK(fd >= 0, "memopt::data: cannot open token shard '", path_, "' (",
-                std::strerror(errno), "). HINT: check the path; for data/brown run "
-                "scripts/fetch_corpus, then memopt_prepare_corpus (or scripts/demo)");
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      TORCH_CHECK(false, "memopt::data: token shard '", path_,
-                  "' is not a readable regular file. HINT: pass the path of a .bin shard");
-    }
-    bytes_ = static_cast<int64_t>(st.st_size);
-    if (bytes_ < kShardHeaderBytes) {
-      ::close(fd);
-      TORCH_CHECK(false, "memopt::data: token shard '", path_, "' holds ", bytes_,
-                  " bytes, fewer than its ", kShardHeaderBytes, "-byte header. HINT: ",
-                  detail::kRebuildShardHint);
-    }
-    void* map = ::mmap(nullptr, static_cast<size_t>(bytes_), PROT_READ, MAP_PRIVATE, fd, 0);
-    const int map_errno = errno;
-    ::close(fd);
-    TORCH_CHECK(map != MAP_FAILED, "memopt::data: cannot memory-map token shard '", path_, "' (",
-                std::strerror(map_errno), "). HINT: check the file system supports mmap");
-    map_ = static_cast<const unsigned char*>(map);
-    try {
-      validate();
-    } catch (...) {
-      ::munmap(const_cast<unsigned char*>(map_), static_cast<size_t>(bytes_));
-      throw;
-    }
+    file_.emplace(path_, "memopt::data: ", "token shard",
+                  "check the path; for data/brown run scripts/fetch_corpus, then memopt_prepare_corpus (or scripts/demo)");
+    bytes_ = static_cast<int64_t>(file_->size());
+    TORCH_CHECK(bytes_ >= kShardHeaderBytes, "memopt::data: token shard '", path_, "' holds ", bytes_,
+                " bytes, fewer than its ", kShardHeaderBytes, "-byte header. HINT: ", detail::kRebuildShardHint);
+    map_ = file_->data();
+    validate();
   }
 
   TokenShard(const TokenShard&) = delete;
   TokenShard& operator=(const TokenShard&) = delete;
-  ~TokenShard() {
-    if (owned_.empty()) ::munmap(const_cast<unsigned char*>(map_), static_cast<size_t>(bytes_));
-  }
+  ~TokenShard() = default;
 
   /// Number of tokens.   int64_t n = shard->size();
   int64_t size() const { return size_; }
@@ -324,7 +298,8 @@ class TokenShard {
   }
 
   std::string path_;
-  std::vector<unsigned char> owned_;  // from_tokens: the bytes; empty when memory-mapped
+  std::optional<memopt::detail::MappedFile> file_;  // open(): the mapping
+  std::vector<unsigned char> owned_;        // from_tokens(): the bytes
   const unsigned char* map_ = nullptr;
   int64_t bytes_ = 0;
   int64_t width_ = 0;

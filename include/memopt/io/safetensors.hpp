@@ -5,11 +5,6 @@
 // field and the value seen, with a HINT) and hands out zero-copy views into the mapping.
 #pragma once
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -29,6 +24,8 @@
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
+
+#include "memopt/detail/mapped_file.hpp"
 
 namespace memopt::io {
 
@@ -228,44 +225,24 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
   /// Opens, maps and validates `path` (see validate() for what is checked).
   ///   auto file = memopt::io::SafetensorsFile::open("model.safetensors");
   static std::shared_ptr<const SafetensorsFile> open(const std::string& path) {
+    detail::check_little_endian("SafetensorsFile");
     return std::make_shared<const SafetensorsFile>(Key{}, path);
   }
 
   /// Use open(): views from get() need the file to be held by a shared_ptr.
-  SafetensorsFile(Key, std::string path) : path_(std::move(path)) {
-    detail::check_little_endian("SafetensorsFile");
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    TORCH_CHECK(fd >= 0, "memopt::io: cannot open safetensors file '", path_, "' (", std::strerror(errno),
-                "). HINT: check the path");
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      TORCH_CHECK(false, "memopt::io: safetensors file '", path_,
-                  "' is not a readable regular file. HINT: pass the path of a .safetensors file");
-    }
-    bytes_ = static_cast<uint64_t>(st.st_size);
-    if (bytes_ < 8) {
-      ::close(fd);
-      TORCH_CHECK(false, where(), " holds ", bytes_, " bytes, fewer than the 8-byte header length. HINT: ",
-                  kCorruptHint);
-    }
-    void* map = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int map_errno = errno;
-    ::close(fd);
-    TORCH_CHECK(map != MAP_FAILED, "memopt::io: cannot memory-map safetensors file '", path_, "' (",
-                std::strerror(map_errno), "). HINT: check that the file system supports mmap");
-    map_ = static_cast<const unsigned char*>(map);
-    try {
-      validate();
-    } catch (...) {
-      ::munmap(const_cast<unsigned char*>(map_), bytes_);
-      throw;
-    }
+  SafetensorsFile(Key, std::string path)
+      : path_(std::move(path)),
+        file_(path_, "memopt::io: ", "safetensors file",
+              "check the path of the .safetensors file") {
+    bytes_ = static_cast<uint64_t>(file_.size());
+    TORCH_CHECK(bytes_ >= 8, where(), " holds ", bytes_, " bytes, fewer than the 8-byte header length. HINT: ",
+                kCorruptHint);
+    map_ = file_.data();
+    validate();
   }
 
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
-  ~SafetensorsFile() { ::munmap(const_cast<unsigned char*>(map_), bytes_); }
 
   /// The path the file was opened from.
   const std::string& path() const { return path_; }
@@ -444,6 +421,7 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
   }
 
   std::string path_;
+  memopt::detail::MappedFile file_;
   const unsigned char* map_ = nullptr;
   uint64_t bytes_ = 0;         // file size
   uint64_t header_bytes_ = 0;  // N

@@ -108,15 +108,18 @@ class Distiller {
 
   /// The teacher's logits (dense or top-k) on the clean sequence x0 (B, L).
   llada::TeacherTargets teacher_targets(const torch::Tensor& x0) {
-    if (options_.teacher_autograd()) return llada::teacher_targets(teacher_forward(x0), options_.top_k());
+    const int64_t k = options_.top_k();
+    const double T = options_.temperature();
+    if (options_.teacher_autograd()) return llada::teacher_targets(teacher_forward(x0), k, T);
     llada::TeacherTargets inference;
     {
       c10::InferenceMode no_graph;
-      inference = llada::teacher_targets(teacher_forward(x0), options_.top_k());  // (B, L, K)
+      inference = llada::teacher_targets(teacher_forward(x0), k, T);  // (B, L, K)
     }
     // Inference tensors may not be saved for backward: normal copies of the (small) targets.
-    return {inference.logits_or_values.clone(),
-            inference.indices.defined() ? inference.indices.clone() : torch::Tensor()};
+    auto copy = [](const torch::Tensor& t) { return t.defined() ? t.clone() : t; };
+    return {copy(inference.logits_or_values), copy(inference.indices), copy(inference.log_normalizer),
+            inference.temperature};
   }
 
   /// Drops the gradients the teacher received (teacher_autograd only); call after each step.

@@ -227,30 +227,40 @@ inline torch::Tensor sft_loss_sum(const torch::Tensor& logits, const torch::Tens
 // =====================================================================================
 
 /// What the student learns from: the teacher's logits on the CLEAN sequence, dense (all V)
-/// or only its top-k logits and their indices (sparse KD: 2K numbers per position instead
-/// of V), kept in the teacher's dtype (e.g. bf16).
-///   auto targets = memopt::models::llada::teacher_targets(teacher->forward(x0), /*top_k=*/64);
+/// or only its top-k logits and their indices plus one log-normaliser (sparse KD: 2K + 1
+/// numbers per position instead of V), kept in the teacher's dtype (e.g. bf16).
+/// The normaliser makes the top-k probabilities exact (not renormalised over the k), so the
+/// teacher's tail mass 1 − Σ top-k is known and KD compares k + 1 bins: the k classes and
+/// "everything else". Renormalising instead would teach the student that every token
+/// outside the teacher's top-k is impossible, which ruins its cross-entropy whenever the
+/// teacher is unsure (measured: held-out masked CE above ln V with a perplexity-900 teacher).
+///   auto targets = memopt::models::llada::teacher_targets(teacher->forward(x0), /*top_k=*/64, /*temperature=*/2);
 struct TeacherTargets {
   torch::Tensor logits_or_values;  // (B, L, K): all V logits (dense, K = V) or the top-k logits
   torch::Tensor indices;           // (B, L, K) int64 class ids of the values; undefined when dense
+  torch::Tensor log_normalizer;    // (B, L, 1) float32 logsumexp(logits / T) over all V; sparse only
+  double temperature = 1.0;        // the T of log_normalizer
 
   bool sparse() const { return indices.defined(); }
 };
 
-/// Keeps all of the teacher's logits (top_k = 0) or only its top-k per position (detached:
-/// the teacher is not trained).
+/// Keeps all of the teacher's logits (top_k = 0) or only its top-k per position and the
+/// log-normaliser at `temperature` (the KD temperature; detached: the teacher is not trained).
 ///   auto dense = memopt::models::llada::teacher_targets(teacher_logits, 0);
-inline TeacherTargets teacher_targets(const torch::Tensor& teacher_logits, int64_t top_k) {
+inline TeacherTargets teacher_targets(const torch::Tensor& teacher_logits, int64_t top_k, double temperature = 1.0) {
   TORCH_CHECK(teacher_logits.defined() && teacher_logits.dim() == 3, "memopt::models::llada::teacher_targets: "
               "teacher_logits must be (B, L, V) (got ", dl::describe(teacher_logits),
               "). HINT: pass the teacher's logits on the clean tokens x0.");
   const int64_t V = teacher_logits.size(-1);
   TORCH_CHECK(top_k >= 0 && top_k <= V, "memopt::models::llada::teacher_targets: top_k must lie in [0, ", V,
               "] (got ", top_k, "). HINT: 0 keeps all V logits (dense KD).");
+  TORCH_CHECK(temperature > 0, "memopt::models::llada::teacher_targets: temperature must be > 0 (got ", temperature,
+              "). HINT: pass the KD temperature.");
   auto logits = teacher_logits.detach();  // (B, L, V)
-  if (top_k == 0) return {logits, {}};
-  auto [values, indices] = logits.topk(top_k, -1);  // (B, L, K) each
-  return {values, indices};
+  if (top_k == 0) return {logits, {}, {}, temperature};
+  auto [values, indices] = logits.topk(top_k, -1);                                         // (B, L, K) each
+  auto lse = (logits.to(torch::kFloat) / temperature).logsumexp(-1, /*keepdim=*/true);  // (B, L, 1)
+  return {values, indices, lse, temperature};
 }
 
 /// Σ over masked positions i ≥ 1 of KL(softmax(teacher[i−1]/T) ‖ softmax(student[i]/T))·T²/p.
@@ -261,8 +271,9 @@ inline TeacherTargets teacher_targets(const torch::Tensor& teacher_logits, int64
 /// KL over all positions (the Trainer's "every target counts" normalisation).
 /// Dense: the teacher's softmax over its V classes against the student's log_softmax over
 /// ALL its V' ≥ V classes (the extra [MASK] class gets zero teacher probability), first V
-/// columns. Sparse: the teacher's softmax over its top-k logits (renormalised) against the
-/// student's log-probabilities at those indices. All maths in fp32 whatever the dtypes.
+/// columns. Sparse: k + 1 bins — the teacher's exact top-k probabilities and its tail mass
+/// against the student's probabilities of the same k classes and of all the others (with
+/// k = V this is the dense KL). All maths in fp32 whatever the dtypes.
 ///   auto kd = memopt::models::llada::kd_loss_sum(student_logits, targets, m, /*temperature=*/2.0);
 inline torch::Tensor kd_loss_sum(const torch::Tensor& student_logits, const TeacherTargets& teacher,
                                  const Masked& masked, double temperature) {
@@ -286,19 +297,30 @@ inline torch::Tensor kd_loss_sum(const torch::Tensor& student_logits, const Teac
 
   // Student position i learns from teacher position i − 1, for i = 1 .. L−1.
   auto s_logp = torch::log_softmax(student_logits.slice(1, 1).to(torch::kFloat) / temperature, -1);  // (B, L-1, V')
-  torch::Tensor s_at;                                                                                 // (B, L-1, K)
+  auto t_scaled = values.slice(1, 0, L - 1).to(torch::kFloat) / temperature;                        // (B, L-1, K)
+  auto kl = [](const torch::Tensor& t_logp, const torch::Tensor& s_logp_at) {  // Σ over the last dim, 0·log 0 = 0
+    auto t_p = t_logp.exp();
+    return torch::where(t_p > 0, t_p * (t_logp - s_logp_at), torch::zeros_like(t_p)).sum(-1);
+  };
+  torch::Tensor per_position;  // (B, L-1): KL of position i
   if (teacher.sparse()) {
+    TORCH_CHECK(teacher.temperature == temperature && teacher.log_normalizer.defined(),
+                "memopt::models::llada::kd_loss_sum: the sparse targets were made at temperature ",
+                teacher.temperature, " but the loss uses ", temperature,
+                ". HINT: pass the KD temperature to teacher_targets(logits, top_k, temperature).");
     auto index = teacher.indices.slice(1, 0, L - 1);  // (B, L-1, K); gather saves it for backward, which
     if (index.is_inference()) index = index.clone();  // an InferenceMode tensor may not be: a normal copy
-    s_at = s_logp.gather(-1, index);
+    auto s_at = s_logp.gather(-1, index);                                                  // (B, L-1, K)
+    auto t_logp = t_scaled - teacher.log_normalizer.slice(1, 0, L - 1).to(torch::kFloat);  // (B, L-1, K) exact
+    // The (k+1)-th bin: everything outside the top-k, for both distributions.
+    auto t_tail = (1 - t_logp.exp().sum(-1, /*keepdim=*/true)).clamp_min(0);                    // (B, L-1, 1)
+    auto s_tail = s_logp.scatter(-1, index, -std::numeric_limits<float>::infinity()).logsumexp(-1, true);
+    per_position = kl(t_logp, s_at) + kl(t_tail.log(), s_tail);
   } else {
-    s_at = s_logp.slice(-1, 0, K);
+    per_position = kl(torch::log_softmax(t_scaled, -1), s_logp.slice(-1, 0, K));
   }
-  auto t_logp = torch::log_softmax(values.slice(1, 0, L - 1).to(torch::kFloat) / temperature, -1);   // (B, L-1, K)
-  auto t_p = t_logp.exp();                                                                           // (B, L-1, K)
-  auto terms = torch::where(t_p > 0, t_p * (t_logp - s_at), torch::zeros_like(t_p));  // (B, L-1, K): 0·log 0 = 0
-  auto weight = dl::inverse_p_weight(masked.mask, masked.p).slice(1, 1);              // (B, L-1)
-  return (terms.sum(-1) * weight).sum() * (temperature * temperature);                // 0-dim
+  auto weight = dl::inverse_p_weight(masked.mask, masked.p).slice(1, 1);  // (B, L-1)
+  return (per_position * weight).sum() * (temperature * temperature);    // 0-dim
 }
 
 // =====================================================================================

@@ -1,0 +1,80 @@
+// tests/support.hpp — what several test files share: a temporary folder, the check that a
+// call fails with memopt's error style (the component's prefix, the parts named, a HINT),
+// and the loader of the python3-torch reference files in tests/baselines/.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace memopt::test {
+
+/// A fresh folder under the system temp directory, removed with everything in it.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix = "memopt_test") {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+/// Runs `fn`; requires a c10::Error whose message holds `prefix`, a HINT and every part.
+inline void require_error(const std::function<void()>& fn, const std::string& prefix,
+                          const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    INFO(message);
+    CHECK_THAT(message, Catch::Contains(prefix));
+    CHECK_THAT(message, Catch::Contains("HINT: "));
+    for (const auto& part : parts) CHECK_THAT(message, Catch::Contains(part));
+    return;
+  }
+  FAIL("expected a c10::Error mentioning " << (parts.empty() ? prefix : parts.front()));
+}
+
+using TensorMap = std::map<std::string, torch::Tensor>;
+
+/// tests/baselines/NAME: a torch.save(dict) zip of tensors written by NAME's .py script.
+inline TensorMap load_baseline(const std::string& name) {
+  const std::string path = std::string(MEMOPT_TEST_BASELINES) + "/" + name;
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw std::runtime_error("cannot open " + path + " (run its .py script in tests/baselines/)");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  TensorMap out;
+  for (const auto& entry : torch::pickle_load(bytes).toGenericDict())
+    out.emplace(entry.key().toStringRef(), entry.value().toTensor());
+  return out;
+}
+
+/// The tensor `key` of a loaded baseline, or an exception naming the missing key.
+inline const torch::Tensor& baseline_at(const TensorMap& ref, const std::string& name, const std::string& key) {
+  auto it = ref.find(key);
+  if (it == ref.end()) throw std::runtime_error(name + " has no key " + key);
+  return it->second;
+}
+
+}  // namespace memopt::test
