@@ -348,8 +348,9 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
   for (int64_t s = 0; s < a.samples; ++s) {
     const torch::Tensor prompt = d.val->window(s * stride, a.prompt_tokens);  // (Lp)
     // The mask id is never a target, but an undertrained student may still rank it first.
+    // A large finite logit, not -inf: guidance subtracts logits (-inf - -inf is NaN).
     auto never_mask = [&](const torch::Tensor& x) {
-      return student->forward(x).index_fill_(-1, torch::tensor({options.mask_id()}), -INFINITY);  // (1, L, V + 1)
+      return student->forward(x).index_fill_(-1, torch::tensor({options.mask_id()}), -1e9);  // (1, L, V + 1)
     };
     const torch::Tensor out = memopt::models::llada::generate(never_mask, prompt.unsqueeze(0), options);  // (1, Lp + G)
     const torch::Tensor continuation = out[0].slice(0, a.prompt_tokens);
@@ -451,7 +452,8 @@ int run(const Args& a, const CLI::App& app) {
                  {"masked_ce_0.5", a.eval_batches > 0 ? e.masked_ce.at(0.5) : 0.0},
                  {"masked_ce_0.85", a.eval_batches > 0 ? e.masked_ce.at(0.85) : 0.0},
                  {"teacher_loss", e.teacher_loss},
-                 {"alpha", a.alpha}});
+                 {"alpha", a.alpha},
+                 {"kd_top_k", plan.kd_top_k}});
   print_samples(a, distill, data);
   fmt::print("\nsaved: {0}/student/model.safetensors, {0}/student/config.json, {0}/metrics.jsonl\n", a.output_dir);
   return 0;

@@ -93,24 +93,33 @@ class Distiller {
   /// Σ over the batch of the mixed loss (fp32, 0-dim). x0 = batch.inputs (B, L).
   template <CheckpointPolicy Checkpoint>
   torch::Tensor loss_sum(const Batch& batch, const Checkpoint& ckpt) {
-    const torch::Tensor& x0 = batch.inputs;                                  // (B, L)
+    const torch::Tensor& x0 = batch.inputs;  // (B, L)
+    // The teacher first: its (B, L, V) logits are gone (top-k kept) before the student's exist.
+    const bool kd = options_.alpha() > 0;
+    llada::TeacherTargets targets = kd ? teacher_targets(x0) : llada::TeacherTargets{};      // (B, L, V) or (B, L, K)
     llada::Masked masked = llada::forward_process(x0, options_.mask_id(), options_.eps());  // noisy (B, L)
-    torch::Tensor logits = student_->forward(masked.noisy, ckpt);            // (B, L, V + 1)
-    torch::Tensor diffusion = llada::diffusion_loss_sum(logits, x0, masked);  // 0-dim
+    torch::Tensor logits = student_->forward(masked.noisy, ckpt);                            // (B, L, V + 1)
+    torch::Tensor diffusion = llada::diffusion_loss_sum(logits, x0, masked);                 // 0-dim
     terms_.diffusion_sum += diffusion.detach();
     terms_.tokens += static_cast<double>(x0.numel());
-    if (options_.alpha() == 0) return diffusion;
-    llada::TeacherTargets targets = teacher_targets(x0);                     // (B, L, V) or (B, L, K)
-    torch::Tensor kd = llada::kd_loss_sum(logits, targets, masked, options_.temperature());  // 0-dim
-    terms_.kd_sum += kd.detach();
-    return (1.0 - options_.alpha()) * diffusion + options_.alpha() * kd;
+    if (!kd) return diffusion;
+    torch::Tensor distill = llada::kd_loss_sum(logits, targets, masked, options_.temperature());  // 0-dim
+    terms_.kd_sum += distill.detach();
+    return (1.0 - options_.alpha()) * diffusion + options_.alpha() * distill;
   }
 
   /// The teacher's logits (dense or top-k) on the clean sequence x0 (B, L).
   llada::TeacherTargets teacher_targets(const torch::Tensor& x0) {
     const int64_t k = options_.top_k();
     const double T = options_.temperature();
-    if (options_.teacher_autograd()) return llada::teacher_targets(teacher_forward(x0), k, T);
+    if (options_.teacher_autograd()) {
+      // The naive way: the targets stay attached to the teacher's graph, so its activations
+      // live until the backward, which then computes gradients for the teacher too.
+      torch::Tensor logits = teacher_forward(x0);  // (B, L, V)
+      llada::TeacherTargets attached = llada::teacher_targets(logits, k, T);
+      attached.logits_or_values = k == 0 ? logits : logits.gather(-1, attached.indices);
+      return attached;
+    }
     llada::TeacherTargets inference;
     {
       c10::InferenceMode no_graph;
