@@ -91,12 +91,20 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   Plan p;
   p.strategy = a.strategy;
   if (a.strategy == "none") {
-    p.checkpoint = "none", p.precision = "fp32", p.data_format = "text", p.teacher_autograd = true;
+    p.checkpoint = "none";
+    p.precision = "fp32";
+    p.data_format = "text";
+    p.teacher_autograd = true;
   } else if (a.strategy == "simple") {
-    p.data_format = "text", p.release_cache_every = a.release_cache_every;
+    p.data_format = "text";
+    p.release_cache_every = a.release_cache_every;
   } else {  // comprehensive
-    p.accum = a.gradient_accumulation_steps, p.grad_clip = a.grad_clip, p.param_specific_decay = true;
-    p.schedule = true, p.release_cache_every = a.release_cache_every, p.kd_top_k = 64;
+    p.accum = a.gradient_accumulation_steps;
+    p.grad_clip = a.grad_clip;
+    p.param_specific_decay = true;
+    p.schedule = true;
+    p.release_cache_every = a.release_cache_every;
+    p.kd_top_k = 64;
     p.teacher_dtype = "bf16";
   }
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
@@ -111,9 +119,6 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   if (given("--kd_top_k")) p.kd_top_k = a.kd_top_k;
   TORCH_CHECK(p.accum >= 1, "llama_to_llada: --gradient_accumulation_steps must be >= 1 (got ", p.accum,
               "). HINT: 1 takes one micro-batch per step; the effective batch is batch_size x this.");
-  TORCH_CHECK(p.teacher_dtype != "bf16" || !p.teacher_autograd,
-              "llama_to_llada: --teacher_dtype bf16 with --teacher_autograd would train nothing in bf16 weights "
-              "(got both). HINT: drop one of them.");
   return p;
 }
 
@@ -186,9 +191,6 @@ class MetricsJsonl : public memopt::Callback {
       : out_(path, std::ios::app), distiller_(distiller) {
     TORCH_CHECK(out_, "llama_to_llada: cannot write '", path, "'. HINT: check --output_dir is writable.");
   }
-  void on_step_end(const memopt::StepStats&) override {
-    if (distiller_ && distiller_->options().teacher_autograd()) distiller_->clear_teacher_grads();
-  }
   void on_log(const memopt::LogLine& l) override {
     nlohmann::json j = {{"event", distiller_ ? "distill" : "teacher"},
                         {"step", l.step},
@@ -217,6 +219,13 @@ class MetricsJsonl : public memopt::Callback {
   memopt::models::Distiller* distiller_;
 };
 
+// The naive strategy's teacher receives gradients nobody uses: drop them after each step.
+struct ClearTeacherGrads : memopt::Callback {
+  explicit ClearTeacherGrads(memopt::models::Distiller& d) : distill(d) {}
+  void on_step_end(const memopt::StepStats&) override { distill.clear_teacher_grads(); }
+  memopt::models::Distiller& distill;
+};
+
 // ---- teacher: trained here (causal LM) or loaded from a HuggingFace-style checkpoint ----
 Llama train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& metrics) {
   torch::manual_seed(static_cast<int64_t>(a.seed));
@@ -238,7 +247,8 @@ Llama train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& m
     with_policies(fp32, [&](auto ckpt, auto prec) {
       memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
           *teacher, trainer_options(a, p, a.teacher_lr, a.teacher_steps));
-      trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+      trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>())
+          .add_callback(std::make_shared<MetricsJsonl>(a.output_dir + "/metrics.jsonl", nullptr));
       memopt::data::RandomWindowLoader loader(d.train, memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
       const auto r = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return teacher->loss_sum(b, c); });
       metrics.write({{"event", "teacher_done"}, {"steps", r.steps}, {"seconds", r.seconds}, {"loss", r.final_loss}});
@@ -318,7 +328,7 @@ Eval evaluate(const Args& a, memopt::models::Distiller& distill, const Data& d) 
     e.masked_ce[ratio] = ce / std::max(count, 1.0);
   }
   if (distill.teacher()) {
-    memopt::detail::AutocastGuard autocast({c10::kCPU, distill.options().teacher_bf16(), c10::kBFloat16});
+    auto autocast = distill.teacher_autocast();
     memopt::data::SequentialLoader loader(d.val, memopt::data::LoaderOptions(a.batch_size, a.seq_len));
     double sum = 0, count = 0;
     for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
@@ -356,7 +366,7 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
     const torch::Tensor continuation = out[0].slice(0, a.prompt_tokens);
     fmt::print("\nprompt:  {}\nstudent: {}\n", d.tokenizer.decode(prompt), d.tokenizer.decode(continuation));
     if (distill.teacher()) {
-      memopt::detail::AutocastGuard autocast({c10::kCPU, distill.options().teacher_bf16(), c10::kBFloat16});
+      auto autocast = distill.teacher_autocast();
       const torch::Tensor ar = distill.teacher()->generate(prompt, memopt::models::SampleOptions()
                                                                      .max_new_tokens(a.gen_length)
                                                                      .temperature(0.0));
@@ -420,6 +430,7 @@ int run(const Args& a, const CLI::App& app) {
       memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
           *student, trainer_options(a, plan, a.lr, a.max_steps));
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>()).add_callback(distill_metrics);
+      if (plan.teacher_autograd) trainer.add_callback(std::make_shared<ClearTeacherGrads>(distill));
       if (plan.release_cache_every > 0)
         trainer.add_callback(std::make_shared<memopt::callbacks::ReleaseCache>(plan.release_cache_every));
       memopt::data::RandomWindowLoader loader(data.train,

@@ -35,7 +35,8 @@ struct DistillOptions {
   TORCH_ARG(int64_t, top_k) = 0;
   /// LLaDA's minimum mask probability: p = (1 − eps)·t + eps.
   TORCH_ARG(double, eps) = 1e-3;
-  /// false: the teacher runs under torch::InferenceMode (no graph, no saved activations).
+  /// false: the teacher runs under torch::InferenceMode (no graph, no saved activations),
+  /// on the device of its parameters (its own GPU in CUDA builds, like the seed scripts).
   /// true: the naive way — its forward records a graph and its parameters receive
   /// gradients that nobody uses (the "no optimizations" baseline of the benchmark).
   TORCH_ARG(bool, teacher_autograd) = false;
@@ -115,7 +116,7 @@ class Distiller {
     if (options_.teacher_autograd()) {
       // The naive way: the targets stay attached to the teacher's graph, so its activations
       // live until the backward, which then computes gradients for the teacher too.
-      torch::Tensor logits = teacher_forward(x0);  // (B, L, V)
+      torch::Tensor logits = teacher_forward(x0).to(x0.device());  // (B, L, V)
       llada::TeacherTargets attached = llada::teacher_targets(logits, k, T);
       attached.logits_or_values = k == 0 ? logits : logits.gather(-1, attached.indices);
       return attached;
@@ -125,8 +126,12 @@ class Distiller {
       c10::InferenceMode no_graph;
       inference = llada::teacher_targets(teacher_forward(x0), k, T);  // (B, L, K)
     }
-    // Inference tensors may not be saved for backward: normal copies of the (small) targets.
-    auto copy = [](const torch::Tensor& t) { return t.defined() ? t.clone() : t; };
+    // Inference tensors may not be saved for backward: normal copies of the (small) targets,
+    // on the student's device (the teacher may live on a device of its own).
+    const c10::Device device = x0.device();
+    auto copy = [&](const torch::Tensor& t) {
+      return t.defined() ? t.to(t.options().device(device), /*non_blocking=*/false, /*copy=*/true) : t;
+    };
     return {copy(inference.logits_or_values), copy(inference.indices), copy(inference.log_normalizer),
             inference.temperature};
   }
@@ -140,14 +145,22 @@ class Distiller {
   /// The sums since the last call, then starts new ones.
   DistillTerms take_terms() { return std::exchange(terms_, fresh_terms()); }
 
+  /// The autocast state the teacher runs under (bf16 when teacher_bf16, off otherwise), for
+  /// calling the teacher directly.   { auto guard = distill.teacher_autocast(); distill.teacher()->generate(...); }
+  memopt::detail::AutocastGuard teacher_autocast() const {
+    return memopt::detail::AutocastGuard(
+        {teacher_->lm_head->weight.device().type(), options_.teacher_bf16(), c10::kBFloat16});
+  }
+
   Llama& teacher() { return teacher_; }
   Llama& student() { return student_; }
   const DistillOptions& options() const { return options_; }
 
  private:
+  // The teacher's logits on its own device (CUDA builds may give it a GPU of its own).
   torch::Tensor teacher_forward(const torch::Tensor& x0) {
-    memopt::detail::AutocastGuard autocast({x0.device().type(), options_.teacher_bf16(), c10::kBFloat16});
-    return teacher_->forward(x0);  // (B, L, V)
+    auto autocast = teacher_autocast();
+    return teacher_->forward(x0.to(teacher_->lm_head->weight.device()));  // (B, L, V)
   }
 
   DistillTerms fresh_terms() const {
