@@ -64,7 +64,7 @@ struct Args {
   // evaluation and samples
   int64_t eval_batches = 8;
   int64_t samples = 3, prompt_tokens = 16, gen_length = 32, sample_steps = 32, block_length = 16;
-  double temperature = 0.0, cfg_scale = 0.0;
+  double temperature = 0.8, cfg_scale = 0.0;
   int64_t log_interval = 10;
   int threads = 0;
   uint64_t seed = 1234;
@@ -342,21 +342,24 @@ Eval evaluate(const Args& a, memopt::models::Distiller& distill, const Data& d) 
   return e;
 }
 
-// LLaDA samples from prompts cut from the held-out split, next to the teacher's greedy continuation.
+// LLaDA samples from prompts cut from the held-out split, next to the teacher's continuation
+// (same temperature; the teacher also keeps its 50 most likely tokens). Seeded: reproducible.
 void print_samples(const Args& a, memopt::models::Distiller& distill, const Data& d) {
   if (a.samples <= 0) return;
   c10::InferenceMode no_graph;
   auto& student = distill.student();
   student->eval();
-  const auto options = memopt::models::llada::SamplerOptions(distill.options().mask_id())
-                           .steps(a.sample_steps)
-                           .gen_length(a.gen_length)
-                           .block_length(a.block_length)
-                           .temperature(a.temperature)
-                           .cfg_scale(a.cfg_scale);
+  auto options = memopt::models::llada::SamplerOptions(distill.options().mask_id())
+                     .steps(a.sample_steps)
+                     .gen_length(a.gen_length)
+                     .block_length(a.block_length)
+                     .temperature(a.temperature)
+                     .cfg_scale(a.cfg_scale);
   const int64_t stride = std::max<int64_t>(1, (d.val->size() - a.prompt_tokens) / a.samples);
   for (int64_t s = 0; s < a.samples; ++s) {
     const torch::Tensor prompt = d.val->window(s * stride, a.prompt_tokens);  // (Lp)
+    const uint64_t seed = a.seed + static_cast<uint64_t>(s);
+    options.seed(seed);
     // The mask id is never a target, but an undertrained student may still rank it first.
     // A large finite logit, not -inf: guidance subtracts logits (-inf - -inf is NaN).
     auto never_mask = [&](const torch::Tensor& x) {
@@ -369,7 +372,9 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
       auto autocast = distill.teacher_autocast();
       const torch::Tensor ar = distill.teacher()->generate(prompt, memopt::models::SampleOptions()
                                                                      .max_new_tokens(a.gen_length)
-                                                                     .temperature(0.0));
+                                                                     .temperature(a.temperature)
+                                                                     .top_k(50)
+                                                                     .seed(seed));
       fmt::print("teacher: {}\n", d.tokenizer.decode(ar.slice(0, a.prompt_tokens)));
     }
   }
@@ -523,7 +528,8 @@ int main(int argc, char** argv) {
   app.add_option("--gen_length", a.gen_length, "tokens each sample generates")->capture_default_str();
   app.add_option("--sample_steps", a.sample_steps, "sampler steps")->capture_default_str();
   app.add_option("--block_length", a.block_length, "semi-autoregressive block length")->capture_default_str();
-  app.add_option("--temperature", a.temperature, "Gumbel-max temperature (0: deterministic)")->capture_default_str();
+  app.add_option("--temperature", a.temperature, "sampling temperature; Gumbel-max for the student (0: greedy)")
+      ->capture_default_str();
   app.add_option("--cfg_scale", a.cfg_scale, "classifier-free guidance scale (0: off)")->capture_default_str();
   app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();
