@@ -4,6 +4,10 @@
                    the ratios the suite printed
   distill          one row per strategy, with its ratios to the naive baseline
   distill_quality  one row per student: masked-token CE at three mask ratios
+  stack            one row per memory lever added, with its ratios to the fp32 baseline
+  attention        one row per sequence length: math / SDPA / blockwise; the chunked loss
+  adamw8bit        fp32 AdamW next to 8-bit AdamW
+  allocator        one row per MEMOPT_ALLOC_CONF setting
    scripts/bench trainer > r.jsonl && benchmarks/report.py r.jsonl"""
 import json
 import sys
@@ -33,6 +37,63 @@ def distill_quality(lines):
               f"{r['masked_ce_0.85']:.3f} | {r['teacher_perplexity']:.0f} |")
 
 
+def stack(lines):
+    rows = [r for r in lines if not r["name"].startswith("ratio_")]
+    ratio = {r["name"][len("ratio_"):-len("_to_fp32")]: r for r in lines if r["name"].startswith("ratio_")}
+    print("| row (lever added) | vocab | peak tracked | peak RSS | tokens/s | loss after the steps | "
+          "optimizer state in RAM | tracked vs fp32 | RSS vs fp32 | speed vs fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        q = ratio.get(r["name"])
+        ratios = (f"**{q['peak_tracked_mib']:.2f}×** | {q['peak_rss_mib']:.2f}× | {q['tokens_per_s']:.2f}×"
+                  if q else "1 | 1 | 1")
+        print(f"| {r['name']} | {r['vocab']} | {r['peak_tracked_mib']:.0f} MiB | {r['peak_rss_mib']:.0f} MiB | "
+              f"{r['tokens_per_s']:.0f} | {r['loss_last']:.4f} | {r['state_mib']:.0f} MiB | {ratios} |")
+
+
+def attention(lines):
+    by = {(r["name"], r["impl"], r.get("L", r.get("N"))): r for r in lines}
+    print("| L | math: peak tracked | ms | ATen SDPA: peak tracked | ms | blockwise: peak tracked | ms | "
+          "blockwise / math: memory | time |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for L in sorted({r["L"] for r in lines if r["name"] == "attention"}):
+        cells = []
+        for impl in ("math", "sdpa", "blockwise"):
+            r = by.get(("attention", impl, L))
+            cells += ([f"{r['peak_tracked_mib']:.0f} MiB", f"{r['ms']:.0f}"] if r and "ms" in r else ["—", "—"])
+        q = by.get(("attention", "ratio_blockwise_to_math", L))
+        cells += [f"**{q['peak_tracked_mib']:.3f}×**", f"**{q['ms']:.2f}×**"] if q else ["—", "—"]
+        print(f"| {L} | " + " | ".join(cells) + " |")
+    ce = [r for r in lines if r["name"] == "cross_entropy" and not r["impl"].startswith("ratio")]
+    if ce:
+        print("\n| loss (N rows × V) | peak tracked | ms |")
+        print("|---|---|---|")
+        for r in ce:
+            print(f"| {r['impl']} ({r['N']} × {r['V']}) | {r['peak_tracked_mib']:.0f} MiB | {r['ms']:.0f} |")
+
+
+def adamw8bit(lines):
+    print("| optimizer | loss (mean of the last 10 steps) | held-out loss | state | peak tracked | peak RSS | tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in lines:
+        if r["impl"].startswith("ratio"):
+            continue
+        print(f"| {r['impl']} | {r['loss_last']:.4f} | {r['val_loss']:.4f} | {r['state_mib']:.1f} MiB | "
+              f"{r['peak_tracked_mib']:.0f} MiB | {r['peak_rss_mib']:.0f} MiB | {r['tokens_per_s']:.0f} |")
+
+
+def allocator(lines):
+    print("| MEMOPT_ALLOC_CONF | peak tracked | peak RSS | tokens/s |")
+    print("|---|---|---|---|")
+    for r in lines:
+        print(f"| `{r['impl']}` | {r['peak_tracked_mib']:.0f} MiB | {r['peak_rss_mib']:.0f} MiB | "
+              f"{r['tokens_per_s']:.0f} |")
+
+
+RENDER = {"distill": distill, "distill_quality": distill_quality, "stack": stack, "attention": attention,
+          "adamw8bit": adamw8bit, "allocator": allocator}
+
+
 def main(path):
     rows, order = {}, []
     overhead = None
@@ -42,7 +103,7 @@ def main(path):
         if not line.startswith("{"):
             continue
         r = json.loads(line)
-        if r.get("suite") in ("distill", "distill_quality"):
+        if r.get("suite") in RENDER:
             suites.setdefault(r["suite"], []).append(r)
             continue
         if r["name"] == "overhead":
@@ -52,10 +113,9 @@ def main(path):
             rows[r["name"]] = {}
             order.append(r["name"])
         rows[r["name"]][r["impl"]] = r
-    if "distill" in suites:
-        distill(suites["distill"])
-    if "distill_quality" in suites:
-        distill_quality(suites["distill_quality"])
+    for name, render in RENDER.items():
+        if name in suites:
+            render(suites[name])
     if not order:
         return
     print("| configuration | memopt tok/s | PyTorch tok/s | ratio | memopt peak tracked | memopt peak RSS | PyTorch peak RSS | ratio | loss first → last (both) |")

@@ -7,8 +7,6 @@
 //
 //   memopt_bench_trainer --layers 4 --dim 256 --seq 256 --precision bf16 --checkpoint every
 //   scripts/bench trainer            # the whole suite, peer and ratios included
-#include <stdlib.h>  // getloadavg
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -20,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "bench_main.hpp"
 #include "memopt/memopt.hpp"
 
 namespace {
@@ -174,7 +173,7 @@ int main(int argc, char** argv) {
   // sets its threads first too).
   memopt::init(memopt::RuntimeOptions().threads(cfg.threads));
 
-  try {
+  return memopt::bench::print_line([&] {
     TORCH_CHECK(cfg.impl != "hand" || (cfg.precision == "fp32" && cfg.checkpoint == "none"),
                 "memopt_bench_trainer: --impl hand runs fp32 without checkpointing only (got --precision ",
                 cfg.precision, " --checkpoint ", cfg.checkpoint, "). HINT: drop --precision/--checkpoint.");
@@ -204,9 +203,7 @@ int main(int argc, char** argv) {
     for (double s : r.step_seconds) total += s;
     const double step_s = total / static_cast<double>(r.step_seconds.size());
     const double min_s = *std::min_element(r.step_seconds.begin(), r.step_seconds.end());
-    double load[1] = {-1};
-    getloadavg(load, 1);  // other work on the machine skews the timings: reported with them
-    nlohmann::ordered_json line{
+    return nlohmann::ordered_json{
         {"name", cfg.name()},
         {"impl", cfg.impl},
         {"tokens_per_s", static_cast<double>(cfg.tokens_per_step()) / step_s},
@@ -229,15 +226,6 @@ int main(int argc, char** argv) {
         {"precision", cfg.precision},
         {"checkpoint", cfg.checkpoint},
         {"threads", at::get_num_threads()},
-        {"load_avg_1m", load[0]},
     };
-    std::cout << line.dump() << std::endl;
-  } catch (const c10::Error& e) {
-    std::cerr << e.what_without_backtrace() << '\n';
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << '\n';
-    return 1;
-  }
-  return 0;
+  });
 }

@@ -1,10 +1,18 @@
 // Tests for the policies and the Trainer (include/memopt/policies/*.hpp, trainer.hpp):
 // checkpointing gives the gradients of no checkpointing (dropout on), accumulation equals
-// the big batch (ragged targets included), bf16 autocast keeps fp32 master state, and
-// options are validated with a HINT.
+// the big batch (ragged targets included), bf16 autocast keeps fp32 master state, loss
+// scaling changes nothing but survives an inf, Bf16Pure's masters keep small updates,
+// steps in backward give the normal step's weights and refuse misuse, and options are
+// validated with a HINT.
+#include <limits>
+#include <sstream>
+#include <type_traits>
+
 #include <catch2/catch.hpp>
 
 #include <memopt/memopt.hpp>
+
+#include "support.hpp"
 
 namespace {
 
@@ -164,8 +172,10 @@ TEST_CASE("checkpointing gives the gradients of no checkpointing, dropout on (LL
   const auto plain = llama_grads<memopt::checkpoint::None>(model, batch, 123);
   const auto every = llama_grads<memopt::checkpoint::EveryBlock>(model, batch, 123);
   const auto nth = llama_grads<memopt::checkpoint::EveryNth<2>>(model, batch, 123);
+  const auto selective = llama_grads<memopt::checkpoint::Selective>(model, batch, 123);
   CHECK(max_abs_diff(plain, every) <= 1e-6);
   CHECK(max_abs_diff(plain, nth) <= 1e-6);
+  CHECK(max_abs_diff(plain, selective) <= 1e-6);
 
   // The comparison is sensitive: another dropout draw changes the gradients.
   const auto other_draw = llama_grads<memopt::checkpoint::None>(model, batch, 124);
@@ -328,4 +338,260 @@ TEST_CASE("AdamW groups: no weight decay on norms, biases and embeddings", "[opt
   CHECK(holds(groups[0], named["model.layers.0.self_attn.q_proj.weight"]));
   CHECK(holds(groups[0], named["lm_head.weight"]));
   CHECK(groups[0].params().size() + groups[1].params().size() == named.size());
+}
+
+namespace {
+
+std::vector<torch::Tensor> params_of(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// Trains a fresh tiny LLaMA (same init every call) for `steps` steps; returns its weights.
+template <class Checkpoint, class Precision, class Offload>
+std::vector<torch::Tensor> weights_after(int steps, memopt::TrainerOptions opts, Offload offload = {}) {
+  torch::manual_seed(11);
+  memopt::models::Llama model(tiny_llama(0.0));
+  ListLoader loader{{random_batch(2, 16, 64, 21), random_batch(2, 16, 64, 22)}};
+  memopt::Trainer<Checkpoint, Precision, memopt::accum::None, Offload> trainer(
+      *model, opts.threads(1).lr(1e-2).warmup_steps(2).max_steps(steps), {},
+      std::move(offload));  // lr changes every step
+  for (int s = 0; s < steps; ++s)
+    REQUIRE(trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); }).stepped);
+  return params_of(*model);
+}
+
+}  // namespace
+
+TEST_CASE("Scaled: loss scaling leaves fp32 training unchanged", "[precision]") {
+  using Scaled = memopt::precision::Scaled<c10::kFloat>;
+  const auto plain = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::None>(
+      3, memopt::TrainerOptions());
+  const auto scaled =
+      weights_after<memopt::checkpoint::None, Scaled, memopt::offload::None>(3, memopt::TrainerOptions());
+  CHECK(max_abs_diff(plain, scaled) <= 1e-6);
+  // Clipping sees the unscaled gradients: with a tight clip both still agree.
+  const auto plain_clip = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::None>(
+      3, memopt::TrainerOptions().grad_clip(0.05));
+  const auto scaled_clip =
+      weights_after<memopt::checkpoint::None, Scaled, memopt::offload::None>(3, memopt::TrainerOptions().grad_clip(0.05));
+  CHECK(max_abs_diff(plain_clip, scaled_clip) <= 1e-6);
+  CHECK(max_abs_diff(plain, plain_clip) > 1e-4);  // the clip did bite
+}
+
+TEST_CASE("Scaled: an inf gradient skips the step and backs the scale off", "[precision]") {
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.0));
+  ListLoader loader{{random_batch(2, 16, 64, 1)}};
+  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Scaled<c10::kFloat>> trainer(
+      *model, memopt::TrainerOptions().threads(1));
+  int calls = 0;
+  auto loss_fn = [&](const Batch& b, const auto& ckpt) {
+    auto loss = model->loss_sum(b, ckpt);
+    return ++calls == 2 ? loss * std::numeric_limits<float>::infinity() : loss;  // step 2 overflows
+  };
+  CHECK(trainer.precision().scaler().current_scale() == 65536.0);
+  CHECK(trainer.step(loader, loss_fn).stepped);
+  const auto before = params_of(*model);
+  const auto stats = trainer.step(loader, loss_fn);
+  CHECK_FALSE(stats.stepped);
+  CHECK(max_abs_diff(before, params_of(*model)) == 0.0);  // no update, not even weight decay
+  CHECK(trainer.precision().scaler().current_scale() == 32768.0);
+  CHECK(trainer.precision().scaler().skipped_steps() == 1);
+  CHECK(trainer.step(loader, loss_fn).stepped);  // recovers
+  CHECK(max_abs_diff(before, params_of(*model)) > 0.0);
+}
+
+TEST_CASE("LossScaler grows the scale after growth_interval clean steps; bad options rejected", "[precision]") {
+  auto w = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1));
+  memopt::precision::LossScaler scaler(memopt::precision::LossScaleOptions().init_scale(8).growth_interval(2));
+  for (int s = 0; s < 2; ++s) {
+    sgd.zero_grad();
+    scaler.scale((w * w).sum()).backward();
+    scaler.unscale(sgd);
+    CHECK(torch::allclose(w.grad(), 2 * w.detach()));  // true gradients after unscale
+    CHECK(scaler.step(sgd));
+    scaler.update();
+  }
+  CHECK(scaler.current_scale() == 16.0);
+  sgd.zero_grad();
+  scaler.scale(w.sum() * std::numeric_limits<float>::quiet_NaN()).backward();
+  CHECK_FALSE(scaler.step(sgd));  // step() unscales when unscale() was not called
+  scaler.update();
+  CHECK(scaler.current_scale() == 8.0);
+  CHECK(scaler.clean_steps() == 0);
+
+  CHECK_THROWS_WITH(memopt::precision::LossScaler(memopt::precision::LossScaleOptions().backoff_factor(1.5)),
+                    Catch::Contains("backoff_factor") && Catch::Contains("(got 1.5)") && Catch::Contains("HINT"));
+  CHECK_THROWS_WITH(memopt::precision::Fp16Scaled{}.autocast(c10::kCPU),
+                    Catch::Contains("needs a CUDA device") && Catch::Contains("HINT"));
+}
+
+TEST_CASE("StepInBackward: the weights of the normal step, gradients freed during backward", "[offload]") {
+  for (bool checkpointed : {false, true}) {
+    INFO("checkpointed " << checkpointed);
+    const auto normal = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::None>(
+        3, memopt::TrainerOptions().grad_clip(0));
+    const auto in_backward =
+        checkpointed ? weights_after<memopt::checkpoint::EveryBlock, memopt::precision::Fp32,
+                                     memopt::offload::StepInBackward>(3, memopt::TrainerOptions().grad_clip(0))
+                     : weights_after<memopt::checkpoint::None, memopt::precision::Fp32,
+                                     memopt::offload::StepInBackward>(3, memopt::TrainerOptions().grad_clip(0));
+    CHECK(max_abs_diff(normal, in_backward) <= 1e-6);
+  }
+
+  // Plain LibTorch use: after backward every parameter is updated and holds no gradient.
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.0));
+  const auto adamw = torch::optim::AdamWOptions(1e-2);
+  std::vector<torch::Tensor> params = model->parameters();
+  memopt::optim::StepInBackward opt(memopt::optim::single_group(params, adamw), adamw);
+  const auto before = params_of(*model);
+  const Batch batch = random_batch(2, 16, 64, 5);
+  model->loss_sum(batch, memopt::checkpoint::None{}).backward();
+  CHECK(opt.updated_this_step() == static_cast<int64_t>(params.size()));
+  for (auto& p : params) CHECK_FALSE(p.grad().defined());
+  const auto after = params_of(*model);
+  for (size_t i = 0; i < params.size(); ++i) CHECK(max_abs_diff({before[i]}, {after[i]}) > 0);
+  int64_t numel = 0;
+  for (auto& p : params) numel += p.numel();
+  CHECK(opt.state_bytes() == 8 * numel);  // exp_avg + exp_avg_sq, fp32
+  opt.step();
+
+  // A second backward in the same step would update twice: rejected.
+  model->loss_sum(batch, memopt::checkpoint::None{}).backward();
+  CHECK_THROWS_WITH(model->loss_sum(batch, memopt::checkpoint::None{}).backward(),
+                    Catch::Contains("second gradient before step()") && Catch::Contains("HINT"));
+}
+
+TEST_CASE("StepInBackward with accumulation or clipping is rejected", "[offload]") {
+  memopt::models::Llama model(tiny_llama(0.0));
+  using InBackward = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime,
+                                     memopt::offload::StepInBackward>;
+  CHECK_THROWS_WITH(InBackward(*model, memopt::TrainerOptions().grad_clip(0).accum_steps(2)),
+                    Catch::Contains("1 micro-batch per step (got accumulation over 2)") && Catch::Contains("HINT"));
+  CHECK_THROWS_WITH(InBackward(*model, memopt::TrainerOptions().grad_clip(1.0)),
+                    Catch::Contains("global gradient norm (got grad_clip 1)") && Catch::Contains("HINT"));
+  CHECK_NOTHROW(InBackward(*model, memopt::TrainerOptions().grad_clip(0)));
+  // accum::Fixed<N > 1> with StepInBackward does not compile: tests/compile_fail.
+}
+
+TEST_CASE("Bf16Pure: bf16 weights and activations, fp32 masters, losses track fp32", "[precision]") {
+  auto losses_of = [](auto trainer_tag, double lr, std::vector<torch::Tensor>* masters_out) {
+    using T = typename decltype(trainer_tag)::type;
+    torch::manual_seed(11);
+    memopt::models::Llama model(tiny_llama(0.0));
+    ListLoader loader{{random_batch(4, 16, 64, 21), random_batch(4, 16, 64, 22)}};
+    T trainer(*model, memopt::TrainerOptions().threads(1).lr(lr).warmup_steps(0).max_steps(20).grad_clip(1.0));
+    std::vector<double> losses;
+    for (int s = 0; s < 20; ++s)
+      losses.push_back(
+          trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); })
+              .loss.template item<double>());
+    if constexpr (std::is_same_v<typename T::precision_type, memopt::precision::Bf16Pure>) {
+      for (auto& p : model->parameters()) CHECK(p.scalar_type() == torch::kBFloat16);
+      CHECK(model->forward(random_batch(1, 8, 64, 3).inputs).scalar_type() == torch::kBFloat16);
+      for (auto& group : trainer.optimizer().param_groups())
+        for (auto& p : group.params()) CHECK(p.scalar_type() == torch::kFloat);  // the optimizer owns masters
+      for (const auto& [param, master] : trainer.precision().masters()) {
+        CHECK(torch::equal(param, master.to(torch::kBFloat16)));  // weights = rounded masters
+        if (masters_out) masters_out->push_back(master.clone());
+      }
+    }
+    return losses;
+  };
+  using Fp32Trainer = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32>;
+  using PureTrainer = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Pure>;
+  const auto fp32 = losses_of(std::type_identity<Fp32Trainer>{}, 3e-3, nullptr);
+  const auto pure = losses_of(std::type_identity<PureTrainer>{}, 3e-3, nullptr);
+  for (size_t s = 0; s < fp32.size(); ++s) CHECK(std::abs(pure[s] - fp32[s]) / fp32[s] < 0.03);
+  CHECK(pure.back() < pure.front() * 0.9);  // it trains
+  CHECK(pure.front() != fp32.front());      // and really computes in bf16
+
+  // Updates far below bf16's resolution (lr 1e-6 on weights ~0.02, bf16 spacing ~1e-4)
+  // accumulate in the masters: they move while a bf16-only update would round to nothing.
+  std::vector<torch::Tensor> masters;
+  losses_of(std::type_identity<PureTrainer>{}, 1e-6, &masters);
+  torch::manual_seed(11);
+  memopt::models::Llama initial(tiny_llama(0.0));
+  std::vector<torch::Tensor> initial_in_optimizer_order;
+  for (auto& group : memopt::optim::param_groups(initial->named_parameters(), torch::optim::AdamWOptions(1)))
+    for (auto& p : group.params()) initial_in_optimizer_order.push_back(p.detach());
+  REQUIRE(masters.size() == initial_in_optimizer_order.size());
+  double max_move = 0;
+  for (size_t i = 0; i < masters.size(); ++i)
+    max_move = std::max(max_move, (masters[i] - initial_in_optimizer_order[i]).abs().max().item<double>());
+  CHECK(max_move > 5e-6);  // ~20 steps x 1e-6
+  CHECK(max_move < 1e-4);  // below the bf16 spacing of the weights
+}
+
+TEST_CASE("offload::Disk: LibTorch's AdamW update with the state in a file", "[offload]") {
+  memopt::test::TempDir dir("memopt_disk");
+  auto disk = [&](int64_t chunk) {
+    return memopt::offload::Disk(memopt::optim::DiskAdamWOptions().directory(dir.path.string()).chunk_elements(chunk));
+  };
+  const auto normal = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::None>(
+      3, memopt::TrainerOptions());
+  // Chunks of 100 elements split most tensors mid-row; one chunk per tensor also works.
+  for (int64_t chunk : {int64_t{100}, int64_t{1} << 20}) {
+    INFO("chunk " << chunk);
+    const auto on_disk = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::Disk>(
+        3, memopt::TrainerOptions(), disk(chunk));
+    CHECK(max_abs_diff(normal, on_disk) <= 1e-6);
+  }
+  CHECK(std::filesystem::is_empty(dir.path));  // the state file was unlinked at once
+
+  // State size, residency, and save -> load -> the same next step.
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.0));
+  auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  auto params = model->parameters();
+  int64_t numel = 0, largest = 0;
+  for (auto& p : params) {
+    numel += p.numel();
+    largest = std::max(largest, p.numel());
+  }
+  memopt::optim::DiskAdamW opt(memopt::optim::single_group(params, adamw), adamw, disk(256).options);
+  CHECK(opt.state_bytes_on_disk() == 8 * numel);
+  CHECK(opt.resident_state_bytes() == 3 * 2 * 256 * 4);
+  const Batch batch = random_batch(2, 16, 64, 5);
+  auto train_step = [&](torch::optim::Optimizer& o) {
+    o.zero_grad();
+    model->loss_sum(batch, memopt::checkpoint::None{}).backward();
+    o.step();
+  };
+  train_step(opt);
+  train_step(opt);
+  std::stringstream saved;
+  {
+    torch::serialize::OutputArchive archive;
+    opt.save(archive);
+    archive.save_to(saved);
+  }
+  const auto weights = params_of(*model);
+  train_step(opt);
+  const auto continued = params_of(*model);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(weights[i]);
+  }
+  memopt::optim::DiskAdamW fresh(memopt::optim::single_group(params, adamw), adamw, disk(1000).options);
+  torch::serialize::InputArchive archive;
+  archive.load_from(saved);
+  fresh.load(archive);
+  train_step(fresh);
+  CHECK(max_abs_diff(continued, params_of(*model)) <= 1e-7);
+  CHECK(max_abs_diff(continued, weights) > 1e-4);  // the step did something
+
+  memopt::test::require_error(
+      [&] {
+        memopt::optim::DiskAdamW bad(memopt::optim::single_group(params, adamw), adamw,
+                                     memopt::optim::DiskAdamWOptions().directory("/nonexistent/memopt"));
+      },
+      "memopt::optim::DiskAdamW: cannot create the state file", {"'/nonexistent/memopt'", "No such file"});
+  memopt::test::require_error(
+      [&] { memopt::offload::PinnedHost{}.make_optimizer(memopt::optim::single_group(params, adamw), adamw); },
+      "memopt::offload::PinnedHost: parameters must live on a CUDA device", {"cpu"});
 }

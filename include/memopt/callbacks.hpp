@@ -31,6 +31,7 @@ struct StepStats {
   torch::Tensor num_targets;   // 0-dim: targets in the effective batch
   int64_t tokens = 0;          // input tokens in the effective batch
   double seconds = 0;          // wall time of the step (host view)
+  bool stepped = true;         // false: the precision policy skipped the update (inf/nan gradient)
 };
 
 /// A log line: StepStats read back to the host, plus throughput and memory.

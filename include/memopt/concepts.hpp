@@ -23,6 +23,14 @@ concept RunBlock = requires(const P& p, int64_t index, torch::nn::Module& block,
   { p.run_block(index, block, fn, inputs) } -> std::same_as<torch::Tensor>;
 };
 
+/// Optional: `p.run_cheap(fn, inputs, params)` runs a compute-cheap, memory-heavy part of a
+/// block (attention scores and softmax, norms, activation functions): kept or recomputed
+/// (checkpoint::Selective). Without it the part just runs. Models call memopt::run_cheap().
+template <class P>
+concept RunCheap = requires(const P& p, const BlockFn& fn, const std::vector<torch::Tensor>& inputs) {
+  { p.run_cheap(fn, inputs, inputs) } -> std::same_as<torch::Tensor>;
+};
+
 // ---- Precision: the dtype the forward runs in, and how loss and step are taken ----
 /// `p.autocast(device_type)` returns an RAII guard held around the forward.
 template <class P>
@@ -34,6 +42,18 @@ concept Backward = requires(P& p, const torch::Tensor& loss) { p.backward(loss);
 template <class P>
 concept Step = requires(P& p, torch::optim::Optimizer& opt) {
   { p.step(opt) } -> std::convertible_to<bool>;
+};
+
+/// Optional: `p.prepare_grads(optimizer)` turns the backward's gradients into the true
+/// gradients of the optimizer's parameters, before clipping (Scaled: ÷ the loss scale;
+/// Bf16Pure: bf16 gradients → fp32 master gradients). Without it they are used as they are.
+template <class P>
+concept PrepareGrads = requires(P& p, torch::optim::Optimizer& opt) { p.prepare_grads(opt); };
+/// Optional: `p.master_groups(groups)` gives the optimizer other tensors to own than the
+/// model's parameters (Bf16Pure: fp32 masters of bf16 weights).
+template <class P>
+concept MasterGroups = requires(P& p, std::vector<torch::optim::OptimizerParamGroup> groups) {
+  { p.master_groups(std::move(groups)) } -> std::same_as<std::vector<torch::optim::OptimizerParamGroup>>;
 };
 
 // ---- Accum: how many micro-batches make one optimizer step ----
@@ -57,13 +77,19 @@ concept BeforeStep = requires(P& p, torch::optim::Optimizer& opt) { p.before_ste
 template <class P>
 concept AfterStep = requires(P& p, torch::optim::Optimizer& opt) { p.after_step(opt); };
 
+/// Optional: `P::kStepsInBackward` true means the optimizer updates each parameter during
+/// backward, as soon as its gradient is ready (offload::StepInBackward).
+template <class P>
+concept StepsInBackward = requires { requires P::kStepsInBackward; };
+
 }  // namespace hooks
 
 /// How blocks run: plain, or recomputed in backward (checkpoint::None, EveryBlock, EveryNth<N>).
 template <class P>
 concept CheckpointPolicy = hooks::RunBlock<P>;
 
-/// The forward's dtype and the backward/step it implies (precision::Fp32, Bf16Autocast).
+/// The forward's dtype and the backward/step it implies (precision::Fp32, Bf16Autocast,
+/// Bf16Pure, Fp16Scaled).
 template <class P>
 concept PrecisionPolicy = hooks::Autocast<P> && hooks::Backward<P> && hooks::Step<P>;
 
@@ -71,7 +97,7 @@ concept PrecisionPolicy = hooks::Autocast<P> && hooks::Backward<P> && hooks::Ste
 template <class P>
 concept AccumPolicy = hooks::MicroSteps<P>;
 
-/// Where optimizer state lives (offload::None).
+/// Where optimizer state lives and when it steps (offload::None, StepInBackward, ...).
 template <class P>
 concept OffloadPolicy = hooks::MakeOptimizer<P> && hooks::BeforeStep<P> && hooks::AfterStep<P>;
 

@@ -7,6 +7,8 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <torch/torch.h>
@@ -14,6 +16,7 @@
 #include "memopt/batch.hpp"
 #include "memopt/callbacks.hpp"
 #include "memopt/concepts.hpp"
+#include "memopt/memory/allocator.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/tracker.hpp"
 #include "memopt/optim/clip.hpp"
@@ -50,6 +53,9 @@ struct TrainerOptions {
   TORCH_ARG(int, threads) = 0;
   /// Micro-batches per step for accum::Runtime.
   TORCH_ARG(int64_t, accum_steps) = 1;
+  /// Allocator settings applied when the Trainer is built, "key:value,..." (see
+  /// memory/allocator.hpp; memopt::init() applies $MEMOPT_ALLOC_CONF already); "" changes nothing.
+  TORCH_ARG(std::string, alloc_conf) = "";
 
 
  public:
@@ -121,7 +127,11 @@ class Trainer {
   /// Takes the model's trainable parameters; builds the optimizer through the Offload policy.
   Trainer(torch::nn::Module& model, TrainerOptions options) : Trainer(model, options, make_accum_policy(options)) {}
   Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum)
-      : options_(validated(options)), accum_(std::move(accum)) {
+      : Trainer(model, options, std::move(accum), Offload{}) {}
+  /// With configured policy values: Trainer(model, options, accum::Runtime(4), offload::Disk(disk_options)).
+  Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum, Offload offload)
+      : options_(validated(options)), accum_(std::move(accum)), offload_(std::move(offload)) {
+    memory::AllocatorOptions::parse(options_.alloc_conf(), "TrainerOptions::alloc_conf").apply();
     const int threads = options_.threads() > 0 ? options_.threads() : available_cpus();
     at::set_num_threads(threads);  // usually already done by memopt::init()
     for (const auto& p : model.parameters())
@@ -133,10 +143,12 @@ class Trainer {
                      .betas({options_.beta1(), options_.beta2()})
                      .eps(options_.eps())
                      .weight_decay(options_.weight_decay());
-    optimizer_ = offload_.make_optimizer(options_.param_specific_decay()
-                                             ? optim::param_groups(model.named_parameters(), adamw)
-                                             : optim::single_group(params_, adamw),
-                                         adamw);
+    auto groups = options_.param_specific_decay() ? optim::param_groups(model.named_parameters(), adamw)
+                                                  : optim::single_group(params_, adamw);
+    optimizer_ = offload_.make_optimizer(master_groups(std::move(groups)), adamw);
+    for (auto& group : optimizer_->param_groups())
+      for (auto& p : group.params()) step_params_.push_back(p);
+    check_steps_in_backward();
   }
 
   /// Adds a callback (called in the order added).
@@ -151,6 +163,8 @@ class Trainer {
     const auto start = std::chrono::steady_clock::now();
     for (auto& cb : callbacks_) cb->on_step_begin(step_ + 1);
     auto& tracker = memory::Tracker::instance();
+
+    const double lr = set_learning_rate(step_);  // before backward: offload::StepInBackward steps there
 
     // ---- the effective batch: its micro-batches and their target count ----
     std::vector<Batch> micro_batches = next_micro_batches(loader);   // accum_.micro_steps() × (B, T)
@@ -168,16 +182,16 @@ class Trainer {
 
     // ---- optimizer step ----
     tracker.set_phase(memory::Phase::kOptimizer);
-    torch::Tensor grad_norm = optim::clip_grad_norm_(params_, options_.grad_clip());
-    const double lr = set_learning_rate(step_);
+    prepare_grads();                                       // Scaled: ÷ loss scale; Bf16Pure: → fp32 masters
+    torch::Tensor grad_norm = optim::clip_grad_norm_(step_params_, options_.grad_clip());  // 0: steps in backward
     offload_.before_step(*optimizer_);
-    precision_.step(*optimizer_);
+    const bool stepped = precision_.step(*optimizer_);    // false: inf/nan gradient, step skipped
     offload_.after_step(*optimizer_);
     zero_grad();
     tracker.set_phase(memory::Phase::kIdle);
 
     StepStats stats{++step_, lr, loss_sum, grad_norm, num_targets, tokens_in(micro_batches),
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), stepped};
     for (auto& cb : callbacks_) cb->on_step_end(stats);
     return stats;
   }
@@ -215,6 +229,7 @@ class Trainer {
   int64_t steps_taken() const { return step_; }
   const TrainerOptions& options() const { return options_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  Precision& precision() { return precision_; }
   const Accum& accum() const { return accum_; }
   const Checkpoint& checkpoint() const { return checkpoint_; }
   const Offload& offload() const { return offload_; }
@@ -255,6 +270,40 @@ class Trainer {
     return n;
   }
 
+  std::vector<torch::optim::OptimizerParamGroup> master_groups(std::vector<torch::optim::OptimizerParamGroup> groups) {
+    if constexpr (hooks::MasterGroups<Precision>) {
+      return precision_.master_groups(std::move(groups));
+    } else {
+      return groups;
+    }
+  }
+
+  void prepare_grads() {
+    if constexpr (hooks::PrepareGrads<Precision>) precision_.prepare_grads(*optimizer_);
+  }
+
+  // Steps in backward need one gradient per parameter per step, taken whole: reject what
+  // would need every gradient at once, at compile time where the policy types say so.
+  void check_steps_in_backward() const {
+    if constexpr (hooks::StepsInBackward<Offload>) {
+      static_assert(!hooks::PrepareGrads<Precision>,
+                    "memopt::Trainer: offload::StepInBackward cannot combine with a precision policy that prepares "
+                    "the gradients before the step (Scaled's inf/nan check, Bf16Pure's master weights): use "
+                    "precision::Fp32 or Bf16Autocast");
+      if constexpr (requires { typename std::integral_constant<int64_t, Accum::micro_steps()>; })
+        static_assert(Accum::micro_steps() == 1,
+                      "memopt::Trainer: offload::StepInBackward cannot combine with gradient accumulation "
+                      "(each micro-batch's gradient would update the weights): use accum::None");
+      TORCH_CHECK(accum_.micro_steps() == 1,
+                  "memopt::Trainer: offload::StepInBackward needs 1 micro-batch per step (got accumulation over ",
+                  accum_.micro_steps(), "). HINT: use offload::None for gradient accumulation.");
+      TORCH_CHECK(options_.grad_clip() == 0,
+                  "memopt::Trainer: offload::StepInBackward cannot clip by the global gradient norm (got grad_clip ",
+                  options_.grad_clip(), "): each update runs before the other gradients exist. "
+                  "HINT: set TrainerOptions().grad_clip(0).");
+    }
+  }
+
   template <class LossFn>
   torch::Tensor forward_loss(const Batch& batch, LossFn& loss_fn) {
     auto autocast = precision_.autocast(device_.type());  // no-op for Fp32
@@ -270,6 +319,7 @@ class Trainer {
 
   void zero_grad() {
     for (auto& p : params_) p.mutable_grad() = torch::Tensor();  // frees the gradient memory
+    for (auto& p : step_params_) p.mutable_grad() = torch::Tensor();
   }
 
   TrainerOptions options_;
@@ -277,7 +327,8 @@ class Trainer {
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Accum accum_;
   [[no_unique_address]] Offload offload_;
-  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> params_;       // the model's trainable parameters
+  std::vector<torch::Tensor> step_params_;  // what the optimizer updates (Bf16Pure: fp32 masters)
   c10::Device device_ = torch::kCPU;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<std::shared_ptr<Callback>> callbacks_;

@@ -13,7 +13,8 @@
 
 #if !defined(CASE_control) && !defined(CASE_checkpoint_without_run_block) &&   \
     !defined(CASE_precision_without_step) && !defined(CASE_accum_without_micro_steps) && \
-    !defined(CASE_offload_without_make_optimizer) && !defined(CASE_accum_fixed_zero)
+    !defined(CASE_offload_without_make_optimizer) && !defined(CASE_accum_fixed_zero) &&   \
+    !defined(CASE_step_in_backward_with_accum)
 #error "memopt compile_fail: define one CASE_<name> macro (see tests/compile_fail/CMakeLists.txt)"
 #endif
 
@@ -62,13 +63,19 @@ using Accum = memopt::accum::Fixed<0>;
 using Accum = MyAccum;
 #endif
 
+#if defined(CASE_step_in_backward_with_accum)
+using Offload = memopt::offload::StepInBackward;  // with MyAccum's 2 micro-batches per step
+#else
+using Offload = MyOffload;
+#endif
+
 struct Loader {
   memopt::Batch next() { return {torch::zeros({2, 4}, torch::kLong), torch::zeros({2, 4}, torch::kLong)}; }
 };
 
 int main() {
   torch::nn::Embedding model(8, 4);
-  memopt::Trainer<MyCheckpoint, MyPrecision, Accum, MyOffload> trainer(*model, memopt::TrainerOptions());
+  memopt::Trainer<MyCheckpoint, MyPrecision, Accum, Offload> trainer(*model, memopt::TrainerOptions());
   Loader loader;
   trainer.step(loader, [&](const memopt::Batch& b, const auto& ckpt) {
     torch::Tensor x = ckpt.run_block(0, *model, [&](const std::vector<torch::Tensor>& in) { return model(in[0]); },

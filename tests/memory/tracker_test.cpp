@@ -1,8 +1,11 @@
-// Tests for memopt/memory/tracker.hpp and report.hpp: exact byte counts of a known
-// allocation, per-phase peaks from the Trainer, and the measured effect of checkpointing.
+// Tests for memopt/memory/tracker.hpp, report.hpp and allocator.hpp: exact byte counts of
+// a known allocation, per-phase peaks from the Trainer, the measured effect of
+// checkpointing, and the allocator settings string (MEMOPT_ALLOC_CONF).
 #include <catch2/catch.hpp>
 
 #include <memopt/memopt.hpp>
+
+#include "support.hpp"
 
 namespace {
 
@@ -103,8 +106,42 @@ TEST_CASE("checkpointing lowers the measured peak of an 8-block model at least 2
   const int64_t plain = peak_of_step<memopt::checkpoint::None>(model, batch);
   const int64_t every = peak_of_step<memopt::checkpoint::EveryBlock>(model, batch);
   const int64_t nth = peak_of_step<memopt::checkpoint::EveryNth<2>>(model, batch);
-  INFO("peak above the model: none " << plain << " B, every block " << every << " B, every 2nd " << nth << " B");
+  const int64_t selective = peak_of_step<memopt::checkpoint::Selective>(model, batch);
+  INFO("peak above the model: none " << plain << " B, every block " << every << " B, every 2nd " << nth
+                                     << " B, selective " << selective << " B");
   CHECK(plain >= 2 * every);
   CHECK(nth < plain);
   CHECK(nth > every);
+  // Selective drops the (T, T) scores and probabilities and the norm/SwiGLU temporaries,
+  // keeps the matmul outputs: between the two, and at least 1.5x below None at T = 256.
+  CHECK(selective * 3 <= plain * 2);
+  CHECK(selective > every);
+}
+
+TEST_CASE("allocator settings: parsed with units, applied by mallopt, bad input named", "[memory][allocator]") {
+  using memopt::memory::AllocatorOptions;
+  const auto o = AllocatorOptions::parse(" arena_max:2, trim_threshold:64MB,mmap_threshold:512kb ,top_pad:0,"
+                                         "expandable_segments:True,max_split_size_mb:128");
+  CHECK(o.arena_max() == 2);
+  CHECK(o.trim_threshold() == (int64_t{64} << 20));
+  CHECK(o.mmap_threshold() == (int64_t{512} << 10));
+  CHECK(o.top_pad() == 0);
+  CHECK(o.cuda() == "expandable_segments:True,max_split_size_mb:128");  // passed through to CUDA's allocator
+  CHECK_NOTHROW(o.apply());
+  CHECK(AllocatorOptions::parse("").empty());
+  CHECK_NOTHROW(AllocatorOptions().apply());  // nothing set: glibc's defaults stay
+
+  using memopt::test::require_error;
+  const std::string prefix = "memopt::memory::AllocatorOptions: MEMOPT_ALLOC_CONF";
+  require_error([] { AllocatorOptions::parse("arena_max:2,max_arenas:4"); }, prefix,
+                {"unknown key 'max_arenas'", "arena_max, trim_threshold"});
+  require_error([] { AllocatorOptions::parse("trim_threshold:lots"); }, prefix, {"trim_threshold", "(got 'lots')"});
+  require_error([] { AllocatorOptions::parse("arena_max:2MB"); }, prefix, {"arena_max", "integer", "(got '2MB')"});
+  require_error([] { AllocatorOptions::parse("mmap_threshold:64MB"); }, prefix, {"at most 32MB", "(got 64MB)"});
+  require_error([] { AllocatorOptions::parse("arena_max"); }, prefix, {"'arena_max' has no value"});
+  require_error([] { AllocatorOptions::parse("arena_max:0"); }, prefix, {"arena_max must be >= 1 (got 0)"});
+  memopt::models::Llama model(memopt::models::LlamaConfig().vocab_size(16).hidden_size(8).num_hidden_layers(1)
+                                  .num_attention_heads(2).max_position_embeddings(8));
+  require_error([&] { memopt::Trainer<> t(*model, memopt::TrainerOptions().alloc_conf("arena:1")); },
+                "memopt::memory::AllocatorOptions: TrainerOptions::alloc_conf", {"unknown key 'arena'"});
 }

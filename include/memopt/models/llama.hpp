@@ -13,6 +13,7 @@
 #include "memopt/batch.hpp"
 #include "memopt/concepts.hpp"
 #include "memopt/nn/attention.hpp"
+#include "memopt/nn/cross_entropy.hpp"
 #include "memopt/nn/mlp.hpp"
 #include "memopt/nn/rmsnorm.hpp"
 #include "memopt/nn/rope.hpp"
@@ -40,6 +41,14 @@ struct LlamaConfig {
   TORCH_ARG(bool, causal) = true;
   /// Standard deviation of the normal init of linear and embedding weights.
   TORCH_ARG(double, initializer_range) = 0.02;
+  /// kBlockwise: memory-efficient attention (no (T, T) scores; needs dropout 0). A runtime
+  /// choice: not part of config.json.
+  TORCH_ARG(nn::AttentionKind, attention_kind) = nn::AttentionKind::kMath;
+  /// Query and key block of the blockwise attention; 0: nn::kAttentionQBlock / kAttentionKvBlock.
+  TORCH_ARG(int64_t, attention_block_size) = 0;
+  /// Rows per chunk of the output projection fused with the loss in loss_sum (the (B·T, V)
+  /// logits are never held); 0: the full logits. A runtime choice: not part of config.json.
+  TORCH_ARG(int64_t, loss_chunk_size) = 0;
 
 
  public:
@@ -68,6 +77,12 @@ struct LlamaConfig {
                 num_attention_heads_, " and ", kv_heads(), ").");
     TORCH_CHECK(dropout_ >= 0 && dropout_ < 1, "memopt::models::LlamaConfig: dropout must lie in [0, 1) (got ",
                 dropout_, ").");
+    TORCH_CHECK(attention_kind_ != nn::AttentionKind::kBlockwise || dropout_ == 0,
+                "memopt::models::LlamaConfig: the blockwise attention has no dropout (got dropout ", dropout_,
+                "). HINT: use attention_kind(AttentionKind::kMath) for dropout, or set dropout 0.");
+    TORCH_CHECK(attention_block_size_ >= 0 && loss_chunk_size_ >= 0,
+                "memopt::models::LlamaConfig: attention_block_size and loss_chunk_size must be >= 0 (got ",
+                attention_block_size_, " and ", loss_chunk_size_, "). HINT: 0 picks the default.");
   }
 };
 
@@ -80,7 +95,10 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
                                                                                  config.num_attention_heads())
                                                                .num_kv_heads(config.kv_heads())
                                                                .causal(config.causal())
-                                                               .dropout(config.dropout())));
+                                                               .dropout(config.dropout())
+                                                               .kind(config.attention_kind())
+                                                               .q_block(attention_block(nn::kAttentionQBlock))
+                                                               .kv_block(attention_block(nn::kAttentionKvBlock))));
     mlp = register_module("mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size())));
     input_layernorm = register_module(
         "input_layernorm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
@@ -90,15 +108,37 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
 
   /// x (B, T, C), cos/sin (T, D) -> (B, T, C)
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+    return forward(x, cos, sin, checkpoint::None{});
+  }
+
+  /// The same; checkpoint::Selective recomputes the norms, the attention core and the
+  /// SwiGLU product in backward (memopt::run_cheap), keeping the matmul outputs.
+  template <CheckpointPolicy Checkpoint>
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const Checkpoint& ckpt) {
     const double p = config.dropout();
-    auto h = x + torch::dropout(self_attn(input_layernorm(x), cos, sin), p, is_training());  // (B, T, C)
-    return h + torch::dropout(mlp(post_attention_layernorm(h)), p, is_training());         // (B, T, C)
+    auto a = self_attn->forward(norm(ckpt, input_layernorm, x), cos, sin, ckpt);     // (B, T, C)
+    auto h = x + torch::dropout(a, p, is_training());                                // (B, T, C)
+    auto m = mlp->forward(norm(ckpt, post_attention_layernorm, h), ckpt);            // (B, T, C)
+    return h + torch::dropout(m, p, is_training());                                  // (B, T, C)
   }
 
   LlamaConfig config;
   nn::Attention self_attn{nullptr};
   nn::SwiGLU mlp{nullptr};
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+
+ private:
+  template <CheckpointPolicy Checkpoint>
+  static torch::Tensor norm(const Checkpoint& ckpt, const nn::RMSNorm& layer, const torch::Tensor& x) {
+    auto module = layer.ptr();  // shared: outlives this call, as the recompute needs
+    return run_cheap(ckpt, [module](const std::vector<torch::Tensor>& in) { return module->forward(in[0]); }, {x},
+                     {layer->weight});
+  }
+
+  int64_t attention_block(int64_t fallback) const {
+    return config.attention_block_size() > 0 ? config.attention_block_size() : fallback;
+  }
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
@@ -125,9 +165,10 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
     auto x = embed_tokens(tokens);                       // (B, T, C)
     for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
       auto layer = layers->ptr<LlamaDecoderLayerImpl>(i);
-      x = ckpt.run_block(i, *layer,
-                         [layer](const std::vector<torch::Tensor>& in) { return layer->forward(in[0], in[1], in[2]); },
-                         {x, cos, sin});  // (B, T, C)
+      x = ckpt.run_block(
+          i, *layer,
+          [layer, ckpt](const std::vector<torch::Tensor>& in) { return layer->forward(in[0], in[1], in[2], ckpt); },
+          {x, cos, sin});  // (B, T, C)
     }
     return norm(x);  // (B, T, C)
   }
@@ -184,9 +225,16 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   }
   torch::Tensor forward(const torch::Tensor& tokens) { return forward(tokens, checkpoint::None{}); }
 
-  /// Sum of next-token cross-entropies over the batch's non-ignored targets (fp32).
+  /// Sum of next-token cross-entropies over the batch's non-ignored targets (fp32). With
+  /// loss_chunk_size > 0 the head and the loss run fused, chunk by chunk, without logits.
   template <CheckpointPolicy Checkpoint>
   torch::Tensor loss_sum(const Batch& batch, const Checkpoint& ckpt) {
+    if (config.loss_chunk_size() > 0) {
+      auto hidden = model->forward(batch.inputs, ckpt);  // (B, T, C)
+      return nn::chunked_cross_entropy_sum(
+          hidden.reshape({-1, hidden.size(-1)}), lm_head->weight, batch.targets.reshape({-1}),
+          nn::ChunkedCrossEntropyOptions().chunk_size(config.loss_chunk_size()).ignore_index(kIgnoreIndex));
+    }
     auto logits = forward(batch.inputs, ckpt);  // (B, T, V)
     return torch::nn::functional::cross_entropy(
         logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), batch.targets.reshape({-1}),

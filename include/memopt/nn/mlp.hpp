@@ -2,7 +2,11 @@
 // no biases, HF parameter names (gate_proj, up_proj, down_proj).
 #pragma once
 
+#include <vector>
+
 #include <torch/torch.h>
+
+#include "memopt/policies/checkpoint.hpp"
 
 namespace memopt::nn {
 
@@ -24,7 +28,14 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
     down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(F, C).bias(false)));
   }
   torch::Tensor forward(const torch::Tensor& x) {  // (B, T, C) -> (B, T, C)
-    return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+    return forward(x, checkpoint::None{});
+  }
+  /// checkpoint::Selective recomputes silu(gate) · up in backward; the matmul outputs stay.
+  template <CheckpointPolicy Checkpoint>
+  torch::Tensor forward(const torch::Tensor& x, const Checkpoint& ckpt) {  // (B, T, C) -> (B, T, C)
+    auto gated = run_cheap(ckpt, [](const std::vector<torch::Tensor>& in) { return torch::silu(in[0]) * in[1]; },
+                           {gate_proj(x), up_proj(x)});  // (B, T, F)
+    return down_proj(gated);                             // (B, T, C)
   }
 
   SwiGLUOptions options;

@@ -1,6 +1,7 @@
 // memopt/policies/checkpoint.hpp — activation checkpointing policies. A model runs each
 // block through `ckpt.run_block(i, block, fn, inputs)`; the policy decides whether the
-// block's activations are kept (None) or recomputed in backward (EveryBlock, EveryNth<N>).
+// block's activations are kept (None) or recomputed in backward (EveryBlock, EveryNth<N>);
+// parts of a block run through memopt::run_cheap() are recomputed by Selective.
 // Works for any torch::nn::Module: see run_sequential() and models/llama.hpp.
 #pragma once
 
@@ -51,9 +52,39 @@ struct EveryNth {
   }
 };
 
+/// Megatron's selective recomputation: blocks run whole, but their compute-cheap,
+/// memory-heavy parts (the attention core's scores and softmax, RMSNorm, the SwiGLU
+/// product — whatever the model runs through memopt::run_cheap) are recomputed in
+/// backward, while the matmul outputs stay. Memory between None and EveryBlock, time
+/// close to None.
+struct Selective {
+  torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
+                          const std::vector<torch::Tensor>& inputs) const {
+    return fn(inputs);
+  }
+  torch::Tensor run_cheap(const BlockFn& fn, const std::vector<torch::Tensor>& inputs,
+                          const std::vector<torch::Tensor>& params) const {
+    return memopt::detail::checkpointed(fn, inputs, params);
+  }
+};
+
 }  // namespace memopt::checkpoint
 
 namespace memopt {
+
+/// Runs a cheap, memory-heavy part of a block (`params`: the trainable tensors it uses)
+/// under a checkpoint policy: recomputed in backward by checkpoint::Selective, plain
+/// otherwise (inside an EveryBlock block it is recomputed with the block anyway).
+///   y = memopt::run_cheap(ckpt, [](const auto& in) { return torch::silu(in[0]) * in[1]; }, {gate, up});
+template <CheckpointPolicy Checkpoint>
+torch::Tensor run_cheap(const Checkpoint& ckpt, const BlockFn& fn, const std::vector<torch::Tensor>& inputs,
+                        const std::vector<torch::Tensor>& params = {}) {
+  if constexpr (hooks::RunCheap<Checkpoint>) {
+    return ckpt.run_cheap(fn, inputs, params);
+  } else {
+    return fn(inputs);
+  }
+}
 
 /// Runs a torch::nn::Sequential of single-input blocks under a checkpoint policy: the
 /// shortest way to give a user-defined model checkpointing.

@@ -1,12 +1,20 @@
 // memopt/policies/offload.hpp — offload policies: which optimizer holds the state and
 // where that state lives between steps. offload::None keeps LibTorch's AdamW state in
-// RAM (or device memory); later policies quantize it or move it to disk.
+// RAM (or device memory); offload::Int8State keeps it there in 8 bits (optim::AdamW8bit).
 #pragma once
 
 #include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
+
+#include "memopt/detail/optimizer_state.hpp"
+#include "memopt/optim/adamw8bit.hpp"
+#include "memopt/optim/disk_adamw.hpp"
+#include "memopt/optim/step_in_backward.hpp"
 
 namespace memopt::offload {
 
@@ -18,6 +26,102 @@ struct None {
   }
   void before_step(torch::optim::Optimizer&) const {}
   void after_step(torch::optim::Optimizer&) const {}
+};
+
+/// AdamW updates each parameter inside backward, as soon as its gradient is ready, and
+/// frees that gradient (optim::StepInBackward): the gradients never all exist at once.
+/// The Trainer rejects it with accumulation, global-norm clipping or loss scaling.
+///   memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast,
+///                   memopt::accum::None, memopt::offload::StepInBackward> t(*model, opts.grad_clip(0));
+struct StepInBackward {
+  static constexpr bool kStepsInBackward = true;
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                          const torch::optim::AdamWOptions& options) const {
+    return std::make_unique<optim::StepInBackward>(std::move(groups), options);
+  }
+  void before_step(torch::optim::Optimizer&) const {}
+  void after_step(torch::optim::Optimizer&) const {}
+};
+
+/// Both AdamW moments 8-bit block-quantised where the parameters are, in
+/// optim::AdamW8bit: ~2 B/param of state instead of 8 (parameters under 4096 elements keep fp32).
+///   memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::None,
+///                   memopt::offload::Int8State> trainer(*model, options);
+struct Int8State {
+  Int8State() = default;
+  /// E.g. the token embedding's state in fp32, as bitsandbytes does:
+  ///   memopt::offload::Int8State(memopt::optim::AdamW8bitOptions().fp32_params({model->model->embed_tokens->weight}))
+  explicit Int8State(optim::AdamW8bitOptions state_options) : options(std::move(state_options)) {}
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                          const torch::optim::AdamWOptions& adamw) const {
+    return std::make_unique<optim::AdamW8bit>(std::move(groups), adamw, options);
+  }
+  void before_step(torch::optim::Optimizer&) const {}
+  void after_step(torch::optim::Optimizer&) const {}
+  optim::AdamW8bitOptions options;
+};
+
+/// AdamW state in a file, streamed through three chunk buffers at each step
+/// (optim::DiskAdamW): the resident set holds 3 chunks of state instead of 8 B/param.
+/// CPU training; pass the folder (fast local disk) or let it use $MEMOPT_OFFLOAD_DIR / the temp folder.
+///   using T = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Fp32,
+///                             memopt::accum::None, memopt::offload::Disk>;
+///   T trainer(*model, options, {}, memopt::offload::Disk(memopt::optim::DiskAdamWOptions().directory("/nvme")));
+struct Disk {
+  Disk() = default;
+  explicit Disk(optim::DiskAdamWOptions options) : options(std::move(options)) {}
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                          const torch::optim::AdamWOptions& adamw) const {
+    return std::make_unique<optim::DiskAdamW>(std::move(groups), adamw, options);
+  }
+  void before_step(torch::optim::Optimizer&) const {}
+  void after_step(torch::optim::Optimizer&) const {}
+  optim::DiskAdamWOptions options;
+};
+
+/// CUDA training: AdamW's state waits in pinned host memory between steps and visits the
+/// device only for the step (copies overlap on the current stream), so between steps —
+/// forward and backward, where activations peak — the device holds no optimizer state.
+/// Needs parameters on a CUDA device: on CPU parameters it stops with a clear error.
+struct PinnedHost {
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                          const torch::optim::AdamWOptions& options) const {
+    for (const auto& group : groups)
+      for (const auto& p : group.params())
+        TORCH_CHECK(p.is_cuda(), "memopt::offload::PinnedHost: parameters must live on a CUDA device (got one on ",
+                    p.device(), "). HINT: move the model to CUDA first; on the CPU use offload::Disk or Int8State.");
+    return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  }
+  /// Host → device: the state the step needs.
+  void before_step(torch::optim::Optimizer& optimizer) const {
+    for_each_state(optimizer, [](torch::Tensor& t, const torch::Tensor& param) {
+      t = t.to(param.device(), /*non_blocking=*/true);
+    });
+  }
+  /// Device → pinned host: frees the device copy.
+  void after_step(torch::optim::Optimizer& optimizer) const {
+    for_each_state(optimizer, [](torch::Tensor& t, const torch::Tensor&) {
+      auto host = torch::empty(t.sizes(), t.options().device(torch::kCPU).pinned_memory(true));
+      host.copy_(t, /*non_blocking=*/true);
+      t = host;
+    });
+  }
+
+ private:
+  template <class Fn>
+  static void for_each_state(torch::optim::Optimizer& optimizer, Fn&& fn) {
+    for (auto& group : optimizer.param_groups())
+      for (auto& p : group.params()) {
+        auto it = optimizer.state().find(memopt::detail::optimizer_state_key(optimizer.state(), p));
+        if (it == optimizer.state().end()) continue;  // before the first step
+        auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+        auto avg = s.exp_avg(), sq = s.exp_avg_sq();
+        fn(avg, p);
+        fn(sq, p);
+        s.exp_avg(avg);
+        s.exp_avg_sq(sq);
+      }
+  }
 };
 
 }  // namespace memopt::offload

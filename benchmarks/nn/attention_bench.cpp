@@ -1,0 +1,205 @@
+// benchmarks/nn/attention_bench.cpp — peak tracked memory and time of one forward +
+// backward, one path per process (so each peak is that path's alone):
+//   attention (B=1, H=8, D=64, causal, fp32 by default) on the math path (--impl math),
+//   ATen's SDPA (--impl sdpa: the math path again on LibTorch 1.13's CPU) or memopt's
+//   blockwise path (--impl blockwise); or the LM head's loss with the full (N, V) logits
+//   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked).
+// Prints one JSON line; math and sdpa print a "skipped" line where they would need more
+// than --max_gib.
+//
+//   memopt_bench_attention --impl blockwise --L 4096
+//   memopt_bench_attention --impl ce_chunked --rows 4096 --vocab 32000
+//   scripts/bench attention            # the whole suite, with blockwise/math ratios
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "bench_main.hpp"
+#include "memopt/detail/version.hpp"
+#include "memopt/memory/report.hpp"
+#include "memopt/memory/tracker.hpp"
+#include "memopt/nn/attention.hpp"
+#include "memopt/nn/cross_entropy.hpp"
+#include "memopt/runtime.hpp"
+
+namespace {
+
+/// What one process benchmarks (the command line).
+struct BenchConfig {
+  std::string impl = "blockwise";
+  int64_t L = 4096;  // sequence length
+  int64_t batch = 1;
+  int64_t heads = 8;
+  int64_t head_dim = 64;
+  bool bidirectional = false;
+  int64_t q_block = memopt::nn::kAttentionQBlock;
+  int64_t kv_block = memopt::nn::kAttentionKvBlock;
+  int64_t rows = 4096;  // cross-entropy: N
+  int64_t hidden = 512;  // cross-entropy: C
+  int64_t vocab = 32000;  // cross-entropy: V
+  int64_t chunk = memopt::nn::kCrossEntropyChunk;
+  int64_t steps = 3;
+  int64_t warmup = 1;
+  int threads = 0;  // 0: every CPU this process may run on
+  double max_gib = 8.0;
+  uint64_t seed = 1234;
+
+  bool is_attention() const { return impl == "math" || impl == "sdpa" || impl == "blockwise"; }
+};
+
+// The math path's peak, in fp32 (B, H, L, L) tensors: measured 3.0 at L = 2048 and 4096
+// (scores, probabilities, their gradients; one dies as the next is made). The skip rule
+// for math and sdpa uses it with a little room.
+constexpr double kMathScoreTensors = 3.5;
+
+double mib(int64_t bytes) { return memopt::memory::mib(bytes); }
+
+/// Times warmup + steps calls of `step`; the tracker's peak covers the timed steps only.
+struct Timing {
+  double ms = 0, ms_min = 0;
+  int64_t peak_bytes = 0, live_before = 0;
+};
+
+Timing time_steps(const BenchConfig& cfg, const std::function<void()>& step) {
+  auto& tracker = memopt::memory::Tracker::instance();
+  for (int64_t s = 0; s < cfg.warmup; ++s) step();
+  tracker.reset_peaks();
+  Timing t;
+  t.live_before = tracker.live_bytes();
+  std::vector<double> ms;
+  for (int64_t s = 0; s < cfg.steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    std::cerr << "  " << cfg.impl << " step " << s << ": " << ms.back() << " ms\n";
+  }
+  double total = 0;
+  for (double m : ms) total += m;
+  t.ms = total / static_cast<double>(ms.size());
+  t.ms_min = *std::min_element(ms.begin(), ms.end());
+  t.peak_bytes = tracker.peak_bytes();
+  return t;
+}
+
+nlohmann::ordered_json run_attention(const BenchConfig& cfg) {
+  const int64_t B = cfg.batch, H = cfg.heads, T = cfg.L, D = cfg.head_dim;
+  const bool causal = !cfg.bidirectional;
+  nlohmann::ordered_json line{{"suite", "attention"}, {"name", "attention"}, {"impl", cfg.impl}, {"L", T}};
+  const double scores_bytes = static_cast<double>(B * H * T) * static_cast<double>(T) * 4.0;
+  if (cfg.impl != "blockwise" && kMathScoreTensors * scores_bytes > cfg.max_gib * 1024 * 1024 * 1024) {
+    line["skipped"] = "needs ~" + std::to_string(static_cast<int>(kMathScoreTensors * scores_bytes / (1 << 30))) +
+                      " GiB > --max_gib " + std::to_string(static_cast<int>(cfg.max_gib));
+    return line;
+  }
+  torch::manual_seed(static_cast<int64_t>(cfg.seed));
+  auto q = torch::randn({B, H, T, D}).requires_grad_();  // (B, H, T, D)
+  auto k = torch::randn({B, H, T, D}).requires_grad_();
+  auto v = torch::randn({B, H, T, D}).requires_grad_();
+  const auto grad_out = torch::randn({B, H, T, D});
+  const auto options =
+      memopt::nn::BlockwiseAttentionOptions().causal(causal).q_block(cfg.q_block).kv_block(cfg.kv_block);
+  auto step = [&] {
+    for (auto* x : {&q, &k, &v}) x->mutable_grad() = torch::Tensor();
+    torch::Tensor y;  // (B, H, T, D)
+    if (cfg.impl == "blockwise") {
+      y = memopt::nn::attention_blockwise(q, k, v, options);
+    } else if (cfg.impl == "math") {
+      y = memopt::nn::attention_math(q, k, v, causal, 0.0, /*training=*/true);
+    } else {
+#if MEMOPT_TORCH_AT_LEAST(2, 0)
+      y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
+#else
+      y = std::get<0>(at::_scaled_dot_product_attention(q, k, v, {}, 0.0, false, causal));
+#endif
+    }
+    y.backward(grad_out);
+  };
+  const auto t = time_steps(cfg, step);
+  line["peak_tracked_mib"] = mib(t.peak_bytes);
+  line["ms"] = t.ms;
+  line["ms_min"] = t.ms_min;
+  line["inputs_mib"] = mib(t.live_before);
+  line["B"] = B;
+  line["H"] = H;
+  line["D"] = D;
+  line["causal"] = causal;
+  if (cfg.impl == "blockwise") {
+    line["q_block"] = cfg.q_block;
+    line["kv_block"] = cfg.kv_block;
+  }
+  return line;
+}
+
+nlohmann::ordered_json run_cross_entropy(const BenchConfig& cfg) {
+  const int64_t N = cfg.rows, C = cfg.hidden, V = cfg.vocab;
+  torch::manual_seed(static_cast<int64_t>(cfg.seed));
+  auto hidden = torch::randn({N, C}).requires_grad_();         // (N, C)
+  auto weight = (torch::randn({V, C}) * 0.02).requires_grad_();  // (V, C)
+  const auto targets = torch::randint(V, {N});                  // (N)
+  auto step = [&] {
+    hidden.mutable_grad() = torch::Tensor();
+    weight.mutable_grad() = torch::Tensor();
+    torch::Tensor loss;
+    if (cfg.impl == "ce_chunked") {
+      loss = memopt::nn::chunked_cross_entropy_sum(hidden, weight, targets,
+                                                   memopt::nn::ChunkedCrossEntropyOptions().chunk_size(cfg.chunk));
+    } else {
+      loss = torch::nn::functional::cross_entropy(hidden.matmul(weight.t()), targets,
+                                                  torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    }
+    loss.backward();
+  };
+  const auto t = time_steps(cfg, step);
+  nlohmann::ordered_json line{{"suite", "attention"}, {"name", "cross_entropy"}, {"impl", cfg.impl}, {"N", N},
+                              {"C", C}, {"V", V}};
+  line["peak_tracked_mib"] = mib(t.peak_bytes);
+  line["ms"] = t.ms;
+  line["ms_min"] = t.ms_min;
+  line["inputs_mib"] = mib(t.live_before);
+  if (cfg.impl == "ce_chunked") line["chunk"] = cfg.chunk;
+  return line;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchConfig cfg;
+  CLI::App app{"memopt_bench_attention: one forward+backward of attention or of the LM loss, one path per run"};
+  app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked (LM loss)")
+      ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked"}));
+  app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);
+  app.add_option("--batch", cfg.batch, "B")->check(CLI::PositiveNumber);
+  app.add_option("--heads", cfg.heads, "H")->check(CLI::PositiveNumber);
+  app.add_option("--head_dim", cfg.head_dim, "D")->check(CLI::PositiveNumber);
+  app.add_flag("--bidirectional", cfg.bidirectional, "no causal mask");
+  app.add_option("--q_block", cfg.q_block, "blockwise: query positions per block")->check(CLI::PositiveNumber);
+  app.add_option("--kv_block", cfg.kv_block, "blockwise: key positions per block")->check(CLI::PositiveNumber);
+  app.add_option("--rows", cfg.rows, "cross-entropy: rows N")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", cfg.hidden, "cross-entropy: hidden size C")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", cfg.vocab, "cross-entropy: vocabulary V")->check(CLI::PositiveNumber);
+  app.add_option("--chunk", cfg.chunk, "ce_chunked: rows per chunk")->check(CLI::PositiveNumber);
+  app.add_option("--steps", cfg.steps, "timed forward+backward passes")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", cfg.warmup, "untimed passes first")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", cfg.threads, "intra-op threads (0: all available CPUs)")->check(CLI::NonNegativeNumber);
+  app.add_option("--max_gib", cfg.max_gib, "math/sdpa: skip when the estimated peak exceeds this")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seed", cfg.seed, "seed of the random inputs");
+  CLI11_PARSE(app, argc, argv);
+  memopt::init(memopt::RuntimeOptions().threads(cfg.threads));  // tracker before any tensor
+
+  return memopt::bench::print_line([&] {
+    auto line = cfg.is_attention() ? run_attention(cfg) : run_cross_entropy(cfg);
+    line["steps"] = cfg.steps;
+    line["threads"] = at::get_num_threads();
+    return line;
+  });
+}

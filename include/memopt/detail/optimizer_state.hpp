@@ -1,0 +1,24 @@
+// memopt/detail/optimizer_state.hpp — not API. The key of a parameter in a LibTorch
+// optimizer's state map: a string of the TensorImpl address in LibTorch 1.x, the address
+// itself in 2.x. Written against the map's key type, so both compile.
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+namespace memopt::detail {
+
+/// state.find(optimizer_state_key(state, p)) finds p's state in either LibTorch.
+template <class StateMap>
+typename StateMap::key_type optimizer_state_key(const StateMap&, const torch::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace memopt::detail

@@ -1,0 +1,644 @@
+// memopt/optim/adamw8bit.hpp — AdamW whose two moments are stored in 8 bits, block-wise
+// quantised as in bitsandbytes' 8-bit optimizers (Dettmers et al., "8-bit Optimizers via
+// Block-wise Quantization", 2022): 2 B/param of state instead of 8, the same AdamW math.
+// A drop-in torch::optim::Optimizer: param groups carry torch::optim::AdamWOptions.
+//
+// Format. Each moment of a parameter with n elements is n uint8 codes plus one fp32 absmax
+// per block of kQuantBlockSize = 256 consecutive elements (the flattened parameter; the
+// last block may be shorter): 2·n + 2·4·⌈n/256⌉ bytes for both moments, + the int64 step.
+// A code indexes a sorted 256-entry map of values in [-1, 1]; the element is
+// map[code] · absmax of its block. Block-wise scales keep one outlier from flattening the
+// resolution of the whole tensor (256 is bitsandbytes' block size for optimizer states:
+// small enough for outliers to stay local, large enough for the scales to cost 1.6%).
+//
+// Maps. The first moment uses bitsandbytes' signed dynamic tree map, the second the
+// unsigned one (create_dynamic_map(signed, max_exponent_bits=7, total_bits=8)): per
+// decade 10^-k (k = 0..6) the codes are the midpoints of 2^(6-k) (signed, per sign) or
+// 2^(7-k) (unsigned) equal steps of [0.1, 1]·10^-k, plus 0 and 1. Worst rounding error
+// (half the widest gap between codes): 0.00703·absmax (signed), 0.00352·absmax (unsigned).
+// Not a linear map: v is a square, so a 100× spread of gradients in a block is a 10^4×
+// spread of v; a linear map's step absmax/255 turns every v below absmax/510 into 0, and
+// m / (sqrt(v) + eps) then jumps by orders of magnitude. One change from bitsandbytes: a
+// positive v never rounds to the code 0 (v in (0, 1.6e-7·absmax) rounds up to the smallest
+// code, 3.25e-7·absmax), for the same reason (Li et al., "Memory Efficient Optimizers with 4-bit
+// States", 2023, found v's zero code to be what breaks low-bit Adam). Measured on a small
+// LLaMA's AdamW moments (tests/optim/adamw8bit_test.cpp), relative L2 error of the update
+// m̂/(sqrt(v̂)+eps) after 1 step / after 30: 3.9% / 1.6% here, 2500% / 1.6% with v rounding
+// to 0 as in bitsandbytes, 2.6e6% / 3.8e5% with linear maps.
+//
+// Step (per parameter, AdamW of LibTorch 1.13 to the operation): p *= 1 - lr·wd;
+// m = β1·m + (1-β1)·g, v = β2·v + (1-β2)·g²; p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps),
+// with m and v dequantised to fp32 before and requantised (nearest code: #{boundaries < x},
+// as torch::bucketize on the midpoints of the map) after. On the CPU a fused kernel does this
+// per block of 256, the blocks of all 8-bit parameters split over at::get_num_threads()
+// threads (detail::adamw8bit_cpu_step: ~3.6x the time of torch::optim::AdamW's step on the
+// benchmark's LM); elsewhere (CUDA, bf16 or strided parameters) tensor operations do it chunk
+// by chunk, so fp32 temporaries stay bounded (AdamW8bitOptions::chunk_size). Parameters with
+// fewer than min_8bit_size (4096, bitsandbytes' min_8bit_size) elements keep fp32 moments,
+// stepped exactly as torch::optim::AdamW: their state is small, and norms and biases are where
+// quantisation error would hurt most.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "memopt/detail/optimizer_state.hpp"
+
+namespace memopt::optim {
+
+/// Elements that share one fp32 absmax in a block-quantised tensor.
+inline constexpr int64_t kQuantBlockSize = 256;
+
+/// Blocks of kQuantBlockSize in n elements (the last one may be partial).
+inline constexpr int64_t num_quant_blocks(int64_t n) { return (n + kQuantBlockSize - 1) / kQuantBlockSize; }
+
+/// bitsandbytes' dynamic tree map: 256 sorted fp32 values in [-1, 1] (signed) or [0, 1]
+/// (unsigned), dense near 0 in relative terms (see the header comment).
+///   torch::Tensor map = memopt::optim::dynamic_map(/*is_signed=*/true);   // (256,)
+inline torch::Tensor dynamic_map(bool is_signed) {
+  constexpr int kMaxExponentBits = 7;
+  std::vector<double> data;
+  data.reserve(256);
+  for (int i = 0; i < kMaxExponentBits; ++i) {
+    const int64_t steps = is_signed ? (int64_t{1} << i) : (int64_t{1} << (i + 1));  // equal steps of [0.1, 1]
+    const double scale = std::pow(10.0, i - (kMaxExponentBits - 1));
+    for (int64_t k = 0; k < steps; ++k) {
+      const double lo = 0.1 + 0.9 * static_cast<double>(k) / static_cast<double>(steps);
+      const double hi = 0.1 + 0.9 * static_cast<double>(k + 1) / static_cast<double>(steps);
+      data.push_back(scale * (lo + hi) / 2);
+      if (is_signed) data.push_back(-scale * (lo + hi) / 2);
+    }
+  }
+  data.push_back(0.0);
+  data.push_back(1.0);
+  std::sort(data.begin(), data.end());
+  return torch::tensor(data, torch::kDouble).to(torch::kFloat);  // (256,)
+}
+
+/// A tensor quantised block-wise into a 256-entry map.
+struct BlockQuantized {
+  torch::Tensor codes;   // (n,) uint8: indices into the map
+  torch::Tensor absmax;  // (⌈n/256⌉,) fp32: max |x| of each block
+};
+
+namespace detail {
+
+/// The 255 decision boundaries of rounding to the nearest code: midpoints of neighbouring
+/// codes; with keep_nonzero (a map of values >= 0 starting at 0) the first boundary is 0
+/// itself, so only 0 takes the code of 0.
+inline torch::Tensor map_boundaries(const torch::Tensor& map, bool keep_nonzero) {  // (256,) -> (255,)
+  torch::Tensor boundaries = (map.slice(0, 1) + map.slice(0, 0, -1)) / 2;
+  if (keep_nonzero) {
+    TORCH_CHECK(map[0].item<float>() == 0, "memopt::optim: keep_nonzero needs a map of values >= 0 that starts at 0 ",
+                "(got a first code of ", map[0].item<float>(), "). HINT: use memopt::optim::dynamic_map(false).");
+    boundaries[0] = 0;
+  }
+  return boundaries;
+}
+
+/// Quantises x (len,) fp32, len a multiple of `width` (blocks of `width`), into
+/// codes (len,) uint8 and absmax (len / width,) fp32. Overwrites x.
+inline void quantize_into(torch::Tensor x, int64_t width, const torch::Tensor& boundaries, torch::Tensor codes,
+                          torch::Tensor absmax) {
+  torch::Tensor blocks = x.view({-1, width});  // (nb, width)
+  torch::Tensor block_max = at::linalg_vector_norm(blocks, std::numeric_limits<double>::infinity(), {1});  // (nb,)
+  absmax.copy_(block_max);
+  blocks.div_(block_max.masked_fill(block_max == 0, 1).unsqueeze(1));  // in [-1, 1]; an all-zero block stays 0
+  codes.copy_(torch::bucketize(x, boundaries, /*out_int32=*/true, /*right=*/false));
+}
+
+/// map[codes] · absmax of each block of `width`: (len,) fp32, a fresh tensor.
+inline torch::Tensor dequantize(const torch::Tensor& codes, const torch::Tensor& absmax, int64_t width,
+                                const torch::Tensor& map) {
+  torch::Tensor values = map.index_select(0, codes.to(torch::kLong));  // (len,)
+  values.view({-1, width}).mul_(absmax.unsqueeze(1));
+  return values;
+}
+
+/// Calls fn(offset, len, width) over [0, n) in pieces of at most `chunk` elements (a multiple
+/// of 256) whose blocks all have `width` elements: full blocks, then the partial last block.
+template <class Fn>
+void for_each_block_range(int64_t n, int64_t chunk, Fn&& fn) {
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    const int64_t full = len / kQuantBlockSize * kQuantBlockSize;
+    if (full > 0) fn(start, full, kQuantBlockSize);
+    if (len > full) fn(start + full, len - full, len - full);
+  }
+}
+
+/// Nearest-code rounding on the CPU in one table lookup and one compare: a table indexed by
+/// the top 16 bits of the float (sign, exponent, 7 mantissa bits) holds the number of
+/// boundaries below the smallest value with those bits; no such range of the dynamic maps
+/// holds more than one boundary (checked here), so one compare finishes the count.
+/// Same result as torch::bucketize(y, boundaries, right=false): #{boundaries < y}.
+struct CodeBook {
+  std::array<float, 256> codes{};
+  std::array<float, 256> boundaries{};  // 255 boundaries, then +inf
+  std::vector<uint8_t> start;           // 65536: #{boundaries < the smallest float of each key}
+
+  CodeBook(const torch::Tensor& map, const torch::Tensor& bounds) : start(65536) {
+    const torch::Tensor m = map.to(torch::kCPU, torch::kFloat).contiguous();
+    const torch::Tensor b = bounds.to(torch::kCPU, torch::kFloat).contiguous();
+    std::copy(m.data_ptr<float>(), m.data_ptr<float>() + 256, codes.begin());
+    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + 255, boundaries.begin());
+    boundaries[255] = std::numeric_limits<float>::infinity();
+    auto below = [&](float x) {  // #{boundaries < x}
+      return std::lower_bound(boundaries.begin(), boundaries.begin() + 255, x) - boundaries.begin();
+    };
+    for (uint32_t key = 0; key < 65536; ++key) {
+      // Positive keys grow with the value, negative ones shrink: the smallest and largest float of the key.
+      const bool negative = (key & 0x8000u) != 0;
+      const float smallest = std::bit_cast<float>(negative ? ((key << 16) | 0xFFFFu) : (key << 16));
+      const float largest = std::bit_cast<float>(negative ? (key << 16) : ((key << 16) | 0xFFFFu));
+      start[key] = static_cast<uint8_t>(below(smallest));
+      TORCH_INTERNAL_ASSERT(!std::isfinite(smallest) || !std::isfinite(largest) || below(largest) - below(smallest) <= 1,
+                            "memopt::optim::detail::CodeBook: more than one boundary between ", smallest, " and ",
+                            largest);
+    }
+  }
+  uint8_t encode(float y) const {
+    const unsigned code = start[std::bit_cast<uint32_t>(y) >> 16];
+    return static_cast<uint8_t>(code + (boundaries[code] < y));
+  }
+};
+
+/// AdamW's scalars for one parameter's step, in the float the tensor operations use.
+struct StepScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, decay, sqrt_bias_correction2, eps, neg_step_size;
+  bool weight_decay;
+};
+
+/// One parameter's share of a fused CPU step: contiguous fp32 parameter and gradient of
+/// `numel` elements, its codes and block scales.
+struct FusedWork {
+  float* param;
+  const float* grad;
+  uint8_t* codes1;
+  float* absmax1;
+  uint8_t* codes2;
+  float* absmax2;
+  int64_t numel;
+  StepScalars k;
+};
+
+/// Block `block` of w: dequantise → AdamW update → requantise, with 2 KB of fp32 temporaries.
+inline void adamw8bit_cpu_block(const FusedWork& w, int64_t block, const CodeBook& book1, const CodeBook& book2) {
+  std::array<float, kQuantBlockSize> m_block, v_block;
+  const StepScalars& k = w.k;
+  const int64_t lo = block * kQuantBlockSize, len = std::min(kQuantBlockSize, w.numel - lo);
+  const float a1 = w.absmax1[block], a2 = w.absmax2[block];
+  float max1 = 0, max2 = 0;
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t i = lo + j;
+    const float g = w.grad[i];
+    const float m = book1.codes[w.codes1[i]] * a1 * k.beta1 + k.one_minus_beta1 * g;
+    const float v = book2.codes[w.codes2[i]] * a2 * k.beta2 + k.one_minus_beta2 * g * g;
+    float p = w.param[i];
+    if (k.weight_decay) p *= k.decay;
+    w.param[i] = p + k.neg_step_size * m / (std::sqrt(v) / k.sqrt_bias_correction2 + k.eps);
+    m_block[j] = m;
+    v_block[j] = v;
+    max1 = std::max(max1, std::abs(m));
+    max2 = std::max(max2, std::abs(v));
+  }
+  w.absmax1[block] = max1;
+  w.absmax2[block] = max2;
+  const float scale1 = max1 > 0 ? max1 : 1, scale2 = max2 > 0 ? max2 : 1;
+  for (int64_t j = 0; j < len; ++j) {
+    w.codes1[lo + j] = book1.encode(m_block[j] / scale1);
+    w.codes2[lo + j] = book2.encode(v_block[j] / scale2);
+  }
+}
+
+/// Steps every block of `work`, split evenly over at::get_num_threads() threads. Plain
+/// std::threads, not at::parallel_for: with LibTorch's OpenMP backend that template runs
+/// serially in code compiled without -fopenmp, as memopt's (and its users') code is.
+inline void adamw8bit_cpu_step(const std::vector<FusedWork>& work, const CodeBook& book1, const CodeBook& book2) {
+  constexpr int64_t kMinBlocksPerThread = 256;  // 64K elements: below that a thread costs more than it saves
+  std::vector<int64_t> first_block{0};          // prefix sums of the blocks of each work item
+  for (const auto& w : work) first_block.push_back(first_block.back() + num_quant_blocks(w.numel));
+  const int64_t total = first_block.back();
+  const int64_t threads =
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), total / kMinBlocksPerThread));
+  auto run = [&](int64_t lo, int64_t hi) {  // global blocks [lo, hi)
+    size_t item = static_cast<size_t>(std::upper_bound(first_block.begin(), first_block.end(), lo) -
+                                      first_block.begin() - 1);
+    for (int64_t block = lo; block < hi; ++block) {
+      while (block >= first_block[item + 1]) ++item;
+      adamw8bit_cpu_block(work[item], block - first_block[item], book1, book2);
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int64_t t = 1; t < threads; ++t) {
+    const int64_t lo = total * t / threads, hi = total * (t + 1) / threads;
+    try {
+      helpers.emplace_back(run, lo, hi);
+    } catch (const std::system_error&) {  // no thread to be had: this one does that share
+      run(lo, hi);
+    }
+  }
+  run(0, total / threads);
+  for (auto& h : helpers) h.join();
+}
+
+}  // namespace detail
+
+/// Quantises x block-wise (blocks of 256 of the flattened tensor) into `map` with
+/// nearest-code rounding. Error per element <= half the widest gap of the map · absmax.
+/// keep_nonzero (non-negative maps, as AdamW8bit's second moment): only 0 takes the code
+/// of 0; positive values below half the smallest positive code round up to it.
+///   auto q = memopt::optim::quantize_blockwise(x, memopt::optim::dynamic_map(true));
+inline BlockQuantized quantize_blockwise(const torch::Tensor& x, const torch::Tensor& map, bool keep_nonzero = false) {
+  TORCH_CHECK(map.dim() == 1 && map.numel() == 256, "memopt::optim::quantize_blockwise: the map must hold 256 ",
+              "sorted values (got shape ", map.sizes(), "). HINT: use memopt::optim::dynamic_map(is_signed).");
+  torch::NoGradGuard no_grad;
+  const torch::Tensor flat = x.detach().reshape({-1});  // (n,)
+  const torch::Tensor boundaries = detail::map_boundaries(map.to(flat.device(), torch::kFloat), keep_nonzero);
+  BlockQuantized q{torch::empty({flat.numel()}, flat.options().dtype(torch::kByte)),
+                   torch::empty({num_quant_blocks(flat.numel())}, flat.options().dtype(torch::kFloat))};
+  detail::for_each_block_range(flat.numel(), int64_t{1} << 18, [&](int64_t offset, int64_t len, int64_t width) {
+    const int64_t block = offset / kQuantBlockSize;
+    detail::quantize_into(flat.slice(0, offset, offset + len).to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true),
+                          width, boundaries, q.codes.slice(0, offset, offset + len),
+                          q.absmax.slice(0, block, block + len / width));
+  });
+  return q;
+}
+
+/// The fp32 values (n,) of a block-quantised tensor.
+///   torch::Tensor x_hat = memopt::optim::dequantize_blockwise(q, map).view_as(x);
+inline torch::Tensor dequantize_blockwise(const BlockQuantized& q, const torch::Tensor& map) {
+  const int64_t n = q.codes.numel();
+  TORCH_CHECK(q.absmax.numel() == num_quant_blocks(n), "memopt::optim::dequantize_blockwise: ", n, " codes need ",
+              num_quant_blocks(n), " block scales (got ", q.absmax.numel(),
+              "). HINT: pass the BlockQuantized that quantize_blockwise returned.");
+  torch::Tensor out = torch::empty({n}, q.absmax.options());  // (n,)
+  const torch::Tensor m = map.to(q.absmax.device(), torch::kFloat);
+  detail::for_each_block_range(n, int64_t{1} << 18, [&](int64_t offset, int64_t len, int64_t width) {
+    const int64_t block = offset / kQuantBlockSize;
+    out.slice(0, offset, offset + len)
+        .copy_(detail::dequantize(q.codes.slice(0, offset, offset + len),
+                                  q.absmax.slice(0, block, block + len / width), width, m));
+  });
+  return out;
+}
+
+/// What AdamW8bit adds to the AdamW options of its param groups.
+///   auto opts = memopt::optim::AdamW8bitOptions().min_8bit_size(4096).chunk_size(1 << 18);
+struct AdamW8bitOptions {
+  /// Parameters with fewer elements keep fp32 moments (bitsandbytes' min_8bit_size).
+  TORCH_ARG(int64_t, min_8bit_size) = 4096;
+  /// Parameters that keep fp32 moments whatever their size. bitsandbytes keeps the token
+  /// embedding's state in 32 bits (its StableEmbedding); on benchmarks/optim/adamw8bit_bench.cpp's
+  /// LM, 8-bit state everywhere ends 150 steps 1.0% above fp32 AdamW's loss, with the
+  /// embedding in fp32 0.4%, with embedding and output head in fp32 0.04%.
+  ///   AdamW8bitOptions().fp32_params({model->model->embed_tokens->weight})
+  TORCH_ARG(std::vector<torch::Tensor>, fp32_params);
+  /// true: contiguous fp32 CPU parameters step in one fused pass per block of 256 (parallel,
+  /// 2 KB of fp32 temporaries per thread); false: chunked tensor operations, the path every
+  /// other parameter (CUDA, bf16, strided) takes.
+  TORCH_ARG(bool, fused_cpu) = true;
+  /// Elements the tensor path updates at a time (a multiple of 256): bounds its fp32
+  /// temporaries to ~24 bytes × chunk_size.
+  TORCH_ARG(int64_t, chunk_size) = int64_t{1} << 18;
+};
+
+/// The state of one parameter: step count and both moments, 8-bit or fp32.
+struct AdamW8bitParamState : public torch::optim::OptimizerCloneableParamState<AdamW8bitParamState> {
+  TORCH_ARG(int64_t, step) = 0;
+  /// First moment: (n,) uint8 codes into dynamic_map(true), or fp32 in the parameter's shape.
+  TORCH_ARG(torch::Tensor, exp_avg);
+  /// Second moment: (n,) uint8 codes into dynamic_map(false), or fp32 in the parameter's shape.
+  TORCH_ARG(torch::Tensor, exp_avg_sq);
+  /// (⌈n/256⌉,) fp32 block scales of exp_avg; undefined when the moments are fp32.
+  TORCH_ARG(torch::Tensor, exp_avg_absmax);
+  /// (⌈n/256⌉,) fp32 block scales of exp_avg_sq; undefined when the moments are fp32.
+  TORCH_ARG(torch::Tensor, exp_avg_sq_absmax);
+
+ public:
+  bool quantized() const { return exp_avg_absmax_.defined(); }
+  /// Bytes of the state: its tensors plus the int64 step counter.
+  int64_t bytes() const {
+    int64_t n = static_cast<int64_t>(sizeof(int64_t));
+    for (const auto* t : {&exp_avg_, &exp_avg_sq_, &exp_avg_absmax_, &exp_avg_sq_absmax_})
+      if (t->defined()) n += static_cast<int64_t>(t->nbytes());
+    return n;
+  }
+
+  void serialize(torch::serialize::OutputArchive& archive) const override {
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_absmax);  // skipped when undefined (fp32 moments)
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq_absmax);
+  }
+  void serialize(torch::serialize::InputArchive& archive) override {
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, step);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_absmax);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq_absmax);
+  }
+};
+
+/// AdamW with 8-bit block-quantised moments (2 B/param + 8 B per 256 elements).
+/// Param groups take torch::optim::AdamWOptions, so it replaces torch::optim::AdamW as is;
+/// save()/load() write and read its state like any LibTorch optimizer (torch::save(opt, path)).
+///   memopt::optim::AdamW8bit opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.1));
+///   loss.backward(); opt.step(); opt.zero_grad();
+class AdamW8bit : public torch::optim::Optimizer {
+ public:
+  explicit AdamW8bit(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                     torch::optim::AdamWOptions defaults = {}, AdamW8bitOptions options = {})
+      : Optimizer(std::move(param_groups), std::make_unique<torch::optim::AdamWOptions>(defaults)),
+        options_(options) {
+    check_options(defaults, "defaults");
+    for (size_t i = 0; i < param_groups_.size(); ++i) check_options(options_of(i), "param group " + std::to_string(i));
+    TORCH_CHECK(options_.min_8bit_size() >= 0, "memopt::optim::AdamW8bit: min_8bit_size must be >= 0 (got ",
+                options_.min_8bit_size(), "). HINT: 4096 keeps the moments of small tensors in fp32; 0 quantises all.");
+    TORCH_CHECK(options_.chunk_size() >= kQuantBlockSize && options_.chunk_size() % kQuantBlockSize == 0,
+                "memopt::optim::AdamW8bit: chunk_size must be a positive multiple of ", kQuantBlockSize, " (got ",
+                options_.chunk_size(), "). HINT: try 262144.");
+  }
+  explicit AdamW8bit(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {},
+                     AdamW8bitOptions options = {})
+      : AdamW8bit(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
+                  defaults, options) {}
+
+  /// One AdamW step on every parameter with a gradient.
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    std::vector<detail::FusedWork> fused;  // 8-bit fp32 CPU parameters
+    for (size_t i = 0; i < param_groups_.size(); ++i) {
+      const torch::optim::AdamWOptions& o = options_of(i);
+      check_options(o, "param group " + std::to_string(i));  // set_lr() may have changed it
+      for (auto& p : param_groups_[i].params()) {
+        if (!p.grad().defined()) continue;
+        TORCH_CHECK(!p.grad().is_sparse(), "memopt::optim::AdamW8bit: sparse gradients are not supported (got a ",
+                    p.grad().layout(), " gradient of shape ", p.sizes(),
+                    "). HINT: use a dense embedding (sparse=false).");
+        AdamW8bitParamState& s = state_of(p);
+        s.step(s.step() + 1);
+        if (!s.quantized()) {
+          step_fp32(p, p.grad(), s, o);
+        } else if (fusable(p, p.grad(), s)) {
+          fused.push_back(fused_work(p, p.grad(), s, o));  // stepped together below, on every thread
+          p.unsafeGetTensorImpl()->bump_version();         // as an in-place op would: stale graphs see it
+        } else {
+          step_quantized(p, p.grad(), s, o);
+        }
+      }
+    }
+    if (!fused.empty()) {
+      const Maps& maps = maps_on(torch::kCPU);
+      detail::adamw8bit_cpu_step(fused, *maps.signed_book, *maps.unsigned_book);
+    }
+    return loss;
+  }
+
+  /// Bytes of all optimizer state: 2·n + 8·⌈n/256⌉ (8-bit) or 8·n (fp32) per parameter of n
+  /// elements, + 8 for each step counter. Parameters not stepped yet have no state.
+  ///   double mib = opt.state_bytes() / 1048576.0;
+  int64_t state_bytes() const {
+    int64_t n = 0;
+    for (const auto& item : state_) n += static_cast<const AdamW8bitParamState&>(*item.second).bytes();
+    return n;
+  }
+
+  /// The state of parameter p, or nullptr before its first step.
+  ///   const auto* s = opt.param_state(p); if (s && s->quantized()) { ... }
+  const AdamW8bitParamState* param_state(const torch::Tensor& p) const {
+    auto it = state_.find(memopt::detail::optimizer_state_key(state_, p));
+    return it == state_.end() ? nullptr : static_cast<const AdamW8bitParamState*>(it->second.get());
+  }
+
+  const AdamW8bitOptions& options() const { return options_; }
+
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<AdamW8bitParamState, torch::optim::AdamWOptions>(archive, *this);
+  }
+
+  /// Reads a state written by save() — or by torch::optim::AdamW, whose fp32 moments are
+  /// quantised here for parameters of min_8bit_size elements or more.
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<AdamW8bitParamState, torch::optim::AdamWOptions>(archive, *this);
+    for (auto& group : param_groups_)
+      for (auto& p : group.params()) adopt_loaded_state(p);
+  }
+
+ private:
+  static constexpr int64_t kSignedZeroCode = 127;  // dynamic_map(true)[127] == 0: 127 negative codes below it
+
+  struct Maps {
+    torch::Tensor signed_map, signed_boundaries;      // (256,), (255,) first moment
+    torch::Tensor unsigned_map, unsigned_boundaries;  // (256,), (255,) second moment: only 0 rounds to 0
+    std::shared_ptr<const detail::CodeBook> signed_book, unsigned_book;  // the fused CPU kernel's (CPU only)
+  };
+
+  static void check_options(const torch::optim::AdamWOptions& o, const std::string& where) {
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    TORCH_CHECK(o.lr() >= 0, "memopt::optim::AdamW8bit: ", where, ": lr must be >= 0 (got ", o.lr(),
+                "). HINT: try 1e-3.");
+    TORCH_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "memopt::optim::AdamW8bit: ", where,
+                ": betas must lie in [0, 1) (got ", beta1, ", ", beta2, "). HINT: try 0.9, 0.95.");
+    TORCH_CHECK(o.eps() >= 0, "memopt::optim::AdamW8bit: ", where, ": eps must be >= 0 (got ", o.eps(),
+                "). HINT: try 1e-8.");
+    TORCH_CHECK(o.weight_decay() >= 0, "memopt::optim::AdamW8bit: ", where, ": weight_decay must be >= 0 (got ",
+                o.weight_decay(), "). HINT: 0 turns weight decay off; 0.1 is usual.");
+    TORCH_CHECK(!o.amsgrad(), "memopt::optim::AdamW8bit: ", where,
+                ": amsgrad is not supported (got amsgrad=true). HINT: use torch::optim::AdamW for AMSGrad.");
+  }
+
+  const torch::optim::AdamWOptions& options_of(size_t group) const {
+    const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&param_groups_[group].options());
+    TORCH_CHECK(o != nullptr, "memopt::optim::AdamW8bit: param group ", group,
+                " has the options of another optimizer. HINT: give groups torch::optim::AdamWOptions.");
+    return *o;
+  }
+
+  const Maps& maps_on(const c10::Device& device) {
+    for (const auto& [d, maps] : maps_)
+      if (d == device) return maps;
+    Maps maps;
+    maps.signed_map = dynamic_map(true).to(device);
+    maps.signed_boundaries = detail::map_boundaries(maps.signed_map, /*keep_nonzero=*/false);
+    maps.unsigned_map = dynamic_map(false).to(device);
+    maps.unsigned_boundaries = detail::map_boundaries(maps.unsigned_map, /*keep_nonzero=*/true);
+    if (device.is_cpu()) {
+      maps.signed_book = std::make_shared<const detail::CodeBook>(maps.signed_map, maps.signed_boundaries);
+      maps.unsigned_book = std::make_shared<const detail::CodeBook>(maps.unsigned_map, maps.unsigned_boundaries);
+    }
+    maps_.emplace_back(device, std::move(maps));
+    return maps_.back().second;
+  }
+
+  // Small parameters and those listed in fp32_params keep fp32 moments.
+  bool keeps_fp32(const torch::Tensor& p) const {
+    if (p.numel() < options_.min_8bit_size()) return true;
+    return std::any_of(options_.fp32_params().begin(), options_.fp32_params().end(),
+                       [&](const torch::Tensor& q) { return q.is_same(p); });
+  }
+
+  // The state of p, created on its first step: 8-bit unless keeps_fp32(p).
+  AdamW8bitParamState& state_of(const torch::Tensor& p) {
+    const auto key = memopt::detail::optimizer_state_key(state_, p);
+    auto it = state_.find(key);
+    if (it == state_.end()) {
+      auto s = std::make_unique<AdamW8bitParamState>();
+      if (!keeps_fp32(p)) {
+        const auto byte = p.options().dtype(torch::kByte);
+        const auto fp32 = p.options().dtype(torch::kFloat);
+        const int64_t blocks = num_quant_blocks(p.numel());
+        s->exp_avg(torch::full({p.numel()}, kSignedZeroCode, byte));  // zero moments: the code of 0, absmax 0
+        s->exp_avg_sq(torch::zeros({p.numel()}, byte));
+        s->exp_avg_absmax(torch::zeros({blocks}, fp32));
+        s->exp_avg_sq_absmax(torch::zeros({blocks}, fp32));
+      } else {
+        s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      }
+      it = state_.emplace(key, std::move(s)).first;
+    }
+    return static_cast<AdamW8bitParamState&>(*it->second);
+  }
+
+  // torch::optim::AdamW (1.13), operation for operation.
+  static void step_fp32(torch::Tensor& p, const torch::Tensor& grad, AdamW8bitParamState& s,
+                        const torch::optim::AdamWOptions& o) {
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+    const double bias_correction1 = 1 - std::pow(beta1, s.step());
+    const double bias_correction2 = 1 - std::pow(beta2, s.step());
+    s.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
+    s.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    const torch::Tensor denom = (s.exp_avg_sq().sqrt() / std::sqrt(bias_correction2)).add_(o.eps());
+    p.addcdiv_(s.exp_avg(), denom, -o.lr() / bias_correction1);
+  }
+
+  // Whether the fused CPU kernel can step p: fp32, contiguous, on the CPU, with its gradient.
+  bool fusable(const torch::Tensor& p, const torch::Tensor& grad, const AdamW8bitParamState& s) const {
+    return options_.fused_cpu() && p.is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous() &&
+           grad.is_cpu() && grad.scalar_type() == torch::kFloat && grad.is_contiguous() &&
+           s.exp_avg().is_contiguous() && s.exp_avg_sq().is_contiguous();
+  }
+
+  static detail::FusedWork fused_work(torch::Tensor& p, const torch::Tensor& grad, AdamW8bitParamState& s,
+                                      const torch::optim::AdamWOptions& o) {
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    const double step_size = o.lr() / (1 - std::pow(beta1, s.step()));
+    const double sqrt_bias_correction2 = std::sqrt(1 - std::pow(beta2, s.step()));
+    const detail::StepScalars k{static_cast<float>(beta1),
+                                static_cast<float>(1 - beta1),
+                                static_cast<float>(beta2),
+                                static_cast<float>(1 - beta2),
+                                static_cast<float>(1 - o.lr() * o.weight_decay()),
+                                static_cast<float>(sqrt_bias_correction2),
+                                static_cast<float>(o.eps()),
+                                static_cast<float>(-step_size),
+                                o.weight_decay() != 0};
+    return {p.data_ptr<float>(),
+            grad.data_ptr<float>(),
+            s.exp_avg().data_ptr<uint8_t>(),
+            s.exp_avg_absmax().data_ptr<float>(),
+            s.exp_avg_sq().data_ptr<uint8_t>(),
+            s.exp_avg_sq_absmax().data_ptr<float>(),
+            p.numel(),
+            k};
+  }
+
+  // The same math with tensor operations, one chunk at a time: dequantise → update → requantise.
+  void step_quantized(torch::Tensor& p, const torch::Tensor& grad, AdamW8bitParamState& s,
+                      const torch::optim::AdamWOptions& o) {
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    const double decay = 1 - o.lr() * o.weight_decay();
+    const double step_size = o.lr() / (1 - std::pow(beta1, s.step()));
+    const double sqrt_bias_correction2 = std::sqrt(1 - std::pow(beta2, s.step()));
+    const Maps& maps = maps_on(p.device());
+    torch::Tensor flat_p = p.is_contiguous() ? p.view({-1}) : p.contiguous().view({-1});  // (n,)
+    const torch::Tensor flat_g = grad.reshape({-1});                                      // (n,)
+
+    detail::for_each_block_range(p.numel(), options_.chunk_size(), [&](int64_t offset, int64_t len, int64_t width) {
+      const int64_t block = offset / kQuantBlockSize, blocks = len / width;
+      torch::Tensor codes1 = s.exp_avg().slice(0, offset, offset + len);              // (len,) uint8
+      torch::Tensor codes2 = s.exp_avg_sq().slice(0, offset, offset + len);           // (len,) uint8
+      torch::Tensor absmax1 = s.exp_avg_absmax().slice(0, block, block + blocks);     // (blocks,)
+      torch::Tensor absmax2 = s.exp_avg_sq_absmax().slice(0, block, block + blocks);  // (blocks,)
+      torch::Tensor p_chunk = flat_p.slice(0, offset, offset + len);                  // (len,)
+      torch::Tensor p32 = p_chunk.to(torch::kFloat);  // p_chunk itself for fp32 parameters
+      const torch::Tensor g32 = flat_g.slice(0, offset, offset + len).to(torch::kFloat);
+
+      torch::Tensor m = detail::dequantize(codes1, absmax1, width, maps.signed_map);    // (len,) fp32
+      torch::Tensor v = detail::dequantize(codes2, absmax2, width, maps.unsigned_map);  // (len,) fp32
+      if (o.weight_decay() != 0) p32.mul_(decay);
+      m.mul_(beta1).add_(g32, 1 - beta1);
+      v.mul_(beta2).addcmul_(g32, g32, 1 - beta2);
+      const torch::Tensor denom = (v.sqrt() / sqrt_bias_correction2).add_(o.eps());  // (len,)
+      p32.addcdiv_(m, denom, -step_size);
+      if (!p32.is_same(p_chunk)) p_chunk.copy_(p32);
+      detail::quantize_into(m, width, maps.signed_boundaries, codes1, absmax1);
+      detail::quantize_into(v, width, maps.unsigned_boundaries, codes2, absmax2);
+    });
+    if (!p.is_contiguous()) p.copy_(flat_p.view(p.sizes()));
+  }
+
+  // Checks a loaded state against its parameter, moves it to the parameter's device and
+  // quantises fp32 moments of large parameters.
+  void adopt_loaded_state(const torch::Tensor& p) {
+    auto it = state_.find(memopt::detail::optimizer_state_key(state_, p));
+    if (it == state_.end()) return;
+    auto& s = static_cast<AdamW8bitParamState&>(*it->second);
+    const int64_t n = p.numel();
+    TORCH_CHECK(s.exp_avg().defined() && s.exp_avg_sq().defined() && s.exp_avg().numel() == n &&
+                    s.exp_avg_sq().numel() == n,
+                "memopt::optim::AdamW8bit::load: the state of a parameter of shape ", p.sizes(), " holds moments of ",
+                s.exp_avg().defined() ? s.exp_avg().numel() : 0, " and ",
+                s.exp_avg_sq().defined() ? s.exp_avg_sq().numel() : 0,
+                " elements. HINT: load into an optimizer built over the same parameters, in the same order.");
+    if (s.quantized()) {
+      TORCH_CHECK(s.exp_avg().scalar_type() == torch::kByte && s.exp_avg_sq().scalar_type() == torch::kByte &&
+                      s.exp_avg_absmax().numel() == num_quant_blocks(n) &&
+                      s.exp_avg_sq_absmax().defined() && s.exp_avg_sq_absmax().numel() == num_quant_blocks(n),
+                  "memopt::optim::AdamW8bit::load: the 8-bit state of a parameter of ", n, " elements must hold uint8 ",
+                  "codes and ", num_quant_blocks(n), " block scales per moment (got ", s.exp_avg().scalar_type(),
+                  " codes, ", s.exp_avg_absmax().numel(), " scales). HINT: the archive was written by another "
+                  "optimizer or memopt version; start the optimizer state afresh.");
+      s.exp_avg(s.exp_avg().to(p.device()));
+      s.exp_avg_sq(s.exp_avg_sq().to(p.device()));
+      s.exp_avg_absmax(s.exp_avg_absmax().to(p.device(), torch::kFloat));
+      s.exp_avg_sq_absmax(s.exp_avg_sq_absmax().to(p.device(), torch::kFloat));
+    } else if (!keeps_fp32(p)) {
+      const Maps& maps = maps_on(p.device());
+      const BlockQuantized m = quantize_blockwise(s.exp_avg().to(p.device()), maps.signed_map);
+      const BlockQuantized v = quantize_blockwise(s.exp_avg_sq().to(p.device()), maps.unsigned_map, true);
+      s.exp_avg(m.codes).exp_avg_absmax(m.absmax).exp_avg_sq(v.codes).exp_avg_sq_absmax(v.absmax);
+    } else {
+      s.exp_avg(s.exp_avg().to(p.options()).view(p.sizes()));
+      s.exp_avg_sq(s.exp_avg_sq().to(p.options()).view(p.sizes()));
+    }
+  }
+
+  AdamW8bitOptions options_;
+  std::deque<std::pair<c10::Device, Maps>> maps_;  // the maps on each device seen (references stay valid)
+};
+
+}  // namespace memopt::optim
