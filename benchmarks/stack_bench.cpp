@@ -44,9 +44,10 @@ const std::vector<std::string> kRows = {
     "mem_attention",     // + blockwise attention
     "chunked_ce",        // + head and loss fused in chunks (no (B·T, V) logits)
     "int8_state",        // + 8-bit AdamW state
-    "step_in_backward",  // optimizer in backward instead of 8-bit state (no clipping)
-    "disk",              // AdamW state on disk instead (the resident set holds 3 chunks)
-    "full_fp32",         // every_block + mem_attention + chunked_ce + int8_state in fp32 (no bf16 hardware here)
+    "step_in_backward",  // optimizer in backward instead of 8-bit state (no gradients kept; no clipping)
+    "disk",              // AdamW state on disk instead of 8-bit (the resident set holds 3 chunks)
+    "full",              // optimizer in backward with 8-bit state: every lever at once
+    "full_fp32",         // the same in fp32 (this CPU has no bf16 matmul hardware)
     "ce_v32k_full",      // V = 32000, every_block + mem_attention, full logits
     "ce_v32k_chunked",   // V = 32000, the same with the fused chunked loss
 };
@@ -94,7 +95,11 @@ RowResult train(const StackConfig& cfg, memopt::models::Llama& model, double gra
   if (auto* adamw = dynamic_cast<torch::optim::AdamW*>(&opt)) r.state_bytes = adamw_state_bytes(*adamw);
   if (auto* q = dynamic_cast<memopt::optim::AdamW8bit*>(&opt)) r.state_bytes = q->state_bytes();
   if (auto* d = dynamic_cast<memopt::optim::DiskAdamW*>(&opt)) r.state_bytes = d->resident_state_bytes();
-  if (auto* b = dynamic_cast<memopt::optim::StepInBackward*>(&opt)) r.state_bytes = b->state_bytes();
+  if (auto* b = dynamic_cast<memopt::optim::StepInBackward*>(&opt))
+    r.state_bytes = b->state_bytes([](const torch::optim::Optimizer& o) {
+      auto* q = dynamic_cast<const memopt::optim::AdamW8bit*>(&o);
+      return q ? q->state_bytes() : memopt::optim::StepInBackward::adamw_bytes(o);
+    });
   return r;
 }
 
@@ -128,9 +133,9 @@ int main(int argc, char** argv) {
     const bool v32k = row.rfind("ce_v32k", 0) == 0;
     const int64_t vocab = v32k ? 32000 : cfg.vocab;
     const bool blockwise = row == "mem_attention" || row == "chunked_ce" || row == "int8_state" ||
-                           row == "step_in_backward" || row == "disk" || row == "full_fp32" || v32k;
+                           row == "step_in_backward" || row == "disk" || row == "full" || row == "full_fp32" || v32k;
     const bool chunked = row == "chunked_ce" || row == "int8_state" || row == "step_in_backward" || row == "disk" ||
-                         row == "full_fp32" || row == "ce_v32k_chunked";
+                         row == "full" || row == "full_fp32" || row == "ce_v32k_chunked";
     torch::manual_seed(static_cast<int64_t>(cfg.seed));
     memopt::models::Llama model(
         memopt::models::LlamaConfig()
@@ -158,7 +163,8 @@ int main(int argc, char** argv) {
     else if (row == "disk")
       r = train<ckpt::EveryBlock, prec::Bf16Autocast, off::Disk>(
           cfg, model, 1.0, off::Disk(memopt::optim::DiskAdamWOptions().directory(cfg.offload_dir)));
-    else r = train<ckpt::EveryBlock, prec::Fp32, off::Int8State>(cfg, model, 1.0);  // full_fp32
+    else if (row == "full") r = train<ckpt::EveryBlock, prec::Bf16Autocast, off::StepInBackwardInt8>(cfg, model, 0.0);
+    else r = train<ckpt::EveryBlock, prec::Fp32, off::StepInBackwardInt8>(cfg, model, 0.0);  // full_fp32
 
     double total = 0;
     for (double s : r.step_seconds) total += s;

@@ -441,6 +441,13 @@ TEST_CASE("StepInBackward: the weights of the normal step, gradients freed durin
                                      memopt::offload::StepInBackward>(3, memopt::TrainerOptions().grad_clip(0));
     CHECK(max_abs_diff(normal, in_backward) <= 1e-6);
   }
+  // With 8-bit state per parameter: the weights of offload::Int8State's one AdamW8bit.
+  const auto int8 = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::Int8State>(
+      3, memopt::TrainerOptions().grad_clip(0));
+  const auto int8_in_backward =
+      weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::StepInBackwardInt8>(
+          3, memopt::TrainerOptions().grad_clip(0));
+  CHECK(max_abs_diff(int8, int8_in_backward) <= 1e-6);
 
   // Plain LibTorch use: after backward every parameter is updated and holds no gradient.
   torch::manual_seed(0);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -17,9 +18,9 @@
 
 namespace memopt::optim {
 
-/// An optimizer whose step() does nothing: each parameter is updated by its own
-/// torch::optim::AdamW (LibTorch's exact update) the moment backward has accumulated its
-/// gradient, which is then freed. Group options (the learning rate the schedule sets)
+/// An optimizer whose step() does nothing: each parameter is updated by its own optimizer
+/// (torch::optim::AdamW by default — LibTorch's exact update; optim::AdamW8bit for 8-bit
+/// state) the moment backward has accumulated its gradient, which is then freed. Group options (the learning rate the schedule sets)
 /// are read at that moment. It cannot combine with anything that needs every gradient at
 /// once: gradient accumulation over micro-batches, global-norm clipping, loss scaling.
 /// A second gradient for a parameter before step() (a second backward, or weights shared
@@ -29,7 +30,17 @@ namespace memopt::optim {
 ///   opt.step();        // ends the step (checks every update ran once)
 class StepInBackward : public torch::optim::Optimizer {
  public:
-  StepInBackward(std::vector<torch::optim::OptimizerParamGroup> groups, const torch::optim::AdamWOptions& defaults)
+  /// Builds the optimizer of one parameter from its group's options.
+  using Factory =
+      std::function<std::unique_ptr<torch::optim::Optimizer>(const torch::Tensor&, const torch::optim::AdamWOptions&)>;
+
+  /// torch::optim::AdamW for every parameter.
+  static std::unique_ptr<torch::optim::Optimizer> adamw(const torch::Tensor& p, const torch::optim::AdamWOptions& o) {
+    return std::make_unique<torch::optim::AdamW>(std::vector<torch::Tensor>{p}, o);
+  }
+
+  StepInBackward(std::vector<torch::optim::OptimizerParamGroup> groups, const torch::optim::AdamWOptions& defaults,
+                 const Factory& make = adamw)
       : torch::optim::Optimizer(std::move(groups), std::make_unique<torch::optim::AdamWOptions>(defaults)),
         state_(std::make_shared<Shared>()) {
     state_->groups = &param_groups_;  // this object never moves (no copy, no move)
@@ -40,8 +51,7 @@ class StepInBackward : public torch::optim::Optimizer {
                     "of shape ",
                     p.sizes(), "). HINT: pass model.parameters() of trainable tensors only.");
         const auto& options = static_cast<const torch::optim::AdamWOptions&>(param_groups()[g].options());
-        state_->params.push_back({g, p, std::make_unique<torch::optim::AdamW>(std::vector<torch::Tensor>{p}, options),
-                                  -1});
+        state_->params.push_back({g, p, make(p, options), -1});
       }
     }
     for (size_t i = 0; i < state_->params.size(); ++i) {
@@ -72,21 +82,26 @@ class StepInBackward : public torch::optim::Optimizer {
     return n;
   }
 
-  /// Optimizer state bytes (AdamW's exp_avg and exp_avg_sq of every parameter).
-  int64_t state_bytes() const {
+  /// Optimizer state bytes: `bytes_of(optimizer)` summed over the per-parameter optimizers
+  /// (default: AdamW's exp_avg and exp_avg_sq).
+  int64_t state_bytes(const std::function<int64_t(const torch::optim::Optimizer&)>& bytes_of = adamw_bytes) const {
     int64_t bytes = 0;
-    for (const auto& e : state_->params)
-      for (const auto& [key, st] : e.adamw->state()) {
-        const auto& s = static_cast<const torch::optim::AdamWParamState&>(*st);
-        bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
-      }
+    for (const auto& e : state_->params) bytes += bytes_of(*e.optimizer);
+    return bytes;
+  }
+  static int64_t adamw_bytes(const torch::optim::Optimizer& optimizer) {
+    int64_t bytes = 0;
+    for (const auto& [key, st] : optimizer.state()) {
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*st);
+      bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
+    }
     return bytes;
   }
 
   void save(torch::serialize::OutputArchive& archive) const override {
     for (size_t i = 0; i < state_->params.size(); ++i) {
       torch::serialize::OutputArchive sub(archive.compilation_unit());
-      state_->params[i].adamw->save(sub);
+      state_->params[i].optimizer->save(sub);
       archive.write("param_" + std::to_string(i), sub);
     }
   }
@@ -96,7 +111,7 @@ class StepInBackward : public torch::optim::Optimizer {
       TORCH_CHECK(archive.try_read("param_" + std::to_string(i), sub),
                   "memopt::optim::StepInBackward: the archive has no state for parameter ", i,
                   ". HINT: load a state saved by a StepInBackward over the same parameters.");
-      state_->params[i].adamw->load(sub);
+      state_->params[i].optimizer->load(sub);
     }
   }
 
@@ -104,7 +119,7 @@ class StepInBackward : public torch::optim::Optimizer {
   struct Entry {
     size_t group;
     torch::Tensor param;
-    std::unique_ptr<torch::optim::AdamW> adamw;
+    std::unique_ptr<torch::optim::Optimizer> optimizer;  // this parameter's own
     int64_t updated_at;  // the step index of its last update
   };
   // What the hooks share with the optimizer; hooks hold it weakly, so a hook that
@@ -130,8 +145,8 @@ class StepInBackward : public torch::optim::Optimizer {
                   "weight shared across checkpointed blocks. HINT: steps in backward need exactly one "
                   "gradient per parameter per step; use offload::None for accumulation.");
       e.updated_at = shared->step;
-      e.adamw->param_groups()[0].options().set_lr(shared->lr_of(e.group));
-      e.adamw->step();
+      e.optimizer->param_groups()[0].options().set_lr(shared->lr_of(e.group));
+      e.optimizer->step();
       e.param.mutable_grad() = torch::Tensor();  // freed now, not at the end of the step
       return outputs;
     }

@@ -28,20 +28,28 @@ struct None {
   void after_step(torch::optim::Optimizer&) const {}
 };
 
-/// AdamW updates each parameter inside backward, as soon as its gradient is ready, and
-/// frees that gradient (optim::StepInBackward): the gradients never all exist at once.
-/// The Trainer rejects it with accumulation, global-norm clipping or loss scaling.
+/// Each parameter is updated inside backward, as soon as its gradient is ready, and its
+/// gradient freed (optim::StepInBackward): the gradients never all exist at once. `Inner`
+/// is the per-parameter optimizer: torch::optim::AdamW (StepInBackward) or optim::AdamW8bit
+/// (StepInBackwardInt8: no gradients and 8-bit state). The Trainer rejects it with
+/// accumulation, global-norm clipping or loss scaling.
 ///   memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast,
 ///                   memopt::accum::None, memopt::offload::StepInBackward> t(*model, opts.grad_clip(0));
-struct StepInBackward {
+template <class Inner>
+struct StepInBackwardWith {
   static constexpr bool kStepsInBackward = true;
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
-    return std::make_unique<optim::StepInBackward>(std::move(groups), options);
+    return std::make_unique<optim::StepInBackward>(
+        std::move(groups), options, [](const torch::Tensor& p, const torch::optim::AdamWOptions& o) {
+          return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Inner>(std::vector<torch::Tensor>{p}, o));
+        });
   }
   void before_step(torch::optim::Optimizer&) const {}
   void after_step(torch::optim::Optimizer&) const {}
 };
+using StepInBackward = StepInBackwardWith<torch::optim::AdamW>;
+using StepInBackwardInt8 = StepInBackwardWith<optim::AdamW8bit>;
 
 /// Both AdamW moments 8-bit block-quantised where the parameters are, in
 /// optim::AdamW8bit: ~2 B/param of state instead of 8 (parameters under 4096 elements keep fp32).
