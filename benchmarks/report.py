@@ -73,13 +73,13 @@ def attention(lines):
 
 
 def adamw8bit(lines):
-    print("| optimizer | loss (mean of the last 10 steps) | held-out loss | state | peak tracked | peak RSS | tokens/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| optimizer | loss (mean of the last 10 steps) | held-out loss | state | peak tracked | peak RSS |")
+    print("|---|---|---|---|---|---|")
     for r in lines:
         if r["impl"].startswith("ratio"):
             continue
         print(f"| {r['impl']} | {r['loss_last']:.4f} | {r['val_loss']:.4f} | {r['state_mib']:.1f} MiB | "
-              f"{r['peak_tracked_mib']:.0f} MiB | {r['peak_rss_mib']:.0f} MiB | {r['tokens_per_s']:.0f} |")
+              f"{r['peak_tracked_mib']:.0f} MiB | {r['peak_rss_mib']:.0f} MiB |")
 
 
 def allocator(lines):
