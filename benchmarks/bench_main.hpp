@@ -9,8 +9,10 @@
 #include <iostream>
 
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
 
 #include "memopt/error.hpp"
+#include "memopt/models/llama.hpp"
 
 namespace memopt::bench {
 
@@ -25,6 +27,24 @@ int print_line(Measure&& measure) {
     std::cout << line.dump() << std::endl;
     return 0;
   });
+}
+
+/// The benchmarks' LLaMA shape: vocab, hidden size, blocks, heads, positions.
+inline memopt::models::LlamaConfig llama_config(int64_t vocab, int64_t dim, int64_t layers, int64_t heads,
+                                                int64_t seq) {
+  return memopt::models::LlamaConfig()
+      .vocab_size(vocab)
+      .hidden_size(dim)
+      .num_hidden_layers(layers)
+      .num_attention_heads(heads)
+      .max_position_embeddings(seq);
+}
+
+/// Millions of parameters of a module (the JSON lines' params_m).
+inline double params_m(torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return static_cast<double>(n) / 1e6;
 }
 
 }  // namespace memopt::bench

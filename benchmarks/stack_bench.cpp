@@ -138,17 +138,10 @@ int main(int argc, char** argv) {
                          row == "full" || row == "full_fp32" || row == "ce_v32k_chunked";
     torch::manual_seed(static_cast<int64_t>(cfg.seed));
     memopt::models::Llama model(
-        memopt::models::LlamaConfig()
-            .vocab_size(vocab)
-            .hidden_size(cfg.dim)
-            .num_hidden_layers(cfg.layers)
-            .num_attention_heads(cfg.heads)
-            .max_position_embeddings(cfg.seq)
+        memopt::bench::llama_config(vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq)
             .attention_kind(blockwise ? memopt::nn::AttentionKind::kBlockwise : memopt::nn::AttentionKind::kMath)
             .loss_chunk_size(chunked ? cfg.loss_chunk : 0));
     model->train();
-    int64_t num_params = 0;
-    for (const auto& p : model->parameters()) num_params += p.numel();
 
     // The policies are types: one branch here, outside every step.
     RowResult r;
@@ -177,7 +170,7 @@ int main(int argc, char** argv) {
         {"tokens_per_s", static_cast<double>(cfg.batch * cfg.seq) / step_s},
         {"loss_last", r.loss_last},
         {"state_mib", r.state_bytes >= 0 ? memopt::memory::mib(r.state_bytes) : -1.0},
-        {"params_m", static_cast<double>(num_params) / 1e6},
+        {"params_m", memopt::bench::params_m(*model)},
         {"vocab", vocab},
         {"steps", cfg.steps},
     };

@@ -178,15 +178,8 @@ int main(int argc, char** argv) {
                 "memopt_bench_trainer: --impl hand runs fp32 without checkpointing only (got --precision ",
                 cfg.precision, " --checkpoint ", cfg.checkpoint, "). HINT: drop --precision/--checkpoint.");
     torch::manual_seed(static_cast<int64_t>(cfg.seed));
-    memopt::models::Llama model(memopt::models::LlamaConfig()
-                                    .vocab_size(cfg.vocab)
-                                    .hidden_size(cfg.dim)
-                                    .num_hidden_layers(cfg.layers)
-                                    .num_attention_heads(cfg.heads)
-                                    .max_position_embeddings(cfg.seq));
+    memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
     model->train();
-    int64_t num_params = 0;
-    for (const auto& p : model->parameters()) num_params += p.numel();
 
     // The policies are types: the only runtime branch is this one, outside every step.
     namespace ckpt = memopt::checkpoint;
@@ -213,7 +206,7 @@ int main(int argc, char** argv) {
         {"peak_rss_mib", memopt::memory::mib(memopt::memory::peak_rss_bytes())},
         {"loss_first", r.loss_first},
         {"loss_last", r.loss_last},
-        {"params_m", static_cast<double>(num_params) / 1e6},
+        {"params_m", memopt::bench::params_m(*model)},
         {"layers", cfg.layers},
         {"dim", cfg.dim},
         {"heads", cfg.heads},

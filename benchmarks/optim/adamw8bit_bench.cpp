@@ -101,15 +101,8 @@ nlohmann::ordered_json run(const BenchConfig& cfg) {
   train->check_vocab(cfg.vocab);
   val->check_vocab(cfg.vocab);
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
-  memopt::models::Llama model(memopt::models::LlamaConfig()
-                                  .vocab_size(cfg.vocab)
-                                  .hidden_size(cfg.dim)
-                                  .num_hidden_layers(cfg.layers)
-                                  .num_attention_heads(cfg.heads)
-                                  .max_position_embeddings(cfg.seq));
+  memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
   model->train();
-  int64_t num_params = 0;
-  for (const auto& p : model->parameters()) num_params += p.numel();
 
   const auto options = memopt::TrainerOptions()
                            .lr(cfg.lr)
@@ -155,7 +148,7 @@ nlohmann::ordered_json run(const BenchConfig& cfg) {
       {"peak_rss_mib", memopt::memory::mib(memopt::memory::peak_rss_bytes())},
       {"tokens_per_s", static_cast<double>(tokens) / std::max(seconds, 1e-9)},
       {"optimizer_ms", opt_ms},
-      {"params_m", static_cast<double>(num_params) / 1e6},
+      {"params_m", memopt::bench::params_m(*model)},
       {"layers", cfg.layers},
       {"dim", cfg.dim},
       {"seq", cfg.seq},
