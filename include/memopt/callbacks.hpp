@@ -1,6 +1,6 @@
 // memopt/callbacks.hpp — hooks the Trainer calls at step boundaries, and the built-in
-// ones: a progress bar/log printer and a cache release (malloc_trim on CPU, the CUDA
-// caching allocator's empty_cache in CUDA builds).
+// ones: a progress bar/log printer, a cache release (malloc_trim on CPU, the CUDA
+// caching allocator's empty_cache in CUDA builds) and a per-step memory monitor.
 #pragma once
 
 #include <malloc.h>
@@ -106,6 +106,47 @@ class ReleaseCache : public Callback {
  private:
   int64_t every_;
   int64_t releases_ = 0;
+};
+
+/// One line of memory figures per step: the step's tracked tensor peak and the peak of each
+/// phase (the tracker's peaks are reset when the step begins), live bytes and RSS.
+///   trainer.add_callback(std::make_shared<memopt::callbacks::MemoryMonitor>());
+///   // memory step 12 | live 40.1 MiB | peak 95.3 MiB | forward 80.2 | backward 95.3 | optimizer 52.0 MiB | RSS …
+class MemoryMonitor : public Callback {
+ public:
+  explicit MemoryMonitor(std::FILE* out = stderr) : out_(out) {}
+
+  void on_step_begin(int64_t /*step*/) override { memory::Tracker::instance().reset_peaks(); }
+
+  void on_step_end(const StepStats& s) override {
+    using memory::mib;
+    last_ = memory::Report::now();
+    if (last_.tracked) {
+      const auto& peaks = last_.tensors.phase_peak_bytes;
+      auto phase = [&](memory::Phase p) { return mib(peaks[static_cast<int>(p)]); };
+      fmt::print(out_, "memory step {} | live {:.1f} MiB | peak {:.1f} MiB | {} {:.1f} | {} {:.1f} | {} {:.1f} MiB | ",
+                 s.step, mib(last_.tensors.live_bytes), mib(last_.tensors.peak_bytes),
+                 memory::phase_name(memory::Phase::kForward), phase(memory::Phase::kForward),
+                 memory::phase_name(memory::Phase::kBackward), phase(memory::Phase::kBackward),
+                 memory::phase_name(memory::Phase::kOptimizer), phase(memory::Phase::kOptimizer));
+    } else {
+      if (!warned_)
+        fmt::print(out_, "memory: tensor bytes are not tracked (the tracker is not installed). HINT: call "
+                         "memopt::init() or memopt::memory::Tracker::install() first in main()\n");
+      warned_ = true;
+      fmt::print(out_, "memory step {} | ", s.step);
+    }
+    fmt::print(out_, "RSS {:.0f} MiB (peak {:.0f})\n", mib(last_.rss_bytes), mib(last_.peak_rss_bytes));
+    std::fflush(out_);
+  }
+
+  /// The report of the last line printed (default-constructed before the first step).
+  const memory::Report& last() const { return last_; }
+
+ private:
+  std::FILE* out_;
+  memory::Report last_;
+  bool warned_ = false;
 };
 
 }  // namespace callbacks

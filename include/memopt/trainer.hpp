@@ -234,6 +234,50 @@ class Trainer {
   const Checkpoint& checkpoint() const { return checkpoint_; }
   const Offload& offload() const { return offload_; }
 
+  /// What a resumed run needs besides the weights (optimizer state, step, loss scale, fp32 masters).
+  void save_state(torch::serialize::OutputArchive& archive) const {
+    torch::serialize::OutputArchive optimizer(archive.compilation_unit());
+    optimizer_->save(optimizer);
+    archive.write("optimizer", optimizer);                            // whichever optimizer Offload built
+    archive.write("step", torch::tensor(step_, torch::kLong));        // drives the learning-rate schedule
+    if constexpr (requires { precision_.scaler(); }) {                // Scaled<>: dynamic loss scale
+      archive.write("loss_scale", torch::tensor(precision_.scaler().current_scale(), torch::kDouble));
+      archive.write("loss_scale_clean_steps", torch::tensor(precision_.scaler().clean_steps(), torch::kLong));
+    }
+    if constexpr (requires { precision_.masters(); }) {               // Bf16Pure: the fp32 weights stepped
+      for (size_t i = 0; i < precision_.masters().size(); ++i)
+        archive.write("master_" + std::to_string(i), precision_.masters()[i].second);
+    }
+  }
+
+  /// Restores save_state()'s archive into a Trainer built with the same model, options and policies.
+  void load_state(torch::serialize::InputArchive& archive) {
+    auto read = [&](const std::string& key, auto& value) {
+      TORCH_CHECK(archive.try_read(key, value), "memopt::Trainer::load_state: the archive has no '", key,
+                  "' entry. HINT: load a state written by Trainer::save_state of a Trainer with the same policies.");
+    };
+    torch::serialize::InputArchive optimizer;
+    read("optimizer", optimizer);
+    optimizer_->load(optimizer);
+    torch::Tensor step;
+    read("step", step);
+    step_ = step.item<int64_t>();
+    if constexpr (requires { precision_.scaler(); }) {
+      torch::Tensor scale, clean_steps;
+      read("loss_scale", scale);
+      read("loss_scale_clean_steps", clean_steps);
+      precision_.scaler().load(scale.item<double>(), clean_steps.item<int64_t>());
+    }
+    if constexpr (requires { precision_.masters(); }) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < precision_.masters().size(); ++i) {
+        torch::Tensor master;
+        read("master_" + std::to_string(i), master);
+        precision_.masters()[i].second.copy_(master);
+      }
+    }
+  }
+
  private:
   static TrainerOptions validated(TrainerOptions o) {
     o.validate();

@@ -59,6 +59,17 @@ struct LlamaConfig {
   }
   int64_t kv_heads() const { return num_key_value_heads_ > 0 ? num_key_value_heads_ : num_attention_heads_; }
 
+  /// The self-attention of one block.
+  nn::AttentionOptions attention_options() const {
+    return nn::AttentionOptions(hidden_size_, num_attention_heads_)
+        .num_kv_heads(kv_heads())
+        .causal(causal_)
+        .dropout(dropout_)
+        .kind(attention_kind_)
+        .q_block(attention_block_size_ > 0 ? attention_block_size_ : nn::kAttentionQBlock)
+        .kv_block(attention_block_size_ > 0 ? attention_block_size_ : nn::kAttentionKvBlock);
+  }
+
   void validate() const {
     auto positive = [](int64_t v, const char* name) {
       TORCH_CHECK(v >= 1, "memopt::models::LlamaConfig: ", name, " must be >= 1 (got ", v,
@@ -86,19 +97,20 @@ struct LlamaConfig {
   }
 };
 
+/// RMSNorm through the policy: recomputed in backward under checkpoint::Selective.
+template <CheckpointPolicy Checkpoint>
+torch::Tensor cheap_norm(const Checkpoint& ckpt, const nn::RMSNorm& layer, const torch::Tensor& x) {
+  auto module = layer.ptr();  // shared: outlives this call, as the recompute needs
+  return run_cheap(ckpt, [module](const std::vector<torch::Tensor>& in) { return module->forward(in[0]); }, {x},
+                   {layer->weight});
+}
+
 /// One decoder block: h = x + attn(norm(x)); y = h + mlp(norm(h)).
 class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl> {
  public:
   explicit LlamaDecoderLayerImpl(LlamaConfig config) : config(config) { reset(); }
   void reset() override {
-    self_attn = register_module("self_attn", nn::Attention(nn::AttentionOptions(config.hidden_size(),
-                                                                                 config.num_attention_heads())
-                                                               .num_kv_heads(config.kv_heads())
-                                                               .causal(config.causal())
-                                                               .dropout(config.dropout())
-                                                               .kind(config.attention_kind())
-                                                               .q_block(attention_block(nn::kAttentionQBlock))
-                                                               .kv_block(attention_block(nn::kAttentionKvBlock))));
+    self_attn = register_module("self_attn", nn::Attention(config.attention_options()));
     mlp = register_module("mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size())));
     input_layernorm = register_module(
         "input_layernorm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
@@ -117,28 +129,16 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const Checkpoint& ckpt) {
     const double p = config.dropout();
-    auto a = self_attn->forward(norm(ckpt, input_layernorm, x), cos, sin, ckpt);     // (B, T, C)
-    auto h = x + torch::dropout(a, p, is_training());                                // (B, T, C)
-    auto m = mlp->forward(norm(ckpt, post_attention_layernorm, h), ckpt);            // (B, T, C)
-    return h + torch::dropout(m, p, is_training());                                  // (B, T, C)
+    auto a = self_attn->forward(cheap_norm(ckpt, input_layernorm, x), cos, sin, ckpt);  // (B, T, C)
+    auto h = x + torch::dropout(a, p, is_training());                                   // (B, T, C)
+    auto m = mlp->forward(cheap_norm(ckpt, post_attention_layernorm, h), ckpt);         // (B, T, C)
+    return h + torch::dropout(m, p, is_training());                                     // (B, T, C)
   }
 
   LlamaConfig config;
   nn::Attention self_attn{nullptr};
   nn::SwiGLU mlp{nullptr};
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
-
- private:
-  template <CheckpointPolicy Checkpoint>
-  static torch::Tensor norm(const Checkpoint& ckpt, const nn::RMSNorm& layer, const torch::Tensor& x) {
-    auto module = layer.ptr();  // shared: outlives this call, as the recompute needs
-    return run_cheap(ckpt, [module](const std::vector<torch::Tensor>& in) { return module->forward(in[0]); }, {x},
-                     {layer->weight});
-  }
-
-  int64_t attention_block(int64_t fallback) const {
-    return config.attention_block_size() > 0 ? config.attention_block_size() : fallback;
-  }
 };
 TORCH_MODULE(LlamaDecoderLayer);
 

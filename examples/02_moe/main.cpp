@@ -1,0 +1,343 @@
+// examples/02_moe — trains a Mixture-of-Experts LM (models/moe.hpp: top-k routing,
+// capacity factor, load-balancing and z-loss, sort-based dispatch) on the Brown corpus.
+// Flags pick the policies: --gradient_checkpointing (checkpoint::EveryBlock),
+// --mixed_precision (precision::Bf16Autocast), --grad_accum N (accum::Runtime); the seed
+// project's "original" is --dispatch dense with none of them. It logs loss, aux loss,
+// z-loss, dropped assignments and per-expert load, evaluates held-out perplexity, writes
+// OUT/metrics.jsonl (a summary line last) and a resumable state (--save_every, --resume).
+//   build/examples/02_moe/moe_lm --config moe-nano --gradient_checkpointing --mixed_precision
+//   build/examples/02_moe/moe_lm --dense     # the dense LLaMA with the same active parameters
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <memopt/data/loader.hpp>
+#include <memopt/data/shard.hpp>
+#include <memopt/data/tokenizer.hpp>
+#include <memopt/io/train_state.hpp>
+#include <memopt/memopt.hpp>
+#include <memopt/models/moe.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using memopt::models::Llama;
+using memopt::models::MoeConfig;
+using memopt::models::MoeLM;
+
+struct Args {
+  std::string data = "data/brown";
+  std::string output_dir = "runs/moe";
+  std::string config = "moe-nano";
+  int64_t steps = 60;
+  int64_t batch_size = 8;
+  int64_t grad_accum = 1;
+  int64_t seq_len = 256;
+  bool gradient_checkpointing = false;
+  bool mixed_precision = false;
+  std::string dispatch = "sorted";
+  int64_t num_experts = 0;  // 0: the preset's
+  int64_t top_k = 0;        // 0: the preset's
+  double capacity_factor = 1.25;
+  double router_jitter = 0.0;
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0.001;
+  bool checkpoint_experts = false;
+  bool dense = false;
+  bool monitor_memory = false;
+  std::string resume;
+  int64_t save_every = 0;
+  double lr = 1e-3;
+  int64_t warmup = 6;
+  int64_t eval_batches = 16;
+  int64_t log_interval = 5;
+  int threads = 0;
+  uint64_t seed = 1234;
+};
+
+// The run's settings that a resumed run must share (what meta.json records).
+nlohmann::json run_settings(const Args& a) {
+  return {{"config", a.config},         {"dense", a.dense},           {"num_experts", a.num_experts},
+          {"top_k", a.top_k},           {"capacity_factor", a.capacity_factor},
+          {"batch_size", a.batch_size}, {"grad_accum", a.grad_accum}, {"seq_len", a.seq_len},
+          {"seed", a.seed},             {"dispatch", a.dispatch},     {"mixed_precision", a.mixed_precision}};
+}
+
+MoeConfig model_config(const Args& a, int64_t vocab) {
+  MoeConfig cfg = MoeConfig::preset(a.config, vocab);
+  TORCH_CHECK(a.dispatch == "sorted" || a.dispatch == "dense", "moe_lm: --dispatch must be sorted or dense (got '",
+              a.dispatch, "'). HINT: sorted is the memory-efficient one; dense is the one-hot reference.");
+  cfg.num_experts(a.num_experts > 0 ? a.num_experts : cfg.num_experts())
+      .top_k(a.top_k > 0 ? a.top_k : cfg.top_k())
+      .capacity_factor(a.capacity_factor)
+      .router_jitter(a.router_jitter)
+      .aux_loss_coef(a.aux_loss_coef)
+      .z_loss_coef(a.z_loss_coef)
+      .dispatch(a.dispatch == "sorted" ? memopt::models::MoeDispatch::kSorted : memopt::models::MoeDispatch::kDense)
+      .checkpoint_experts(a.checkpoint_experts);
+  cfg.base().max_position_embeddings(std::max<int64_t>(a.seq_len, cfg.base().max_position_embeddings()));
+  cfg.validate();
+  return cfg;
+}
+
+template <class Model>
+MoeLM* as_moe(Model& model) {
+  if constexpr (std::is_same_v<Model, MoeLM>) {
+    return &model;
+  } else {
+    return nullptr;
+  }
+}
+
+// Writes one JSON object per log line to OUT/metrics.jsonl; prints the router statistics;
+// keeps the run's tracked peak (MemoryMonitor resets the tracker's peak every step).
+class MoeLog : public memopt::Callback {
+ public:
+  MoeLog(const std::string& path, MoeLM* moe) : out_(path, std::ios::app), moe_(moe) {
+    TORCH_CHECK(out_, "moe_lm: cannot write '", path, "'. HINT: check --output_dir is writable.");
+  }
+  void on_step_end(const memopt::StepStats&) override {
+    run_peak_ = std::max(run_peak_, memopt::memory::Tracker::instance().snapshot().peak_bytes);
+  }
+  void on_log(const memopt::LogLine& l) override {
+    nlohmann::json j = {{"event", "train"},
+                        {"step", l.step},
+                        {"loss", l.loss},
+                        {"lr", l.lr},
+                        {"grad_norm", l.grad_norm},
+                        {"tokens_per_s", l.tokens_per_s},
+                        {"tracked_mib", memopt::memory::mib(l.memory.tensors.live_bytes)},
+                        {"rss_mib", memopt::memory::mib(l.memory.rss_bytes)}};
+    if (moe_) {
+      const auto s = (*moe_)->take_stats();
+      const auto& c = (*moe_)->config;
+      j["ce"] = l.loss - c.aux_loss_coef() * s.lb_loss - c.z_loss_coef() * s.z_loss;  // per-target CE
+      j["aux_loss"] = s.lb_loss;
+      j["z_loss"] = s.z_loss;
+      j["dropped"] = s.dropped;
+      j["expert_load"] = s.load;
+      fmt::print("  moe step {:>4} | ce {:.4f} | aux {:.4f} | z {:.3f} | dropped {:.2f}% | load {:.3f}\n", l.step,
+                 j["ce"].get<double>(), s.lb_loss, s.z_loss, 100 * s.dropped, fmt::join(s.load, " "));
+      std::fflush(stdout);
+    }
+    write(j);
+  }
+  void write(const nlohmann::json& j) {
+    out_ << j.dump() << '\n';
+    out_.flush();
+  }
+  int64_t run_peak() const { return run_peak_; }
+
+ private:
+  std::ofstream out_;
+  MoeLM* moe_;
+  int64_t run_peak_ = 0;
+};
+
+// Saves the resumable state every `every` steps (and when training ends).
+template <class TrainerT, class Model>
+class SaveState : public memopt::Callback {
+ public:
+  SaveState(std::string dir, int64_t every, Model& model, TrainerT& trainer,
+            const memopt::data::RandomWindowLoader& loader, nlohmann::json settings)
+      : dir_(std::move(dir)), every_(every), model_(model), trainer_(trainer), loader_(loader),
+        settings_(std::move(settings)) {}
+  void on_step_end(const memopt::StepStats& s) override {
+    if (every_ > 0 && s.step % every_ == 0) save();
+  }
+  void save() {
+    memopt::io::save_train_state(dir_, *model_, trainer_,
+                                 {{"settings", settings_}, {"batches_drawn", loader_.batches_drawn()}});
+  }
+
+ private:
+  std::string dir_;
+  int64_t every_;
+  Model& model_;
+  TrainerT& trainer_;
+  const memopt::data::RandomWindowLoader& loader_;
+  nlohmann::json settings_;
+};
+
+// Mean next-token cross-entropy (no aux terms) over the first held-out batches.
+template <class Model>
+double heldout_loss(Model& model, const std::shared_ptr<const memopt::data::TokenShard>& shard, const Args& a) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  memopt::data::SequentialLoader loader(shard, memopt::data::LoaderOptions(a.batch_size, a.seq_len));
+  double sum = 0, count = 0;
+  for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
+    const memopt::Batch batch = loader.next();  // (B, T)
+    if constexpr (std::is_same_v<Model, MoeLM>) {
+      sum += model->ce_sum(batch).template item<double>();
+    } else {
+      sum += model->loss_sum(batch, memopt::checkpoint::None{}).template item<double>();
+    }
+    count += batch.num_targets().template item<double>();
+  }
+  model->train();
+  return count > 0 ? sum / count : std::nan("");
+}
+
+struct Data {
+  std::shared_ptr<const memopt::data::TokenShard> train, val;
+  int64_t vocab = 0;
+};
+
+template <class Checkpoint, class Precision, class Model>
+int train(const Args& a, const Data& d, Model& model, const std::string& description) {
+  using TrainerT = memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime>;
+  const auto options = memopt::TrainerOptions()
+                           .lr(a.lr)
+                           .warmup_steps(a.warmup)
+                           .max_steps(a.steps)
+                           .accum_steps(a.grad_accum)
+                           .log_interval(a.log_interval)
+                           .threads(a.threads);
+  TrainerT trainer(*model, options);
+  memopt::data::RandomWindowLoader loader(d.train,
+                                          memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
+  auto log = std::make_shared<MoeLog>(a.output_dir + "/metrics.jsonl", as_moe(model));
+  auto saver = std::make_shared<SaveState<TrainerT, Model>>(a.output_dir + "/state", a.save_every, model, trainer,
+                                                            loader, run_settings(a));
+  if (!a.resume.empty()) {
+    const auto meta = memopt::io::load_train_state(a.resume, *model, trainer);
+    TORCH_CHECK(meta.contains("settings") && meta["settings"] == run_settings(a), "moe_lm: --resume '", a.resume,
+                "' was saved with other settings (", meta.value("settings", nlohmann::json()).dump(), "; now ",
+                run_settings(a).dump(), "). HINT: resume with the flags of the run that saved it.");
+    loader.skip(meta.at("batches_drawn").template get<int64_t>());
+    fmt::print("resumed from '{}' at step {} ({} batches drawn)\n", a.resume, trainer.steps_taken(),
+               loader.batches_drawn());
+  }
+  if (a.monitor_memory) trainer.add_callback(std::make_shared<memopt::callbacks::MemoryMonitor>());
+  trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+  trainer.add_callback(log);
+  trainer.add_callback(saver);
+
+  int64_t params = 0;
+  for (const auto& p : model->parameters()) params += p.numel();
+  fmt::print("moe_lm: {} — {:.2f} M parameters, vocab {}, {} train / {} held-out tokens\n", description,
+             params / 1e6, d.vocab, d.train->size(), d.val->size());
+  fmt::print("policies: checkpoint::{}, precision::{}, accum::Runtime({}) — effective batch {} x {} tokens, {} "
+             "threads\n",
+             a.gradient_checkpointing ? "EveryBlock" : "None", a.mixed_precision ? "Bf16Autocast" : "Fp32",
+             a.grad_accum, a.batch_size * a.grad_accum, a.seq_len, at::get_num_threads());
+  std::fflush(stdout);
+
+  const auto result = trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) {
+    return model->loss_sum(b, ckpt);
+  });
+  if (trainer.steps_taken() > 0) saver->save();
+  const double loss = heldout_loss(model, d.val, a);
+  fmt::print("held-out loss after {} steps {:.4f} (perplexity {:.1f}); {:.0f} tokens/s over {:.1f} s\n",
+             trainer.steps_taken(), loss, std::exp(loss), result.tokens_per_s, result.seconds);
+  fmt::print("{}", result.memory.table());
+  const int64_t peak = std::max(log->run_peak(), result.memory.tensors.peak_bytes);
+  log->write({{"event", "summary"},
+              {"model", a.dense ? "dense" : a.config},
+              {"params", params},
+              {"steps", result.steps},
+              {"tokens_per_s", result.tokens_per_s},
+              {"seconds", result.seconds},
+              {"final_loss", result.final_loss},
+              {"eval_loss", loss},
+              {"perplexity", std::exp(loss)},
+              {"peak_tracked_mib", memopt::memory::mib(peak)},
+              {"peak_rss_mib", memopt::memory::mib(result.memory.peak_rss_bytes)}});
+  return 0;
+}
+
+// The four compiled-in policy combinations the flags choose from.
+template <class Model>
+int train_with_flags(const Args& a, const Data& d, Model& model, const std::string& description) {
+  using memopt::checkpoint::EveryBlock;
+  using memopt::precision::Bf16Autocast;
+  using memopt::precision::Fp32;
+  if (a.gradient_checkpointing && a.mixed_precision) return train<EveryBlock, Bf16Autocast>(a, d, model, description);
+  if (a.gradient_checkpointing) return train<EveryBlock, Fp32>(a, d, model, description);
+  if (a.mixed_precision) return train<memopt::checkpoint::None, Bf16Autocast>(a, d, model, description);
+  return train<memopt::checkpoint::None, Fp32>(a, d, model, description);
+}
+
+int run(const Args& a) {
+  // ---- options first: a bad flag fails before any data is read ----
+  TORCH_CHECK(a.batch_size >= 1, "moe_lm: --batch_size must be >= 1 (got ", a.batch_size, "). HINT: try 8.");
+  TORCH_CHECK(a.grad_accum >= 1, "moe_lm: --grad_accum must be >= 1 (got ", a.grad_accum, "). HINT: 1 turns it off.");
+  TORCH_CHECK(a.seq_len >= 2, "moe_lm: --seq_len must be >= 2 (got ", a.seq_len, "). HINT: try 256.");
+  TORCH_CHECK(a.save_every >= 0, "moe_lm: --save_every must be >= 0 (got ", a.save_every, "). HINT: 0 saves at the end only.");
+  (void)model_config(a, /*vocab=*/2);  // checks the preset and the MoE flags
+
+  // ---- data ----
+  Data d;
+  d.train = memopt::data::TokenShard::open(a.data + "/train.bin");
+  d.val = memopt::data::TokenShard::open(a.data + "/val.bin");
+  d.vocab = memopt::data::Tokenizer(a.data + "/tokenizer.model").vocab_size();
+  d.train->check_vocab(d.vocab);
+  d.val->check_vocab(d.vocab);
+  fs::create_directories(a.output_dir);
+  std::ofstream(a.output_dir + "/metrics.jsonl", a.resume.empty() ? std::ios::trunc : std::ios::app);
+
+  // ---- model ----
+  torch::manual_seed(static_cast<int64_t>(a.seed));
+  const MoeConfig cfg = model_config(a, d.vocab);
+  if (a.dense) {
+    Llama model(cfg.dense_equivalent());
+    return train_with_flags(a, d, model,
+                            fmt::format("dense LLaMA equal in active parameters to {} (SwiGLU {})", a.config,
+                                        cfg.dense_equivalent().ffn_size()));
+  }
+  MoeLM model(cfg);
+  return train_with_flags(a, d, model,
+                          fmt::format("{}: {} layers, d{}, {} experts x SwiGLU {}, top-{}, capacity factor {}, "
+                                      "{} dispatch",
+                                      a.config, cfg.base().num_hidden_layers(), cfg.base().hidden_size(),
+                                      cfg.num_experts(), cfg.base().ffn_size(), cfg.top_k(), cfg.capacity_factor(),
+                                      a.dispatch));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Train a Mixture-of-Experts LM on the Brown corpus with memopt's Trainer"};
+  app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
+  app.add_option("--output_dir", a.output_dir, "metrics.jsonl and state/ go here")->capture_default_str();
+  app.add_option("--config", a.config, "preset: " + MoeConfig::preset_names())->capture_default_str();
+  app.add_option("--steps", a.steps, "optimizer steps (in all, a resumed run included)")->capture_default_str();
+  app.add_option("--batch_size", a.batch_size, "sequences per micro-batch")->capture_default_str();
+  app.add_option("--grad_accum", a.grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
+  app.add_flag("--gradient_checkpointing", a.gradient_checkpointing, "recompute every block in backward");
+  app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights");
+  app.add_option("--dispatch", a.dispatch, "sorted (memory linear in tokens) or dense (one-hot, the original)")
+      ->capture_default_str();
+  app.add_option("--num_experts", a.num_experts, "experts per layer (0: the preset's)")->capture_default_str();
+  app.add_option("--top_k", a.top_k, "experts per token (0: the preset's)")->capture_default_str();
+  app.add_option("--capacity_factor", a.capacity_factor, "expert capacity factor (<= 0: dropless)")
+      ->capture_default_str();
+  app.add_option("--router_jitter", a.router_jitter, "multiplicative router jitter (0: off)")->capture_default_str();
+  app.add_option("--aux_loss_coef", a.aux_loss_coef, "load-balancing loss coefficient")->capture_default_str();
+  app.add_option("--z_loss_coef", a.z_loss_coef, "router z-loss coefficient")->capture_default_str();
+  app.add_flag("--checkpoint_experts", a.checkpoint_experts, "recompute each expert's SwiGLU in backward");
+  app.add_flag("--dense", a.dense, "train the dense LLaMA with the same active parameters instead");
+  app.add_flag("--monitor_memory", a.monitor_memory, "print a memory line every step (tracked by phase, RSS)");
+  app.add_option("--resume", a.resume, "continue from a state folder (OUT/state of an earlier run)");
+  app.add_option("--save_every", a.save_every, "save OUT/state every N steps (0: at the end only)")
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str();
+  app.add_option("--eval_batches", a.eval_batches, "held-out batches to evaluate (0: none)")->capture_default_str();
+  app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of init and data order")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return memopt::guarded_main([&] {
+    memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
+    return run(a);
+  });
+}
