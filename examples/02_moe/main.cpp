@@ -72,8 +72,8 @@ MoeConfig model_config(const Args& a, int64_t vocab) {
   MoeConfig cfg = MoeConfig::preset(a.config, vocab);
   TORCH_CHECK(a.dispatch == "sorted" || a.dispatch == "dense", "moe_lm: --dispatch must be sorted or dense (got '",
               a.dispatch, "'). HINT: sorted is the memory-efficient one; dense is the one-hot reference.");
-  cfg.num_experts(a.num_experts > 0 ? a.num_experts : cfg.num_experts())
-      .top_k(a.top_k > 0 ? a.top_k : cfg.top_k())
+  cfg.num_experts(a.num_experts != 0 ? a.num_experts : cfg.num_experts())  // negative: validate() says why
+      .top_k(a.top_k != 0 ? a.top_k : cfg.top_k())
       .capacity_factor(a.capacity_factor)
       .router_jitter(a.router_jitter)
       .aux_loss_coef(a.aux_loss_coef)

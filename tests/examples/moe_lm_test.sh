@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# examples/02_moe end to end on a tiny generated Brown-format corpus (prepared by
+# memopt_prepare_corpus): every policy combination and both dispatches train, evaluate and
+# log router statistics; the dense equivalent trains; a run stopped at step 2 and resumed
+# ends with the same loss as an uninterrupted one. Then bad input: each case must exit 1
+# (not crash) with a message naming the option and the value seen, and a HINT.
+# Usage: moe_lm_test.sh path/to/moe_lm path/to/memopt_prepare_corpus
+set -uo pipefail
+bin="$1"
+prepare="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passed=0
+
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+
+# ---- a tiny corpus: 30 documents of word/tag lines, a 120-piece BPE model ----
+mkdir -p "$tmp/raw"
+words=(the quick brown fox jumps over a lazy dog while memory models train tokens fast slow)
+for f in $(seq -w 1 30); do
+  for l in $(seq 1 20); do
+    line=""
+    for w in 1 2 3 4 5 6 7 8; do line+="${words[$(( (10#$f * 7 + l * 3 + w * 5) % 16 ))]}/nn "; done
+    printf '\t%s./.\n' "$line"
+  done > "$tmp/raw/ca$f"
+done
+if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
+  echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
+  exit 1
+fi
+
+tiny=(--seq_len 32 --batch_size 2 --eval_batches 1 --log_interval 1 --threads 1 --warmup 1)
+
+expect_run() {  # expect_run NAME ARGS... : exit 0, a held-out loss, router statistics, a summary line
+  local name="$1" out
+  shift
+  if ! out=$("$bin" --data "$tmp/data" "${tiny[@]}" "$@" 2>&1); then
+    fail "$name: exit code != 0. Output: $out"
+  elif ! grep -q "held-out loss after" <<<"$out"; then
+    fail "$name: no held-out loss in the output: $out"
+  else
+    ok "$name"
+  fi
+}
+final_loss() { grep -o '"final_loss":[^,]*' "$1/metrics.jsonl" | tail -1; }
+
+expect_run sorted_plain --output_dir "$tmp/plain" --steps 2
+if grep -q '"expert_load"' "$tmp/plain/metrics.jsonl" && grep -q '"event":"summary"' "$tmp/plain/metrics.jsonl" &&
+   [ -s "$tmp/plain/state/model.safetensors" ] && [ -s "$tmp/plain/state/meta.json" ]; then
+  ok "metrics.jsonl has router statistics and a summary; state/ saved"
+else
+  fail "metrics.jsonl or state/ incomplete: $(cat "$tmp/plain/metrics.jsonl"; ls "$tmp/plain/state")"
+fi
+expect_run sorted_all_levers --output_dir "$tmp/levers" --steps 2 --gradient_checkpointing --mixed_precision \
+  --grad_accum 2 --checkpoint_experts --router_jitter 0.01 --monitor_memory
+expect_run dense_dispatch_dropless --output_dir "$tmp/dense_dispatch" --steps 2 --dispatch dense \
+  --capacity_factor 0 --num_experts 3 --top_k 1
+expect_run dense_equivalent --output_dir "$tmp/dense" --steps 2 --dense
+
+# ---- resume: 4 steps straight == 2 steps, then resumed to 4 ----
+expect_run straight --output_dir "$tmp/straight" --steps 4
+expect_run first_half --output_dir "$tmp/halves" --steps 2
+expect_run resumed --output_dir "$tmp/halves" --steps 4 --resume "$tmp/halves/state"
+if [ -n "$(final_loss "$tmp/straight")" ] && [ "$(final_loss "$tmp/straight")" = "$(final_loss "$tmp/halves")" ]; then
+  ok "resumed run ends with the uninterrupted run's loss ($(final_loss "$tmp/halves"))"
+else
+  fail "resume: $(final_loss "$tmp/straight") straight vs $(final_loss "$tmp/halves") resumed"
+fi
+
+# ---- bad input ----
+expect_error() {  # expect_error NAME REGEX ARGS...
+  local name="$1" regex="$2" out rc data=(--data "$tmp/data")
+  shift 2
+  [[ " $* " == *" --data "* ]] && data=()
+  out=$("$bin" "${data[@]}" "${tiny[@]}" --output_dir "$tmp/err" --steps 1 "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne 1 ]; then
+    fail "$name: exit code $rc (want 1). Output: $out"
+  elif ! grep -Eq "$regex" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
+    fail "$name: output does not match /$regex/ and HINT: $out"
+  else
+    ok "$name: $(grep -m1 -i error <<<"$out" | head -c 150)"
+  fi
+}
+
+expect_error top_k_over_experts "top_k must lie in \[1, num_experts = 4\] \(got 5\)" --top_k 5
+expect_error negative_experts "num_experts must be >= 1 \(got -2\)" --num_experts -2
+expect_error capacity_nan "capacity_factor must be a finite number \(got nan\)" --capacity_factor nan
+expect_error unknown_preset "unknown preset 'moe-huge'" --config moe-huge
+expect_error bad_dispatch "dispatch must be sorted or dense \(got 'scatter'\)" --dispatch scatter
+expect_error jitter_range "router_jitter must lie in \[0, 1\) \(got 1.5\)" --router_jitter 1.5
+expect_error negative_aux "aux_loss_coef and z_loss_coef.*got -1" --aux_loss_coef -1
+expect_error missing_state "$tmp/nowhere" --resume "$tmp/nowhere"
+expect_error resume_other_settings "saved with other settings" --resume "$tmp/halves/state" --top_k 1
+expect_error missing_corpus "$tmp/none/train.bin" --data "$tmp/none"
+
+echo "$passed passed, $failures failed"
+[ "$failures" -eq 0 ]
