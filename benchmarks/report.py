@@ -8,6 +8,10 @@
   attention        one row per sequence length: math / SDPA / blockwise; the chunked loss
   adamw8bit        fp32 AdamW next to 8-bit AdamW
   allocator        one row per MEMOPT_ALLOC_CONF setting
+  moe              per MoE preset: original (dense dispatch, fp32) and optimized, with ratios
+  moe_budget       the memory fits per setting; per budget, the largest micro-batch per setting,
+                   the recommendation and its measured peak RSS
+  moe_quality      MoE next to the dense LLaMA with the same active parameters
    scripts/bench trainer > r.jsonl && benchmarks/report.py r.jsonl"""
 import json
 import sys
@@ -90,8 +94,61 @@ def allocator(lines):
               f"{r['tokens_per_s']:.0f} |")
 
 
+def moe(lines):
+    by = {(r["name"], r["impl"]): r for r in lines}
+    print("| preset | impl | settings | peak tracked | peak RSS | tokens/s | tracked vs original | "
+          "RSS vs original | speed vs original |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in dict.fromkeys(r["name"] for r in lines):
+        q = by.get((name, "ratio_optimized_to_original"))
+        for impl in ("original", "optimized"):
+            r = by.get((name, impl))
+            if not r:
+                continue
+            ratios = (f"**{q['peak_tracked_mib']:.2f}×** | **{q['peak_rss_mib']:.2f}×** | {q['tokens_per_s']:.2f}×"
+                      if q and impl == "optimized" else "1 | 1 | 1")
+            print(f"| {name} ({r['params'] / 1e6:.1f} M) | {impl} | `{r['flags']}` | {r['peak_tracked_mib']:.0f} MiB | "
+                  f"{r['peak_rss_mib']:.0f} MiB | {r['tokens_per_s']:.0f} | {ratios} |")
+
+
+def moe_budget(lines):
+    fits = [r for r in lines if r["name"] == "fit"]
+    budgets = [r for r in lines if r["name"] == "budget"]
+    verified = {r["budget_gib"]: r for r in lines if r["name"] == "verified"}
+    settings = [f["setting"] for f in fits]
+    print("| setting | flags | peak RSS ≈ | tracked per sequence | tokens/s (micro-batch 16) |")
+    print("|---|---|---|---|---|")
+    for f in fits:
+        print(f"| {f['setting']} | `{f['flags'] or '(none)'}` | {f['rss_intercept_mib']:.0f} + "
+              f"{f['rss_mib_per_sequence']:.1f} MiB × micro-batch | {f['tracked_mib_per_sequence']:.1f} MiB | "
+              f"{f['tokens_per_s']:.0f} |")
+    print()
+    print("| budget | " + " | ".join(f"largest micro-batch: {s}" for s in settings) +
+          " | recommended | micro-batch × accumulation | measured peak RSS |")
+    print("|---|" + "---|" * len(settings) + "---|---|---|")
+    for b in budgets:
+        v = verified.get(b["budget_gib"])
+        measured = (f"{v['peak_rss_mib']:.0f} MiB ({'fits' if v['within_budget'] else 'OVER'})" if v else "—")
+        accum = f"{b['micro_batch']} × {b['grad_accum']}" if b["micro_batch"] else "does not fit"
+        cap = b.get("max_micro_batch")
+        largest = [b["largest_micro_batch"][s] for s in settings]
+        print(f"| {b['budget_gib']} GiB | " + " | ".join(f"{n}+" if n == cap else str(n) for n in largest) +
+              f" | {b['recommended']} (`{b['flags'] or 'no flags'}`) | {accum} | {measured} |")
+
+
+def moe_quality(lines):
+    print("| model | parameters | active per token | tokens/s | held-out loss | perplexity |")
+    print("|---|---|---|---|---|---|")
+    for r in lines:
+        if r["impl"].startswith("ratio"):
+            continue
+        print(f"| {r['impl']} | {r['params'] / 1e6:.2f} M | {r['active_params'] / 1e6:.2f} M | {r['tokens_per_s']:.0f} | "
+              f"{r['eval_loss']:.4f} | {r['perplexity']:.1f} |")
+
+
 RENDER = {"distill": distill, "distill_quality": distill_quality, "stack": stack, "attention": attention,
-          "adamw8bit": adamw8bit, "allocator": allocator}
+          "adamw8bit": adamw8bit, "allocator": allocator,
+          "moe": moe, "moe_budget": moe_budget, "moe_quality": moe_quality}
 
 
 def main(path):

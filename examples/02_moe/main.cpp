@@ -221,8 +221,14 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
 
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
-  fmt::print("moe_lm: {} — {:.2f} M parameters, vocab {}, {} train / {} held-out tokens\n", description,
-             params / 1e6, d.vocab, d.train->size(), d.val->size());
+  int64_t active = params;  // parameters a token passes through: top_k of the E experts per layer
+  if (auto* moe = as_moe(model)) {
+    const auto& c = (*moe)->config;
+    active -= (c.num_experts() - c.top_k()) * c.base().num_hidden_layers() * 3 * c.base().hidden_size() *
+              c.base().ffn_size();
+  }
+  fmt::print("moe_lm: {} — {:.2f} M parameters ({:.2f} M active per token), vocab {}, {} train / {} held-out tokens\n",
+             description, params / 1e6, active / 1e6, d.vocab, d.train->size(), d.val->size());
   fmt::print("policies: checkpoint::{}, precision::{}, accum::Runtime({}) — effective batch {} x {} tokens, {} "
              "threads\n",
              a.gradient_checkpointing ? "EveryBlock" : "None", a.mixed_precision ? "Bf16Autocast" : "Fp32",
@@ -241,6 +247,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   log->write({{"event", "summary"},
               {"model", a.dense ? "dense" : a.config},
               {"params", params},
+              {"active_params", active},
               {"steps", result.steps},
               {"tokens_per_s", result.tokens_per_s},
               {"seconds", result.seconds},

@@ -252,9 +252,10 @@ struct MoeConfig {
 
  public:
   /// The presets, smallest first:
-  ///   moe-nano   d256, 4 layers, 8 heads, 4 experts × SwiGLU 512, top-2  (~ 6 M params at vocab 4096)
-  ///   moe-micro  d384, 6 layers, 6 heads, 8 experts × SwiGLU 768, top-2  (~ 25 M)
-  ///   moe-mini   d512, 8 layers, 8 heads, 8 experts × SwiGLU 1024, top-2 (~ 76 M)
+  /// (parameters at vocab 4096, untied head; active = a token's: top-2 of the experts)
+  ///   moe-nano   d256, 4 layers, 8 heads, 4 experts × SwiGLU 512, top-2   9.4 M,   6.3 M active
+  ///   moe-micro  d384, 6 layers, 6 heads, 8 experts × SwiGLU 768, top-2   49.2 M, 17.3 M active
+  ///   moe-mini   d512, 8 layers, 8 heads, 8 experts × SwiGLU 1024, top-2  113.3 M, 37.8 M active
   static MoeConfig preset(const std::string& name, int64_t vocab_size) {
     auto make = [&](int64_t dim, int64_t layers, int64_t heads, int64_t experts, int64_t ffn) {
       return MoeConfig()
