@@ -5,6 +5,7 @@
 // steps in backward give the normal step's weights and refuse misuse, and options are
 // validated with a HINT.
 #include <limits>
+#include <map>
 #include <sstream>
 #include <type_traits>
 
@@ -601,4 +602,27 @@ TEST_CASE("offload::Disk: LibTorch's AdamW update with the state in a file", "[o
   memopt::test::require_error(
       [&] { memopt::offload::PinnedHost{}.make_optimizer(memopt::optim::single_group(params, adamw), adamw); },
       "memopt::offload::PinnedHost: parameters must live on a CUDA device", {"cpu"});
+}
+
+TEST_CASE("log_performance_info names LibTorch, threads, BLAS, CPU features and the policies", "[runtime]") {
+  using T = memopt::Trainer<memopt::checkpoint::EveryNth<2>, memopt::precision::Bf16Autocast, memopt::accum::Fixed<4>,
+                            memopt::offload::None>;
+  CHECK(memopt::detail::policy_name<memopt::accum::Fixed<4>>() == "accum::Fixed<4>");
+  CHECK(memopt::detail::policy_name<memopt::checkpoint::EveryBlock>() == "checkpoint::EveryBlock");
+  std::map<std::string, std::string> info;
+  for (const auto& [label, value] : memopt::performance_info()) info[label] = value;
+  CHECK_THAT(info.at("libtorch"), Catch::StartsWith(TORCH_VERSION));
+  CHECK_THAT(info.at("threads"), Catch::StartsWith(std::to_string(at::get_num_threads()) + " intra-op"));
+  CHECK_THAT(info.at("cpu features"), Catch::Contains("avx512f"));
+  CHECK(!info.at("blas").empty());
+  std::FILE* file = std::tmpfile();
+  REQUIRE(file != nullptr);
+  memopt::log_performance_info<T>(file);
+  std::rewind(file);
+  std::string text;
+  for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) text += static_cast<char>(c);
+  std::fclose(file);
+  CHECK_THAT(text, Catch::Contains("policies: checkpoint::EveryNth<2>, precision::Bf16Autocast, accum::Fixed<4>, "
+                                   "offload::None"));
+  CHECK_THAT(text, Catch::Contains("blas: "));
 }

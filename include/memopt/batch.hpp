@@ -18,6 +18,10 @@ struct Batch {
 
   /// Number of targets that carry loss, as a 0-dim int64 tensor (no host sync).
   torch::Tensor num_targets() const { return targets.ne(kIgnoreIndex).sum(); }
+  /// Token positions of the batch, padding included (what tokens/s counts).
+  int64_t num_tokens() const { return inputs.numel(); }
+  /// Both tensors on `device` (no copy when they are there already).
+  Batch to(const c10::Device& device) const { return {inputs.to(device), targets.to(device)}; }
 };
 
 /// What a loss function hands the Trainer: the *sum* of per-target losses and the

@@ -63,6 +63,12 @@ concept MicroSteps = requires(const P& p) {
   { p.micro_steps() } -> std::convertible_to<int64_t>;
 };
 
+/// Optional: `P::kRunsMicroBatch` true means the policy runs each micro-batch's forward and
+/// backward itself, `p.forward_backward(batch, loss_fn, ckpt, precision, device, scale)`
+/// (accum::GradCache: representations in chunks, with cached gradients).
+template <class P>
+concept RunsMicroBatch = requires { requires P::kRunsMicroBatch; };
+
 // ---- Offload: where optimizer state lives ----
 /// `p.make_optimizer(groups, options)` builds the optimizer that owns the state.
 template <class P>
@@ -96,6 +102,27 @@ concept PrecisionPolicy = hooks::Autocast<P> && hooks::Backward<P> && hooks::Ste
 /// Micro-batches per optimizer step (accum::None, Fixed<N>, Runtime).
 template <class P>
 concept AccumPolicy = hooks::MicroSteps<P>;
+
+/// A loss built on representations (a contrastive loss over embeddings), split into its stages
+/// so accum::GradCache can run the encoder in chunks. For a batch b:
+///   f.roles(b)                        encoder inputs of b (GritLM: 2, queries and passages)
+///   f.rows(b, role)                   rows of that input
+///   f.encode(b, role, begin, end, c)  (end − begin, D) representations of rows [begin, end)
+///   f.rep_loss(b, reps)               0-dim loss from every role's (rows, D) representations
+///   f.gen_rows(b)                     rows of the part that needs no cache (GritLM: generative; may be 0)
+///   f.gen_loss(b, begin, end, c)      that part's loss on rows [begin, end): its share of the
+///                                     whole, so the shares of all chunks add up to the loss
+/// and f(b, c) is the whole loss: rep_loss(all reps) + gen_loss(all rows).
+template <class F, class B, class C>
+concept RepresentationLoss = requires(F& f, const B& b, const C& ckpt, int64_t i,
+                                      const std::vector<torch::Tensor>& reps) {
+  { f.roles(b) } -> std::convertible_to<int64_t>;
+  { f.rows(b, i) } -> std::convertible_to<int64_t>;
+  { f.encode(b, i, i, i, ckpt) } -> std::convertible_to<torch::Tensor>;
+  { f.rep_loss(b, reps) } -> std::convertible_to<torch::Tensor>;
+  { f.gen_rows(b) } -> std::convertible_to<int64_t>;
+  { f.gen_loss(b, i, i, ckpt) } -> std::convertible_to<torch::Tensor>;
+};
 
 /// Where optimizer state lives and when it steps (offload::None, StepInBackward, ...).
 template <class P>

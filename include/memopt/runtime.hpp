@@ -1,17 +1,32 @@
 // memopt/runtime.hpp — what a memopt program does first: apply the allocator settings
 // (MEMOPT_ALLOC_CONF), install the exact memory tracker (before any tensor exists) and set
-// LibTorch's thread count (it defaults to 1 here).
+// LibTorch's thread count (it defaults to 1 here); then say what it computes with
+// (log_performance_info: LibTorch, threads, BLAS, CPU features, policies).
 // Note: 2-thread OpenMP regions stall badly when other processes load the cores (steps
 // ran up to 6x slower while compiles ran beside them); benchmark on an idle machine.
 #pragma once
 
+#include <cxxabi.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include "memopt/memory/allocator.hpp"
 #include "memopt/memory/tracker.hpp"
@@ -47,6 +62,88 @@ inline void init(const RuntimeOptions& options = {}) {
   allocator.apply();  // before any tensor: arena and threshold settings shape every allocation
   if (options.track_memory()) memory::Tracker::install();
   at::set_num_threads(options.threads() > 0 ? options.threads() : available_cpus());
+}
+
+namespace detail {
+
+// "memopt::accum::Fixed<4l>" -> "accum::Fixed<4>"
+template <class T>
+std::string policy_name() {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status),
+                                                   std::free);
+  std::string name = status == 0 && demangled ? demangled.get() : typeid(T).name();
+  name = std::regex_replace(name, std::regex("memopt::"), "");
+  return std::regex_replace(name, std::regex("([0-9]+)(l|ul|ll|ull)\\b"), "$1");
+}
+
+// The shared libraries of this process whose file name contains one of `keys`.
+inline std::vector<std::string> loaded_libraries(const std::vector<std::string>& keys) {
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> found;
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string file = path.substr(path.rfind('/') + 1);
+    for (const auto& key : keys)
+      if (file.find(key) != std::string::npos) found.insert(path);
+  }
+  return {found.begin(), found.end()};
+}
+
+}  // namespace detail
+
+/// What decides this process's speed, as (label, value) lines: LibTorch version, intra-op
+/// threads, the BLAS library actually loaded, the CPU and its matmul-relevant features.
+///   for (auto& [k, v] : memopt::performance_info()) ...
+inline std::vector<std::pair<std::string, std::string>> performance_info() {
+  std::vector<std::pair<std::string, std::string>> info;
+  info.emplace_back("libtorch", fmt::format("{} ({})", TORCH_VERSION, torch::cuda::is_available()
+                                                                          ? fmt::format("CUDA, {} device(s)",
+                                                                                        torch::cuda::device_count())
+                                                                          : std::string("CPU")));
+  info.emplace_back("threads", fmt::format("{} intra-op of {} CPUs available", at::get_num_threads(), available_cpus()));
+  const auto fast_blas = detail::loaded_libraries({"openblas", "mkl", "blis"});
+  std::string blas_text;
+  for (const auto& path : fast_blas) blas_text += (blas_text.empty() ? "" : ", ") + path;
+  if (at::hasMKL()) blas_text = "MKL (linked into LibTorch)" + (blas_text.empty() ? "" : "; also " + blas_text);
+  if (blas_text.empty())
+    blas_text = "no OpenBLAS, MKL or BLIS loaded: fp32 matmuls run on the reference BLAS (~5 GFLOP/s). "
+                "HINT: apt install libopenblas0-openmp";
+  info.emplace_back("blas", blas_text);
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model, flags;
+  while (std::getline(cpuinfo, line) && (model.empty() || flags.empty())) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (model.empty() && line.rfind("model name", 0) == 0) model = line.substr(colon + 2);
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + line.substr(colon + 2) + " ";
+  }
+  std::string features;
+  for (const char* f : {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"}) {
+    const bool has = flags.find(std::string(" ") + f + " ") != std::string::npos;
+    features += fmt::format("{}{}{}", features.empty() ? "" : " ", has ? "+" : "-", f);
+  }
+  info.emplace_back("cpu", model.empty() ? "unknown" : model);
+  info.emplace_back("cpu features", features.empty() || flags.empty() ? "unknown" : features);
+  return info;
+}
+
+/// Prints performance_info() (and, for a Trainer type, its four policies) to `out`, once,
+/// before training: a run's log then says what its tokens/s were measured with.
+///   memopt::log_performance_info<decltype(trainer)>();
+template <class TrainerT = void>
+void log_performance_info(std::FILE* out = stdout) {
+  for (const auto& [label, value] : performance_info()) fmt::print(out, "{:>13}: {}\n", label, value);
+  if constexpr (!std::is_void_v<TrainerT>) {
+    fmt::print(out, "{:>13}: {}, {}, {}, {}\n", "policies", detail::policy_name<typename TrainerT::checkpoint_type>(),
+               detail::policy_name<typename TrainerT::precision_type>(),
+               detail::policy_name<typename TrainerT::accum_type>(),
+               detail::policy_name<typename TrainerT::offload_type>());
+  }
+  std::fflush(out);
 }
 
 }  // namespace memopt

@@ -86,16 +86,31 @@ struct TrainerOptions {
   }
 };
 
-/// A source of micro-batches: `loader.next()` returns a Batch.
-template <class L>
-concept BatchSource = requires(L& loader) {
-  { loader.next() } -> std::convertible_to<Batch>;
+/// What the Trainer moves: memopt::Batch, data::GritBatch, or any type that says where it
+/// goes, how many targets its loss is a sum over (0-dim tensor: no host sync) and how many
+/// tokens it holds (for tokens/s).
+template <class B>
+concept TrainingBatch = requires(const B& b, const c10::Device& device) {
+  { b.to(device) } -> std::convertible_to<B>;
+  { b.num_targets() } -> std::convertible_to<torch::Tensor>;
+  { b.num_tokens() } -> std::convertible_to<int64_t>;
 };
 
+/// A source of micro-batches: `loader.next()` returns a TrainingBatch.
+template <class L>
+concept BatchSource = requires(L& loader) {
+  { loader.next() } -> TrainingBatch;
+};
+
+/// The batch type of a BatchSource.
+template <class L>
+using batch_of = std::remove_cvref_t<decltype(std::declval<L&>().next())>;
+
 /// What a loss function computes: `loss_fn(batch, checkpoint_policy)` returns the SUM of
-/// the per-target losses of the batch (the Trainer normalises).
-template <class F, class Checkpoint>
-concept LossFunction = requires(F& fn, const Batch& batch, const Checkpoint& ckpt) {
+/// the per-target losses of the batch (the Trainer divides by the effective batch's
+/// num_targets()).
+template <class F, class Checkpoint, class B = Batch>
+concept LossFunction = requires(F& fn, const B& batch, const Checkpoint& ckpt) {
   { fn(batch, ckpt) } -> std::convertible_to<torch::Tensor>;
 };
 
@@ -158,7 +173,7 @@ class Trainer {
   }
 
   /// One optimizer step over accum_.micro_steps() micro-batches from `loader`.
-  template <BatchSource Loader, LossFunction<Checkpoint> LossFn>
+  template <BatchSource Loader, LossFunction<Checkpoint, batch_of<Loader>> LossFn>
   StepStats step(Loader& loader, LossFn&& loss_fn) {
     const auto start = std::chrono::steady_clock::now();
     for (auto& cb : callbacks_) cb->on_step_begin(step_ + 1);
@@ -167,17 +182,13 @@ class Trainer {
     const double lr = set_learning_rate(step_);  // before backward: offload::StepInBackward steps there
 
     // ---- the effective batch: its micro-batches and their target count ----
-    std::vector<Batch> micro_batches = next_micro_batches(loader);   // accum_.micro_steps() × (B, T)
-    torch::Tensor num_targets = count_targets(micro_batches);        // 0-dim, no host sync
+    auto micro_batches = next_micro_batches(loader);           // accum_.micro_steps() × (B, T)
+    torch::Tensor num_targets = count_targets(micro_batches);  // 0-dim, no host sync
 
     // ---- forward + backward per micro-batch; gradients accumulate with += ----
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
-    for (const Batch& batch : micro_batches) {
-      tracker.set_phase(memory::Phase::kForward);
-      torch::Tensor loss = forward_loss(batch, loss_fn) / num_targets;  // 0-dim, this micro-batch's share
-      tracker.set_phase(memory::Phase::kBackward);
-      precision_.backward(loss);
-      loss_sum += loss.detach();
+    for (const auto& batch : micro_batches) {
+      loss_sum += forward_backward(batch, loss_fn, num_targets);  // 0-dim, this micro-batch's share
     }
 
     // ---- optimizer step ----
@@ -197,7 +208,7 @@ class Trainer {
   }
 
   /// Runs steps until options.max_steps(), logging every options.log_interval() steps.
-  template <BatchSource Loader, LossFunction<Checkpoint> LossFn>
+  template <BatchSource Loader, LossFunction<Checkpoint, batch_of<Loader>> LossFn>
   FitResult fit(Loader& loader, LossFn&& loss_fn) {
     FitResult result;
     int64_t total_tokens = 0;
@@ -292,26 +303,41 @@ class Trainer {
   }
 
   template <class Loader>
-  std::vector<Batch> next_micro_batches(Loader& loader) {
-    std::vector<Batch> batches;
+  std::vector<batch_of<Loader>> next_micro_batches(Loader& loader) {
+    std::vector<batch_of<Loader>> batches;
     batches.reserve(static_cast<size_t>(accum_.micro_steps()));
-    for (int64_t m = 0; m < accum_.micro_steps(); ++m) {
-      Batch b = loader.next();
-      batches.push_back({b.inputs.to(device_), b.targets.to(device_)});
-    }
+    for (int64_t m = 0; m < accum_.micro_steps(); ++m) batches.push_back(loader.next().to(device_));
     return batches;
   }
 
-  static torch::Tensor count_targets(const std::vector<Batch>& batches) {
-    torch::Tensor n = batches.front().num_targets();
-    for (size_t m = 1; m < batches.size(); ++m) n = n + batches[m].num_targets();
+  template <class B>
+  torch::Tensor count_targets(const std::vector<B>& batches) const {
+    torch::Tensor n = batches.front().num_targets().to(device_);
+    for (size_t m = 1; m < batches.size(); ++m) n = n + batches[m].num_targets().to(device_);
     return n.clamp_min(1).to(torch::kFloat);
   }
 
-  static int64_t tokens_in(const std::vector<Batch>& batches) {
+  template <class B>
+  static int64_t tokens_in(const std::vector<B>& batches) {
     int64_t n = 0;
-    for (const auto& b : batches) n += b.inputs.numel();
+    for (const auto& b : batches) n += b.num_tokens();
     return n;
+  }
+
+  // One micro-batch's forward and backward; returns its share of the step's loss, detached.
+  // accum::GradCache runs both itself (chunks, cached representation gradients).
+  template <class B, class LossFn>
+  torch::Tensor forward_backward(const B& batch, LossFn& loss_fn, const torch::Tensor& num_targets) {
+    if constexpr (hooks::RunsMicroBatch<Accum>) {
+      return accum_.forward_backward(batch, loss_fn, checkpoint_, precision_, device_.type(), 1.0 / num_targets);
+    } else {
+      auto& tracker = memory::Tracker::instance();
+      tracker.set_phase(memory::Phase::kForward);
+      torch::Tensor loss = forward_loss(batch, loss_fn) / num_targets;  // 0-dim
+      tracker.set_phase(memory::Phase::kBackward);
+      precision_.backward(loss);
+      return loss.detach();
+    }
   }
 
   std::vector<torch::optim::OptimizerParamGroup> master_groups(std::vector<torch::optim::OptimizerParamGroup> groups) {
@@ -348,8 +374,8 @@ class Trainer {
     }
   }
 
-  template <class LossFn>
-  torch::Tensor forward_loss(const Batch& batch, LossFn& loss_fn) {
+  template <class B, class LossFn>
+  torch::Tensor forward_loss(const B& batch, LossFn& loss_fn) {
     auto autocast = precision_.autocast(device_.type());  // no-op for Fp32
     return loss_fn(batch, checkpoint_).to(torch::kFloat);
   }

