@@ -12,6 +12,8 @@
   moe_budget       the memory fits per setting; per budget, the largest micro-batch per setting,
                    the recommendation and its measured peak RSS
   moe_quality      MoE next to the dense LLaMA with the same active parameters
+  gritlm           GradCache against the plain step (memory, tokens/s, ratios to plain-64);
+                   the data path with 0 and 2 worker threads
    scripts/bench trainer > r.jsonl && benchmarks/report.py r.jsonl"""
 import json
 import sys
@@ -146,9 +148,31 @@ def moe_quality(lines):
               f"{r['eval_loss']:.4f} | {r['perplexity']:.1f} |")
 
 
+def gritlm(lines):
+    ratios = {r["name"]: r for r in lines if r["impl"] == "ratio"}
+    print("| configuration | peak tracked | peak RSS | tokens/s |")
+    print("|---|---|---|---|")
+    for r in lines:
+        if r["impl"] != "ratio" and "peak_tracked_mib" in r:
+            print(f"| {r['name']} | {r['peak_tracked_mib']:.0f} MiB | {r['peak_rss_mib']:.0f} MiB | {r['tokens_per_s']:.0f} |")
+    g = ratios.get("gradcache-64-8_to_plain-64")
+    if g:
+        print(f"| gradcache-64-8 / plain-64 | **{g['peak_tracked_mib']:.2f}×** | **{g['peak_rss_mib']:.2f}×** | "
+              f"{g['tokens_per_s']:.2f}× |")
+    print()
+    print("| data path | batches/s | texts/s | tokens/s |")
+    print("|---|---|---|---|")
+    for r in lines:
+        if r["impl"] != "ratio" and "items_per_s" in r:
+            print(f"| {r['workers']} workers | {r['batches_per_s']:.1f} | {r['items_per_s']:.0f} | {r['tokens_per_s']:.0f} |")
+    d = ratios.get("data-workers-2_to_0")
+    if d:
+        print(f"| 2 / 0 workers | | {d['items_per_s']:.2f}× | {d['tokens_per_s']:.2f}× |")
+
+
 RENDER = {"distill": distill, "distill_quality": distill_quality, "stack": stack, "attention": attention,
           "adamw8bit": adamw8bit, "allocator": allocator,
-          "moe": moe, "moe_budget": moe_budget, "moe_quality": moe_quality}
+          "moe": moe, "moe_budget": moe_budget, "moe_quality": moe_quality, "gritlm": gritlm}
 
 
 def main(path):

@@ -1,6 +1,7 @@
 // tests/support.hpp — what several test files share: a temporary folder, the check that a
 // call fails with memopt's error style (the component's prefix, the parts named, a HINT),
-// and the loader of the python3-torch reference files in tests/baselines/.
+// the loader of the python3-torch reference files in tests/baselines/, and protobuf
+// helpers to write small SentencePiece models by hand.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -8,6 +9,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,6 +18,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/torch.h>
@@ -75,6 +79,27 @@ inline const torch::Tensor& baseline_at(const TensorMap& ref, const std::string&
   auto it = ref.find(key);
   if (it == ref.end()) throw std::runtime_error(name + " has no key " + key);
   return it->second;
+}
+
+// ---- protobuf wire format, to write small SentencePiece models by hand ----
+inline std::string pb_varint(uint64_t v) {
+  std::string out;
+  do {
+    out += static_cast<char>((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+    v >>= 7;
+  } while (v != 0);
+  return out;
+}
+inline std::string pb_bytes(int field, std::string_view bytes) {
+  return pb_varint(static_cast<uint64_t>(field) << 3 | 2) + pb_varint(bytes.size()) + std::string(bytes);
+}
+inline std::string pb_int(int field, uint64_t v) { return pb_varint(static_cast<uint64_t>(field) << 3) + pb_varint(v); }
+inline std::string pb_float(int field, float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  std::string out = pb_varint(static_cast<uint64_t>(field) << 3 | 5);
+  for (int b = 0; b < 4; ++b) out += static_cast<char>(bits >> (8 * b));
+  return out;
 }
 
 }  // namespace memopt::test

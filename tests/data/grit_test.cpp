@@ -52,26 +52,10 @@ void require_error(const std::function<void()>& fn, const std::vector<std::strin
   memopt::test::require_error(fn, prefix, parts);
 }
 
-// ---- a hand-written SentencePiece BPE model (protobuf wire format) ----
-std::string pb_varint(uint64_t v) {
-  std::string out;
-  do {
-    out += static_cast<char>((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-    v >>= 7;
-  } while (v != 0);
-  return out;
-}
-std::string pb_bytes(int field, std::string_view bytes) {
-  return pb_varint(static_cast<uint64_t>(field) << 3 | 2) + pb_varint(bytes.size()) + std::string(bytes);
-}
-std::string pb_int(int field, uint64_t v) { return pb_varint(static_cast<uint64_t>(field) << 3) + pb_varint(v); }
-std::string pb_float(int field, float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  std::string out = pb_varint(static_cast<uint64_t>(field) << 3 | 5);
-  for (int b = 0; b < 4; ++b) out += static_cast<char>(bits >> (8 * b));
-  return out;
-}
+using memopt::test::pb_bytes;
+using memopt::test::pb_float;
+using memopt::test::pb_int;
+using memopt::test::pb_varint;
 std::string le32(uint32_t v) {
   std::string out;
   for (int b = 0; b < 4; ++b) out += static_cast<char>(v >> (8 * b));
