@@ -94,50 +94,22 @@ MoeLM* as_moe(Model& model) {
   }
 }
 
-// Writes one JSON object per log line to OUT/metrics.jsonl; prints the router statistics;
-// keeps the run's tracked peak (MemoryMonitor resets the tracker's peak every step).
-class MoeLog : public memopt::Callback {
- public:
-  MoeLog(const std::string& path, MoeLM* moe) : out_(path, std::ios::app), moe_(moe) {
-    TORCH_CHECK(out_, "moe_lm: cannot write '", path, "'. HINT: check --output_dir is writable.");
-  }
-  void on_step_end(const memopt::StepStats&) override {
-    run_peak_ = std::max(run_peak_, memopt::memory::Tracker::instance().snapshot().peak_bytes);
-  }
-  void on_log(const memopt::LogLine& l) override {
-    nlohmann::json j = {{"event", "train"},
-                        {"step", l.step},
-                        {"loss", l.loss},
-                        {"lr", l.lr},
-                        {"grad_norm", l.grad_norm},
-                        {"tokens_per_s", l.tokens_per_s},
-                        {"tracked_mib", memopt::memory::mib(l.memory.tensors.live_bytes)},
-                        {"rss_mib", memopt::memory::mib(l.memory.rss_bytes)}};
-    if (moe_) {
-      const auto s = (*moe_)->take_stats();
-      const auto& c = (*moe_)->config;
-      j["ce"] = l.loss - c.aux_loss_coef() * s.lb_loss - c.z_loss_coef() * s.z_loss;  // per-target CE
-      j["aux_loss"] = s.lb_loss;
-      j["z_loss"] = s.z_loss;
-      j["dropped"] = s.dropped;
-      j["expert_load"] = s.load;
-      fmt::print("  moe step {:>4} | ce {:.4f} | aux {:.4f} | z {:.3f} | dropped {:.2f}% | load {:.3f}\n", l.step,
-                 j["ce"].get<double>(), s.lb_loss, s.z_loss, 100 * s.dropped, fmt::join(s.load, " "));
-      std::fflush(stdout);
-    }
-    write(j);
-  }
-  void write(const nlohmann::json& j) {
-    out_ << j.dump() << '\n';
-    out_.flush();
-  }
-  int64_t run_peak() const { return run_peak_; }
-
- private:
-  std::ofstream out_;
-  MoeLM* moe_;
-  int64_t run_peak_ = 0;
-};
+// The router statistics of a log line: added to its metrics.jsonl object and printed.
+memopt::callbacks::JsonlMetrics::Extra router_stats(MoeLM* moe) {
+  if (moe == nullptr) return {};
+  return [moe](const memopt::LogLine& l, nlohmann::json& j) {
+    const auto s = (*moe)->take_stats();
+    const auto& c = (*moe)->config;
+    j["ce"] = l.loss - c.aux_loss_coef() * s.lb_loss - c.z_loss_coef() * s.z_loss;  // per-target CE
+    j["aux_loss"] = s.lb_loss;
+    j["z_loss"] = s.z_loss;
+    j["dropped"] = s.dropped;
+    j["expert_load"] = s.load;
+    fmt::print("  moe step {:>4} | ce {:.4f} | aux {:.4f} | z {:.3f} | dropped {:.2f}% | load {:.3f}\n", l.step,
+               j["ce"].get<double>(), s.lb_loss, s.z_loss, 100 * s.dropped, fmt::join(s.load, " "));
+    std::fflush(stdout);
+  };
+}
 
 // Saves the resumable state every `every` steps (and when training ends).
 template <class TrainerT, class Model>
@@ -202,7 +174,8 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   TrainerT trainer(*model, options);
   memopt::data::RandomWindowLoader loader(d.train,
                                           memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
-  auto log = std::make_shared<MoeLog>(a.output_dir + "/metrics.jsonl", as_moe(model));
+  auto log = std::make_shared<memopt::callbacks::JsonlMetrics>(a.output_dir + "/metrics.jsonl", /*append=*/true,
+                                                                 router_stats(as_moe(model)));
   auto saver = std::make_shared<SaveState<TrainerT, Model>>(a.output_dir + "/state", a.save_every, model, trainer,
                                                             loader, run_settings(a));
   if (!a.resume.empty()) {

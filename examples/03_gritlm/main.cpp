@@ -210,35 +210,6 @@ Eval evaluate(GritLM& model, const GritFormat& format, const memopt::data::GritD
 
 // ---- training ----
 
-class GritLog : public memopt::Callback {
- public:
-  explicit GritLog(const std::string& path) : out_(path, std::ios::trunc) {
-    TORCH_CHECK(out_, "gritlm: cannot write '", path, "'. HINT: check --output_dir is writable.");
-  }
-  void on_step_end(const memopt::StepStats&) override {
-    run_peak_ = std::max(run_peak_, memopt::memory::Tracker::instance().snapshot().peak_bytes);
-  }
-  void on_log(const memopt::LogLine& l) override {
-    write({{"event", "train"},
-           {"step", l.step},
-           {"loss", l.loss},
-           {"lr", l.lr},
-           {"grad_norm", l.grad_norm},
-           {"tokens_per_s", l.tokens_per_s},
-           {"tracked_mib", memopt::memory::mib(l.memory.tensors.live_bytes)},
-           {"rss_mib", memopt::memory::mib(l.memory.rss_bytes)}});
-  }
-  void write(const nlohmann::json& j) {
-    out_ << j.dump() << '\n';
-    out_.flush();
-  }
-  int64_t run_peak() const { return run_peak_; }
-
- private:
-  std::ofstream out_;
-  int64_t run_peak_ = 0;
-};
-
 template <class Accum>
 Accum make_accum(const Args& a) {
   if constexpr (std::is_same_v<Accum, memopt::accum::GradCache>) {
@@ -260,7 +231,7 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
           a.threads);
   TrainerT trainer(*model, options, make_accum<Accum>(a));
   memopt::log_performance_info<TrainerT>();
-  auto log = std::make_shared<GritLog>(a.output_dir + "/metrics.jsonl");
+  auto log = std::make_shared<memopt::callbacks::JsonlMetrics>(a.output_dir + "/metrics.jsonl");
   trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
   trainer.add_callback(log);
 

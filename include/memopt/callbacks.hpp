@@ -1,16 +1,23 @@
 // memopt/callbacks.hpp — hooks the Trainer calls at step boundaries, and the built-in
 // ones: a progress bar/log printer, a cache release (malloc_trim on CPU, the CUDA
-// caching allocator's empty_cache in CUDA builds) and a per-step memory monitor.
+// caching allocator's empty_cache in CUDA builds), a per-step memory monitor and a
+// metrics.jsonl writer.
 #pragma once
 
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <functional>
+#include <ios>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "memopt/detail/version.hpp"
@@ -147,6 +154,49 @@ class MemoryMonitor : public Callback {
   std::FILE* out_;
   memory::Report last_;
   bool warned_ = false;
+};
+
+/// Writes a JSON object per log line to `path` (metrics.jsonl): event "train", step, loss,
+/// lr, grad_norm, tokens_per_s, tracked_mib (live tensors), rss_mib, plus what `extra` adds;
+/// write() appends other lines (a summary). Keeps the run's tracked peak, which survives
+/// MemoryMonitor resetting the tracker's peak every step.
+///   auto log = std::make_shared<memopt::callbacks::JsonlMetrics>("runs/a/metrics.jsonl");
+///   trainer.add_callback(log);  ...  log->write({{"event", "summary"}, {"peak", log->run_peak()}});
+class JsonlMetrics : public Callback {
+ public:
+  using Extra = std::function<void(const LogLine&, nlohmann::json&)>;
+  explicit JsonlMetrics(const std::string& path, bool append = false, Extra extra = {})
+      : out_(path, append ? std::ios::app : std::ios::trunc), extra_(std::move(extra)) {
+    TORCH_CHECK(out_.good(), "memopt::callbacks::JsonlMetrics: cannot write '", path,
+                "'. HINT: check that the output directory exists and is writable.");
+  }
+  void on_step_end(const StepStats&) override {
+    run_peak_ = std::max(run_peak_, memory::Tracker::instance().snapshot().peak_bytes);
+  }
+  void on_log(const LogLine& l) override {
+    nlohmann::json j = {{"event", "train"},
+                        {"step", l.step},
+                        {"loss", l.loss},
+                        {"lr", l.lr},
+                        {"grad_norm", l.grad_norm},
+                        {"tokens_per_s", l.tokens_per_s},
+                        {"tracked_mib", memory::mib(l.memory.tensors.live_bytes)},
+                        {"rss_mib", memory::mib(l.memory.rss_bytes)}};
+    if (extra_) extra_(l, j);
+    write(j);
+  }
+  /// Appends one line and flushes it (a crash loses nothing written).
+  void write(const nlohmann::json& j) {
+    out_ << j.dump() << '\n';
+    out_.flush();
+  }
+  /// The largest tracked tensor peak of any step so far (bytes).
+  int64_t run_peak() const { return run_peak_; }
+
+ private:
+  std::ofstream out_;
+  Extra extra_;
+  int64_t run_peak_ = 0;
 };
 
 }  // namespace callbacks
