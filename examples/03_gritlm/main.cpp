@@ -241,7 +241,7 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   std::fflush(stdout);
 
   memopt::data::Prefetcher<GritBatch> loader([&batcher](int64_t i) { return batcher.batch(i); },
-                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch));
+                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch).pin_memory(true));
   const auto result = trainer.fit(loader, *model);
 
   const Eval after = evaluate(model, *format, d.heldout, a);
@@ -289,7 +289,7 @@ int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFor
 // The data path alone: `steps` batches through the Prefetcher, items and tokens per second.
 int data_only(const Args& a, const memopt::data::GritBatcher& batcher, const std::string& output_dir) {
   memopt::data::Prefetcher<GritBatch> loader([&batcher](int64_t i) { return batcher.batch(i); },
-                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch));
+                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch).pin_memory(true));
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0, items = 0;
   for (int64_t s = 0; s < a.steps; ++s) {
