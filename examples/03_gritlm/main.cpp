@@ -7,7 +7,9 @@
 // --gradient_checkpointing (checkpoint::EveryBlock), --mixed_precision (precision::
 // Bf16Autocast). Batches are built by --workers threads ahead of the step (data/prefetch.hpp),
 // length-bucketed. Before and after training it measures held-out retrieval (top-1 among
-// the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl.
+// the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl and
+// the trained model to OUT/model. --init_model starts from a pretrained LLaMA (its vocabulary
+// grown by the format symbols), as GritLM starts from Mistral.
 //   build/examples/03_gritlm/gritlm --steps 60 --batch_size 32 --grad_cache_chunk 8
 //   build/examples/03_gritlm/gritlm --embed_jsonl my_pairs.jsonl --gen_jsonl my_sft.jsonl
 //   build/examples/03_gritlm/gritlm --data_only --workers 2    # the data path's speed alone
@@ -45,6 +47,7 @@ struct Args {
   std::string embed_jsonl, gen_jsonl, heldout_embed_jsonl, heldout_gen_jsonl;
   std::string on_bad_line = "skip";
   std::string output_dir = "runs/gritlm";
+  std::string init_model;                      // a pretrained LLaMA folder (config.json + model.safetensors)
   int64_t heldout_every = 20;
   int64_t steps = 60;
   int64_t batch_size = 16;
@@ -161,6 +164,7 @@ Data load_data(const Args& a) {
 
 struct Eval {
   double retrieval_top1 = std::nan("");
+  double retrieval_mrr = std::nan("");  // mean reciprocal rank of the positive: moves before top-1 does
   double perplexity = std::nan("");
   int64_t queries = 0;
 };
@@ -186,7 +190,10 @@ Eval evaluate(GritLM& model, const GritFormat& format, const memopt::data::GritD
       p.push_back(model->embed(memopt::data::collate_embed(ps, pad)));  // (b, C)
     }
     auto scores = torch::matmul(torch::cat(q), torch::cat(p).t());  // (n, n)
-    out.retrieval_top1 = scores.argmax(1).eq(torch::arange(n)).to(torch::kDouble).mean().item<double>();
+    const auto positive = scores.diagonal().unsqueeze(1);                                      // (n, 1)
+    const auto rank = scores.ge(positive).sum(1).to(torch::kDouble);  // (n), ties count against the positive
+    out.retrieval_top1 = rank.eq(1).to(torch::kDouble).mean().item<double>();
+    out.retrieval_mrr = rank.reciprocal().mean().item<double>();
     out.queries = n;
   }
   const auto m = std::min<int64_t>(a.eval_gen, static_cast<int64_t>(heldout.gen.size()));
@@ -236,8 +243,8 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   trainer.add_callback(log);
 
   const Eval before = evaluate(model, *format, d.heldout, a);
-  fmt::print("before training: held-out retrieval top-1 {:.3f} ({} queries), generative perplexity {:.1f}\n",
-             before.retrieval_top1, before.queries, before.perplexity);
+  fmt::print("before training: held-out retrieval top-1 {:.3f}, MRR {:.3f} ({} queries), generative perplexity {:.1f}\n",
+             before.retrieval_top1, before.retrieval_mrr, before.queries, before.perplexity);
   std::fflush(stdout);
 
   memopt::data::Prefetcher<GritBatch> loader([&batcher](int64_t i) { return batcher.batch(i); },
@@ -245,11 +252,13 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   const auto result = trainer.fit(loader, *model);
 
   const Eval after = evaluate(model, *format, d.heldout, a);
-  fmt::print("after {} steps: held-out retrieval top-1 {:.3f} (was {:.3f}), generative perplexity {:.1f} (was {:.1f}); "
-             "{:.0f} tokens/s\n",
-             trainer.steps_taken(), after.retrieval_top1, before.retrieval_top1, after.perplexity, before.perplexity,
-             result.tokens_per_s);
+  fmt::print("after {} steps: held-out retrieval top-1 {:.3f} (was {:.3f}), MRR {:.3f} (was {:.3f}), generative "
+             "perplexity {:.1f} (was {:.1f}); {:.0f} tokens/s\n",
+             trainer.steps_taken(), after.retrieval_top1, before.retrieval_top1, after.retrieval_mrr,
+             before.retrieval_mrr, after.perplexity, before.perplexity, result.tokens_per_s);
   fmt::print("{}", result.memory.table());
+  memopt::io::save_pretrained(*model, model->config, a.output_dir + "/model");
+  fmt::print("saved to {}/model (config.json + model.safetensors; --init_model continues from it)\n", a.output_dir);
   auto json_number = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
   log->write({{"event", "summary"},
               {"steps", result.steps},
@@ -260,6 +269,9 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
               {"peak_rss_mib", memopt::memory::mib(result.memory.peak_rss_bytes)},
               {"retrieval_top1_before", json_number(before.retrieval_top1)},
               {"retrieval_top1_after", json_number(after.retrieval_top1)},
+              {"retrieval_mrr_before", json_number(before.retrieval_mrr)},
+              {"retrieval_mrr_after", json_number(after.retrieval_mrr)},
+              {"init_model", a.init_model},
               {"perplexity_before", json_number(before.perplexity)},
               {"perplexity_after", json_number(after.perplexity)},
               {"eval_queries", after.queries},
@@ -310,11 +322,37 @@ int data_only(const Args& a, const memopt::data::GritBatcher& batcher, const std
   return 0;
 }
 
+// A pretrained LLaMA from --init_model (memopt::io::save_pretrained or transformers' layout),
+// its vocabulary grown by the format symbols GritFormat added to the same tokenizer; or a
+// model this example saved, which has them already.
+GritLM pretrained(const Args& a, int64_t base_vocab, int64_t vocab, int64_t max_len) {
+  const fs::path root(a.init_model);
+  const std::string config_path = (root / "config.json").string(), weights = (root / "model.safetensors").string();
+  TORCH_CHECK(fs::exists(config_path) && fs::exists(weights), "gritlm: --init_model '", a.init_model,
+              "' lacks config.json or model.safetensors. HINT: pass a folder written by save_pretrained, e.g. the "
+              "teacher of llama_to_llada --train_teacher --teacher_model out/teacher");
+  auto config = memopt::io::read_llama_config(config_path);
+  TORCH_CHECK(config.vocab_size() == base_vocab || config.vocab_size() == vocab, "gritlm: --init_model '",
+              a.init_model, "' has vocab_size ", config.vocab_size(), " but the tokenizer '", a.data,
+              "/tokenizer.model' has ", base_vocab, " pieces (", vocab, " with the format symbols). HINT: start from "
+              "a model trained with this tokenizer (same --data), or from a model this example saved");
+  TORCH_CHECK(config.causal(), "gritlm: --init_model '", a.init_model, "' is not causal (config.json \"causal\": "
+              "false). HINT: start from a causal LM; GritLM switches attention per mode itself");
+  TORCH_CHECK(config.max_position_embeddings() >= max_len, "gritlm: --init_model '", a.init_model,
+              "' has max_position_embeddings ", config.max_position_embeddings(), ", fewer than the longest text (",
+              max_len, " tokens). HINT: lower --query_max_len/--passage_max_len/--gen_max_len");
+  GritLM model(config.vocab_size(vocab), grit_options(a));
+  memopt::io::load_state_dict(*model, *memopt::io::SafetensorsFile::open(weights),
+                              memopt::io::LoadStateDictOptions().grow_vocab(true));
+  return model;
+}
+
 int run(const Args& a) {
   check_args(a);  // a bad flag fails before any data is read
 
   // ---- tokenizer with GritLM's format symbols, records, batches ----
   auto tokenizer = std::make_shared<memopt::data::Tokenizer>(a.data + "/tokenizer.model");
+  const int64_t base_vocab = tokenizer->vocab_size();
   auto format = std::make_shared<GritFormat>(tokenizer);
   Data d = load_data(a);
   const auto batcher_options = memopt::data::GritBatcherOptions(a.batch_size)
@@ -346,18 +384,23 @@ int run(const Args& a) {
 
   // ---- model: the vocab includes the format symbols ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
-  const auto config = memopt::models::LlamaConfig()
-                          .vocab_size(format->vocab_size())
-                          .hidden_size(a.hidden_size)
-                          .num_hidden_layers(a.layers)
-                          .num_attention_heads(a.heads)
-                          .max_position_embeddings(std::max({a.query_max_len, a.passage_max_len, a.gen_max_len}));
-  GritLM model(config, grit_options(a));
+  const int64_t max_len = std::max({a.query_max_len, a.passage_max_len, a.gen_max_len});
+  GritLM model = a.init_model.empty() ? GritLM(memopt::models::LlamaConfig()
+                                                   .vocab_size(format->vocab_size())
+                                                   .hidden_size(a.hidden_size)
+                                                   .num_hidden_layers(a.layers)
+                                                   .num_attention_heads(a.heads)
+                                                   .max_position_embeddings(max_len),
+                                               grit_options(a))
+                                      : pretrained(a, base_vocab, format->vocab_size(), max_len);
+  const auto& config = model->config;
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
-  fmt::print("gritlm: LLaMA {} layers, d{}, {} heads, vocab {} — {:.2f} M parameters; batch {} queries x {} passages "
+  fmt::print("gritlm: {}LLaMA {} layers, d{}, {} heads, vocab {} — {:.2f} M parameters; batch {} queries x {} passages "
              "+ {} generative{}\n",
-             a.layers, a.hidden_size, a.heads, format->vocab_size(), params / 1e6, a.batch_size, a.group_size,
+             a.init_model.empty() ? "" : fmt::format("pretrained ({}) ", a.init_model),
+             config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(), config.vocab_size(),
+             params / 1e6, a.batch_size, a.group_size,
              a.gen_batch_size,
              a.grad_cache_chunk > 0 ? fmt::format(", GradCache chunks of {}{}", a.grad_cache_chunk,
                                                   a.split_emb ? " (split_emb)" : "")
@@ -381,7 +424,9 @@ int main(int argc, char** argv) {
   app.add_option("--heldout_embed_jsonl", a.heldout_embed_jsonl, "held-out contrastive records (evaluation)");
   app.add_option("--heldout_gen_jsonl", a.heldout_gen_jsonl, "held-out generative records (evaluation)");
   app.add_option("--on_bad_line", a.on_bad_line, "malformed JSONL lines: skip (counted) or fatal")->capture_default_str();
-  app.add_option("--output_dir", a.output_dir, "metrics.jsonl goes here")->capture_default_str();
+  app.add_option("--output_dir", a.output_dir, "metrics.jsonl and the trained model/ go here")->capture_default_str();
+  app.add_option("--init_model", a.init_model, "start from this pretrained LLaMA folder (config.json + "
+                 "model.safetensors, same tokenizer); its shape replaces --hidden_size/--layers/--heads");
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch_size", a.batch_size, "queries per batch (each with group_size passages)")->capture_default_str();
   app.add_option("--gen_batch_size", a.gen_batch_size, "generative sequences per batch")->capture_default_str();

@@ -2,7 +2,8 @@
 # examples/03_gritlm end to end on a tiny generated Brown-format corpus (3 genres, prepared by
 # memopt_prepare_corpus): plain, GradCache, split_emb and checkpointed bf16 runs train and
 # evaluate; the number of data workers does not change the result; the data-path timer runs;
-# users' JSONL data trains, with malformed lines skipped (counted) or fatal (file:line). Then
+# the saved model loads with --init_model and evaluates as it ended; users' JSONL data trains,
+# with malformed lines skipped (counted) or fatal (file:line). Then
 # bad input: each case must exit 1 (not crash) with a message naming the flag and the value
 # seen, and a HINT.
 # Usage: gritlm_test.sh path/to/gritlm path/to/memopt_prepare_corpus
@@ -71,6 +72,19 @@ if [ "$(final_loss "$tmp/w0")" = "$(final_loss "$tmp/w3")" ] && [ -n "$(final_lo
 else
   fail "workers: $(final_loss "$tmp/w0") with 0 vs $(final_loss "$tmp/w3") with 3"
 fi
+# the saved model continues: its held-out numbers before training are the first run's after
+field() { grep -o "\"$2\":[^,]*" "$1/metrics.jsonl" | tail -1 | cut -d: -f2; }
+if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/cont" --init_model "$tmp/plain/model" 2>&1) &&
+   grep -q "gritlm: pretrained ($tmp/plain/model) LLaMA 1 layers, d32" <<<"$out" &&
+   [ -n "$(field "$tmp/plain" retrieval_mrr_after)" ] &&
+   [ "$(field "$tmp/plain" retrieval_mrr_after)" = "$(field "$tmp/cont" retrieval_mrr_before)" ] &&
+   [ "$(field "$tmp/plain" perplexity_after)" = "$(field "$tmp/cont" perplexity_before)" ]; then
+  ok "--init_model continues from the saved model (MRR $(field "$tmp/cont" retrieval_mrr_before), perplexity $(field "$tmp/cont" perplexity_before))"
+else
+  fail "init_model: plain after MRR $(field "$tmp/plain" retrieval_mrr_after) ppl $(field "$tmp/plain" perplexity_after), continued before MRR $(field "$tmp/cont" retrieval_mrr_before) ppl $(field "$tmp/cont" perplexity_before). Output: $out"
+fi
+mkdir -p "$tmp/other_vocab" && cp "$tmp/plain/model/model.safetensors" "$tmp/other_vocab/" &&
+  sed 's/"vocab_size": *[0-9]*/"vocab_size": 100/' "$tmp/plain/model/config.json" > "$tmp/other_vocab/config.json"
 if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/dataonly" --data_only --workers 2 2>&1) &&
    grep -q "data path: 2 batches, 2 workers" <<<"$out" && grep -q '"batches_per_s"' "$tmp/dataonly/metrics.jsonl"; then
   ok "data_only times the data path"
@@ -120,6 +134,8 @@ expect_error negative_workers "workers must be >= 0 \(got -1\)" --workers -1
 expect_error missing_jsonl "$tmp/none.jsonl" --embed_jsonl "$tmp/none.jsonl"
 expect_error missing_raw "$tmp/no_raw" --raw "$tmp/no_raw"
 expect_error missing_tokenizer "$tmp/no_data/tokenizer.model" --data "$tmp/no_data"
+expect_error missing_init_model "init_model '$tmp/none' lacks config.json" --init_model "$tmp/none"
+expect_error init_model_vocab "has vocab_size 100 but the tokenizer .* has 120 pieces \(123 with" --init_model "$tmp/other_vocab"
 expect_error batch_over_records "fewer than batch_size" --batch_size 100000
 
 echo "$passed passed, $failures failed"

@@ -521,3 +521,35 @@ TEST_CASE("load_pretrained rejects missing files, wrong names and wrong shapes",
     CHECK(model->model->embed_tokens->weight.abs().sum().item<double>() > 0.0);
   }
 }
+
+TEST_CASE("load_state_dict with grow_vocab loads into a model with added tokens", "[io][pretrained]") {
+  torch::manual_seed(0);
+  const auto grow = memopt::io::LoadStateDictOptions().grow_vocab(true);
+  TempDir dir;
+  memopt::models::Llama small(tiny_config());
+  memopt::io::save_pretrained(small, dir.path.string());
+  const auto file = SafetensorsFile::open(dir.file("model.safetensors"));
+  memopt::models::Llama grown(tiny_config().vocab_size(67));  // 3 tokens added to the tokenizer
+
+  require_error([&] { memopt::io::load_state_dict(*grown, *file); },
+                {"'model.embed_tokens.weight' has shape [64, 32] in the file but [67, 32]", "grow_vocab(true)"});
+  memopt::io::load_state_dict(*grown, *file, grow);
+  const std::vector<std::pair<torch::Tensor, torch::Tensor>> rows = {
+      {small->model->embed_tokens->weight, grown->model->embed_tokens->weight},
+      {small->lm_head->weight, grown->lm_head->weight}};
+  for (const auto& [old_rows, new_rows] : rows) {
+    CHECK(torch::equal(new_rows.narrow(0, 0, 64), old_rows));
+    for (int64_t i = 64; i < 67; ++i) CHECK(torch::allclose(new_rows[i], old_rows.mean(0), 0, 1e-6));
+  }
+  // The old tokens' logits are unchanged; the other tensors loaded as before.
+  CHECK(torch::allclose(logits_of(grown).narrow(-1, 0, 64), logits_of(small), 1e-5, 1e-5));
+
+  // Only the vocabulary may grow: a wider FFN still fails.
+  memopt::models::Llama wider(tiny_config().vocab_size(67).intermediate_size(64));
+  require_error([&] { memopt::io::load_state_dict(*wider, *file, grow); },
+                {"'model.layers.0.mlp.gate_proj.weight' has shape [48, 32] in the file but [64, 32]"});
+  // nor may it shrink
+  memopt::models::Llama fewer(tiny_config().vocab_size(60));
+  require_error([&] { memopt::io::load_state_dict(*fewer, *file, grow); },
+                {"'model.embed_tokens.weight' has shape [64, 32] in the file but [60, 32]"});
+}

@@ -212,7 +212,19 @@ struct LoadStateDictOptions {
   /// true: every parameter and buffer of the model must be in the file, and every tensor
   /// of the file in the model (except harmless extras such as rotary_emb.inv_freq).
   TORCH_ARG(bool, strict) = true;
+  /// true: the model's token rows (embed_tokens.weight, lm_head.weight) may outnumber the
+  /// file's, as after adding tokens to the tokenizer (transformers' resize_token_embeddings):
+  /// the file's rows are copied and each new row is set to the mean of the file's rows, so
+  /// new tokens start as an average token instead of noise.
+  TORCH_ARG(bool, grow_vocab) = false;
 };
+
+namespace detail {
+/// The tensors whose first dimension is the vocabulary.
+inline bool is_vocab_tensor(const std::string& name) {
+  return name.ends_with("embed_tokens.weight") || name.ends_with("lm_head.weight");
+}
+}  // namespace detail
 
 /// Copies the model's parameters and buffers from `file` by name, converting dtype and
 /// device. Shapes are all checked before anything is copied.
@@ -247,14 +259,29 @@ inline void load_state_dict(torch::nn::Module& model, const SafetensorsFile& fil
   for (const auto& [name, tensor] : targets) {
     if (!file.contains(name)) continue;
     const auto& shape = file.info(name).shape;
-    TORCH_CHECK(tensor.sizes() == torch::IntArrayRef(shape), who, ": tensor '", name, "' has shape ",
+    const bool grows = options.grow_vocab() && detail::is_vocab_tensor(name) && tensor.dim() == 2 &&
+                       shape.size() == 2 && tensor.size(1) == shape[1] && tensor.size(0) > shape[0];
+    TORCH_CHECK(grows || tensor.sizes() == torch::IntArrayRef(shape), who, ": tensor '", name, "' has shape ",
                 torch::IntArrayRef(shape), " in the file but ", tensor.sizes(),
-                " in the model. HINT: the model's config (config.json) does not match these weights");
+                " in the model. HINT: the model's config (config.json) does not match these weights",
+                detail::is_vocab_tensor(name) && !options.grow_vocab()
+                    ? "; if tokens were added to the tokenizer, pass LoadStateDictOptions().grow_vocab(true)"
+                    : "");
   }
 
   torch::NoGradGuard no_grad;
-  for (auto& [name, tensor] : targets)
-    if (file.contains(name)) tensor.copy_(file.get(name));
+  for (auto& [name, tensor] : targets) {
+    if (!file.contains(name)) continue;
+    const torch::Tensor source = file.get(name);
+    if (source.sizes() == tensor.sizes()) {
+      tensor.copy_(source);
+      continue;
+    }
+    const int64_t rows = source.size(0);  // grow_vocab: (V_file, C) into (V_model, C)
+    tensor.narrow(0, 0, rows).copy_(source);
+    const int64_t added = tensor.size(0) - rows;
+    tensor.narrow(0, rows, added).copy_(source.to(torch::kFloat).mean(0, true).expand({added, -1}));
+  }
 }
 
 /// Writes `dir`/config.json and `dir`/model.safetensors (HF names, metadata {"format": "pt"},
