@@ -24,6 +24,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <memopt/data/grit.hpp>
@@ -165,12 +167,40 @@ Data load_data(const Args& a) {
 struct Eval {
   double retrieval_top1 = std::nan("");
   double retrieval_mrr = std::nan("");  // mean reciprocal rank of the positive: moves before top-1 does
+  double lexical_top1 = std::nan(""), lexical_mrr = std::nan("");  // TF-IDF over the same texts' tokens
   double perplexity = std::nan("");
   int64_t queries = 0;
 };
 
-// Each held-out query against every held-out positive: top-1 accuracy; and the perplexity
-// of the held-out answers given their prompts.
+// Top-1 accuracy and mean reciprocal rank of scores (n, n) whose diagonal holds the positives;
+// ties count against the positive.
+std::pair<double, double> retrieval(const torch::Tensor& scores) {
+  const auto positive = scores.diagonal().unsqueeze(1);               // (n, 1)
+  const auto rank = scores.ge(positive).sum(1).to(torch::kDouble);  // (n)
+  return {rank.eq(1).to(torch::kDouble).mean().item<double>(), rank.reciprocal().mean().item<double>()};
+}
+
+// The lexical baseline an embedder should beat: TF-IDF cosine between the texts' token ids
+// (the pooled tokens only), idf from the passages.
+torch::Tensor lexical_scores(const std::vector<memopt::data::EmbedSequence>& queries,
+                             const std::vector<memopt::data::EmbedSequence>& passages, int64_t vocab) {
+  auto counts = [vocab](const std::vector<memopt::data::EmbedSequence>& seqs) {
+    auto c = torch::zeros({static_cast<int64_t>(seqs.size()), vocab});  // (n, V)
+    auto acc = c.accessor<float, 2>();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      for (size_t t = static_cast<size_t>(seqs[i].prefix_len); t < seqs[i].ids.size(); ++t) acc[i][seqs[i].ids[t]] += 1;
+    }
+    return c;
+  };
+  const auto q = counts(queries), p = counts(passages);
+  const auto idf = torch::log((p.size(0) + 1.0) / (p.gt(0).sum(0).to(torch::kFloat) + 1));  // (V)
+  namespace F = torch::nn::functional;
+  const auto unit = F::NormalizeFuncOptions().dim(1);
+  return torch::matmul(F::normalize(q * idf, unit), F::normalize(p * idf, unit).t());  // (n, n)
+}
+
+// Each held-out query against every held-out positive: top-1 and MRR, the model's and the
+// TF-IDF baseline's; and the perplexity of the held-out answers given their prompts.
 Eval evaluate(GritLM& model, const GritFormat& format, const memopt::data::GritData& heldout, const Args& a) {
   torch::NoGradGuard no_grad;
   model->eval();
@@ -178,22 +208,23 @@ Eval evaluate(GritLM& model, const GritFormat& format, const memopt::data::GritD
   const int64_t pad = format.pad_id();
   const auto n = std::min<int64_t>(a.eval_queries, static_cast<int64_t>(heldout.embed.size()));
   if (n >= 2) {
+    std::vector<memopt::data::EmbedSequence> qs, ps;
+    for (int64_t i = 0; i < n; ++i) {
+      const EmbedRecord& r = heldout.embed[static_cast<size_t>(i)];
+      qs.push_back(format.encode_embed(r.instruction, r.query, a.query_max_len));
+      ps.push_back(format.encode_embed(memopt::data::passage_instruction(r), r.pos, a.passage_max_len));
+    }
     std::vector<torch::Tensor> q, p;
     for (int64_t begin = 0; begin < n; begin += 32) {
-      std::vector<memopt::data::EmbedSequence> qs, ps;
-      for (int64_t i = begin; i < std::min(begin + 32, n); ++i) {
-        const EmbedRecord& r = heldout.embed[static_cast<size_t>(i)];
-        qs.push_back(format.encode_embed(r.instruction, r.query, a.query_max_len));
-        ps.push_back(format.encode_embed(memopt::data::passage_instruction(r), r.pos, a.passage_max_len));
-      }
-      q.push_back(model->embed(memopt::data::collate_embed(qs, pad)));  // (b, C)
-      p.push_back(model->embed(memopt::data::collate_embed(ps, pad)));  // (b, C)
+      const int64_t end = std::min(begin + 32, n);
+      auto rows = [&](const std::vector<memopt::data::EmbedSequence>& seqs) {
+        return memopt::data::collate_embed({seqs.begin() + begin, seqs.begin() + end}, pad);
+      };
+      q.push_back(model->embed(rows(qs)));  // (b, C)
+      p.push_back(model->embed(rows(ps)));  // (b, C)
     }
-    auto scores = torch::matmul(torch::cat(q), torch::cat(p).t());  // (n, n)
-    const auto positive = scores.diagonal().unsqueeze(1);                                      // (n, 1)
-    const auto rank = scores.ge(positive).sum(1).to(torch::kDouble);  // (n), ties count against the positive
-    out.retrieval_top1 = rank.eq(1).to(torch::kDouble).mean().item<double>();
-    out.retrieval_mrr = rank.reciprocal().mean().item<double>();
+    std::tie(out.retrieval_top1, out.retrieval_mrr) = retrieval(torch::matmul(torch::cat(q), torch::cat(p).t()));
+    std::tie(out.lexical_top1, out.lexical_mrr) = retrieval(lexical_scores(qs, ps, format.vocab_size()));
     out.queries = n;
   }
   const auto m = std::min<int64_t>(a.eval_gen, static_cast<int64_t>(heldout.gen.size()));
@@ -243,8 +274,10 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   trainer.add_callback(log);
 
   const Eval before = evaluate(model, *format, d.heldout, a);
-  fmt::print("before training: held-out retrieval top-1 {:.3f}, MRR {:.3f} ({} queries), generative perplexity {:.1f}\n",
-             before.retrieval_top1, before.retrieval_mrr, before.queries, before.perplexity);
+  fmt::print("before training: held-out retrieval top-1 {:.3f}, MRR {:.3f} ({} queries; TF-IDF baseline {:.3f}, {:.3f}), "
+             "generative perplexity {:.1f}\n",
+             before.retrieval_top1, before.retrieval_mrr, before.queries, before.lexical_top1, before.lexical_mrr,
+             before.perplexity);
   std::fflush(stdout);
 
   memopt::data::Prefetcher<GritBatch> loader([&batcher](int64_t i) { return batcher.batch(i); },
@@ -271,6 +304,8 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
               {"retrieval_top1_after", json_number(after.retrieval_top1)},
               {"retrieval_mrr_before", json_number(before.retrieval_mrr)},
               {"retrieval_mrr_after", json_number(after.retrieval_mrr)},
+              {"tfidf_top1", json_number(after.lexical_top1)},
+              {"tfidf_mrr", json_number(after.lexical_mrr)},
               {"init_model", a.init_model},
               {"perplexity_before", json_number(before.perplexity)},
               {"perplexity_after", json_number(after.perplexity)},

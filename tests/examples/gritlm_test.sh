@@ -44,7 +44,8 @@ expect_run() {  # expect_run NAME ARGS... : exit 0, before/after evaluation, a s
   shift
   if ! out=$("$bin" "${tiny[@]}" "$@" 2>&1); then
     fail "$name: exit code != 0. Output: $out"
-  elif ! grep -q "after 2 steps: held-out retrieval top-1" <<<"$out" || ! grep -q "padding" <<<"$out"; then
+  elif ! grep -q "after 2 steps: held-out retrieval top-1" <<<"$out" || ! grep -q "padding" <<<"$out" ||
+       ! grep -q "TF-IDF baseline" <<<"$out"; then
     fail "$name: no evaluation or data line in the output: $out"
   else
     ok "$name"
@@ -94,18 +95,20 @@ fi
 
 # ---- users' JSONL: a malformed line is skipped and counted, or fatal with file:line ----
 {
-  for i in 1 2 3 4 5 6 7 8 9 10; do
-    printf '{"query": "the quick fox number %s", "pos": "jumps over the lazy dog %s", "neg": ["memory models train %s"], "instruction": "Find the next part"}\n' "$i" "$i" "$i"
+  for i in 1 2 3 4 5 6 7 8 9 10; do  # query i and its positive share word i (the corpus's words; digits are unknown)
+    printf '{"query": "%s %s slow", "pos": "%s train tokens", "neg": ["models fast %s"], "instruction": "Find the next part"}\n' \
+      "${words[$i]}" "${words[$i]}" "${words[$i]}" "${words[$((i + 1))]}"
   done
   printf '{"query": "a line without a positive", "neg": ["x"]}\n'
 } > "$tmp/embed.jsonl"
 for i in 1 2 3 4 5 6; do printf '{"prompt": "Continue: the quick %s", "answer": "brown fox %s."}\n' "$i" "$i"; done > "$tmp/gen.jsonl"
 if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/jsonl" --embed_jsonl "$tmp/embed.jsonl" --gen_jsonl "$tmp/gen.jsonl" \
            --heldout_embed_jsonl "$tmp/embed.jsonl" --heldout_gen_jsonl "$tmp/gen.jsonl" 2>&1) &&
-   grep -q "1 malformed lines skipped (first: $tmp/embed.jsonl:11: " <<<"$out" && grep -q "after 2 steps" <<<"$out"; then
-  ok "JSONL data trains; the malformed line is skipped and reported"
+   grep -q "1 malformed lines skipped (first: $tmp/embed.jsonl:11: " <<<"$out" && grep -q "after 2 steps" <<<"$out" &&
+   [ "$(field "$tmp/jsonl" tfidf_top1)" = "1.0" ]; then
+  ok "JSONL data trains; the malformed line is skipped and reported; TF-IDF finds each query's shared word (top-1 $(field "$tmp/jsonl" tfidf_top1))"
 else
-  fail "JSONL skip: $out"
+  fail "JSONL skip (TF-IDF MRR $(field "$tmp/jsonl" tfidf_mrr)): $out"
 fi
 
 # ---- bad input ----
