@@ -170,9 +170,21 @@ def gritlm(lines):
         print(f"| 2 / 0 workers | | {d['items_per_s']:.2f}× | {d['tokens_per_s']:.2f}× |")
 
 
+def gritlm_quality(lines):
+    print("| initial weights | retrieval top-1 before → after | MRR before → after | TF-IDF top-1 / MRR | "
+          "generative perplexity before → after |")
+    print("|---|---|---|---|---|")
+    for r in lines:
+        print(f"| {r['name']} | {r['retrieval_top1_before']:.3f} → {r['retrieval_top1_after']:.3f} | "
+              f"{r['retrieval_mrr_before']:.3f} → {r['retrieval_mrr_after']:.3f} | "
+              f"{r['tfidf_top1']:.3f} / {r['tfidf_mrr']:.3f} | "
+              f"{r['perplexity_before']:.0f} → {r['perplexity_after']:.0f} |")
+
+
 RENDER = {"distill": distill, "distill_quality": distill_quality, "stack": stack, "attention": attention,
           "adamw8bit": adamw8bit, "allocator": allocator,
-          "moe": moe, "moe_budget": moe_budget, "moe_quality": moe_quality, "gritlm": gritlm}
+          "moe": moe, "moe_budget": moe_budget, "moe_quality": moe_quality, "gritlm": gritlm,
+          "gritlm_quality": gritlm_quality}
 
 
 def main(path):
