@@ -13,6 +13,7 @@
 #include "memopt/memory/allocator.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/rss.hpp"
+#include "memopt/memory/timeline.hpp"
 #include "memopt/memory/tracker.hpp"
 #include "memopt/models/llada.hpp"
 #include "memopt/models/llama.hpp"
