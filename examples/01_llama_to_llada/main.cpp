@@ -63,6 +63,7 @@ struct Args {
   int64_t release_cache_every = 10;
   // evaluation and samples
   int64_t eval_batches = 8;
+  int64_t memory_trace = 0;  // distillation steps traced into OUT/memory.trace.json (0: off)
   int64_t samples = 3, prompt_tokens = 16, gen_length = 32, sample_steps = 32, block_length = 16;
   double temperature = 0.8, cfg_scale = 0.0;
   int64_t log_interval = 10;
@@ -438,6 +439,9 @@ int run(const Args& a, const CLI::App& app) {
       if (plan.teacher_autograd) trainer.add_callback(std::make_shared<ClearTeacherGrads>(distill));
       if (plan.release_cache_every > 0)
         trainer.add_callback(std::make_shared<memopt::callbacks::ReleaseCache>(plan.release_cache_every));
+      if (a.memory_trace > 0)
+        trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>(a.output_dir + "/memory.trace.json",
+                                                                              a.memory_trace));
       memopt::data::RandomWindowLoader loader(data.train,
                                               memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed + 1));
       result = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return distill.loss_sum(b, c); });
@@ -522,6 +526,10 @@ int main(int argc, char** argv) {
   app.add_option("--teacher_autograd", a.teacher_autograd, "override: true runs the teacher with a graph (naive)");
   app.add_option("--grad_clip", a.grad_clip, "override: gradient-norm clip, 0 off (comprehensive: 1)");
   app.add_option("--release_cache_every", a.release_cache_every, "override: steps between cache releases, 0 off");
+  app.add_option("--memory_trace", a.memory_trace, "trace the first N distillation steps' memory into "
+                 "OUTPUT_DIR/memory.trace.json (Chrome trace; open in ui.perfetto.dev), 0: off")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--eval_batches", a.eval_batches, "held-out batches per evaluation (0: skip)")->capture_default_str();
   app.add_option("--samples", a.samples, "LLaDA samples to print")->capture_default_str();
   app.add_option("--prompt_tokens", a.prompt_tokens, "prompt length of the samples")->capture_default_str();

@@ -75,6 +75,7 @@ struct Args {
   bool data_only = false;
   int64_t eval_queries = 256;
   int64_t eval_gen = 64;
+  int64_t memory_trace = 0;  // steps traced into OUT/memory.trace.json (0: off)
   double lr = 1e-3;
   int64_t warmup = 6;
   int64_t log_interval = 5;
@@ -272,6 +273,9 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   auto log = std::make_shared<memopt::callbacks::JsonlMetrics>(a.output_dir + "/metrics.jsonl");
   trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
   trainer.add_callback(log);
+  if (a.memory_trace > 0)
+    trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>(a.output_dir + "/memory.trace.json",
+                                                                          a.memory_trace));
 
   const Eval before = evaluate(model, *format, d.heldout, a);
   fmt::print("before training: held-out retrieval top-1 {:.3f}, MRR {:.3f} ({} queries; TF-IDF baseline {:.3f}, {:.3f}), "
@@ -487,6 +491,10 @@ int main(int argc, char** argv) {
   app.add_flag("--data_only", a.data_only, "only time the data path (--steps batches)");
   app.add_option("--eval_queries", a.eval_queries, "held-out queries for retrieval (0: skip)")->capture_default_str();
   app.add_option("--eval_gen", a.eval_gen, "held-out generative samples for perplexity (0: skip)")->capture_default_str();
+  app.add_option("--memory_trace", a.memory_trace, "trace the first N steps' memory into OUTPUT_DIR/memory.trace.json "
+                 "(Chrome trace; open in ui.perfetto.dev), 0: off")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str();
   app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();

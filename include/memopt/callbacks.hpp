@@ -1,7 +1,7 @@
 // memopt/callbacks.hpp — hooks the Trainer calls at step boundaries, and the built-in
 // ones: a progress bar/log printer, a cache release (malloc_trim on CPU, the CUDA
-// caching allocator's empty_cache in CUDA builds), a per-step memory monitor and a
-// metrics.jsonl writer.
+// caching allocator's empty_cache in CUDA builds), a per-step memory monitor, a
+// metrics.jsonl writer and a memory timeline written as a Chrome trace.
 #pragma once
 
 #include <malloc.h>
@@ -22,6 +22,7 @@
 
 #include "memopt/detail/version.hpp"
 #include "memopt/memory/report.hpp"
+#include "memopt/memory/timeline.hpp"
 
 #if MEMOPT_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -154,6 +155,42 @@ class MemoryMonitor : public Callback {
   std::FILE* out_;
   memory::Report last_;
   bool warned_ = false;
+};
+
+/// Records the tracker's timeline from the first step on, for `steps` steps (0: the whole run),
+/// and writes it to `path` as a Chrome trace (memory/timeline.hpp) — open it in Perfetto.
+/// The ring keeps the last `capacity` events, so a long run keeps its end.
+///   trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>("runs/a/memory.trace.json", 2));
+class MemoryTrace : public Callback {
+ public:
+  explicit MemoryTrace(std::string path, int64_t steps = 0, size_t capacity = size_t{1} << 18)
+      : path_(std::move(path)), steps_(steps), capacity_(capacity) {
+    TORCH_CHECK(steps >= 0, "memopt::callbacks::MemoryTrace: steps must be >= 0 (got ", steps,
+                "). HINT: 0 traces the whole run; 2 traces the first two steps.");
+  }
+  void on_step_begin(int64_t /*step*/) override {
+    if (!started_) memory::Tracker::instance().start_timeline(capacity_);
+    started_ = true;
+  }
+  void on_step_end(const StepStats& s) override {
+    if (steps_ > 0 && s.step >= steps_) finish();
+  }
+  void on_train_end(const memory::Report& /*report*/) override { finish(); }
+  /// Whether the trace file was written.
+  bool written() const { return written_; }
+
+ private:
+  void finish() {
+    if (!started_ || written_) return;
+    auto& tracker = memory::Tracker::instance();
+    tracker.stop_timeline();
+    memory::write_chrome_trace(tracker.timeline(), path_);
+    written_ = true;
+  }
+  std::string path_;
+  int64_t steps_;
+  size_t capacity_;
+  bool started_ = false, written_ = false;
 };
 
 /// Writes a JSON object per log line to `path` (metrics.jsonl): event "train", step, loss,

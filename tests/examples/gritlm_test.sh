@@ -2,7 +2,7 @@
 # examples/03_gritlm end to end on a tiny generated Brown-format corpus (3 genres, prepared by
 # memopt_prepare_corpus): plain, GradCache, split_emb and checkpointed bf16 runs train and
 # evaluate; the number of data workers does not change the result; the data-path timer runs;
-# the saved model loads with --init_model and evaluates as it ended; users' JSONL data trains,
+# --memory_trace writes a Chrome trace; the saved model loads with --init_model and evaluates as it ended; users' JSONL data trains,
 # with malformed lines skipped (counted) or fatal (file:line). Then
 # bad input: each case must exit 1 (not crash) with a message naming the flag and the value
 # seen, and a HINT.
@@ -73,6 +73,24 @@ if [ "$(final_loss "$tmp/w0")" = "$(final_loss "$tmp/w3")" ] && [ -n "$(final_lo
 else
   fail "workers: $(final_loss "$tmp/w0") with 0 vs $(final_loss "$tmp/w3") with 3"
 fi
+# the memory timeline of the first step, as a Chrome trace
+if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/trace" --memory_trace 1 --grad_cache_chunk 2 2>&1) &&
+   check=$(python3 - "$tmp/trace/memory.trace.json" <<'PY' 2>&1
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if "ts" in e]
+ts = [e["ts"] for e in events]
+assert ts == sorted(ts), "timestamps go back"
+counters = [e for e in events if e["ph"] == "C"]
+slices = {e["name"] for e in events if e["ph"] == "X"}
+assert len(counters) > 100 and {"forward", "backward", "optimizer"} <= slices, (len(counters), slices)
+print(f"{len(counters)} memory points, slices {sorted(slices)}")
+PY
+); then
+  ok "--memory_trace writes an ordered Chrome trace ($check)"
+else
+  fail "memory_trace: ${check:-} $out"
+fi
+
 # the saved model continues: its held-out numbers before training are the first run's after
 field() { grep -o "\"$2\":[^,]*" "$1/metrics.jsonl" | tail -1 | cut -d: -f2; }
 if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/cont" --init_model "$tmp/plain/model" 2>&1) &&

@@ -209,3 +209,27 @@ TEST_CASE("the timeline records allocations, frees and phases; the Chrome trace 
   memopt::test::require_error([&] { tracker.start_timeline(1); }, "memopt::memory: start_timeline",
                               {"capacity must be >= 2 events (got 1)"});
 }
+
+TEST_CASE("MemoryTrace traces its steps, then stops and writes the file once", "[memory][timeline][callbacks]") {
+  auto& tracker = memopt::memory::Tracker::instance();
+  memopt::test::TempDir dir;
+  const std::string path = dir.file("t.json");
+  memopt::callbacks::MemoryTrace trace(path, /*steps=*/2);
+  memopt::StepStats stats;
+  for (int64_t step = 1; step <= 3; ++step) {
+    trace.on_step_begin(step);
+    CHECK(tracker.timeline_recording() == (step <= 2));
+    auto t = torch::empty({64});
+    stats.step = step;
+    trace.on_step_end(stats);
+    CHECK(trace.written() == (step >= 2));
+  }
+  CHECK_FALSE(tracker.timeline_recording());
+  std::ifstream file(path);
+  const auto json = nlohmann::json::parse(file);
+  int counters = 0;
+  for (const auto& e : json.at("traceEvents")) counters += e.value("ph", "") == "C";
+  CHECK(counters == 4);  // start, step 1 allocation and free, step 2 allocation (freed after the trace stopped)
+  memopt::test::require_error([] { memopt::callbacks::MemoryTrace bad("x.json", -1); },
+                              "memopt::callbacks::MemoryTrace", {"steps must be >= 0 (got -1)"});
+}
