@@ -165,12 +165,33 @@ Data load_data(const Args& a) {
 
 // ---- held-out evaluation ----
 
+// The held-out texts, tokenized once for every evaluation.
+struct HeldoutSet {
+  std::vector<memopt::data::EmbedSequence> queries, passages;  // query i's positive is passages[i]
+  std::vector<memopt::data::GenSequence> gen;
+  int64_t pad = 0;
+};
+
+HeldoutSet encode_heldout(const GritFormat& format, const memopt::data::GritData& heldout, const Args& a) {
+  HeldoutSet h;
+  h.pad = format.pad_id();
+  const auto n = std::min<size_t>(static_cast<size_t>(a.eval_queries), heldout.embed.size());
+  for (size_t i = 0; n >= 2 && i < n; ++i) {
+    const EmbedRecord& r = heldout.embed[i];
+    h.queries.push_back(format.encode_embed(r.instruction, r.query, a.query_max_len));
+    h.passages.push_back(format.encode_embed(memopt::data::passage_instruction(r), r.pos, a.passage_max_len));
+  }
+  const auto m = std::min<size_t>(static_cast<size_t>(a.eval_gen), heldout.gen.size());
+  for (size_t i = 0; i < m; ++i) {
+    h.gen.push_back(format.encode_gen(heldout.gen[i].prompt, heldout.gen[i].answer, a.gen_max_len));
+  }
+  return h;
+}
+
 struct Eval {
   double retrieval_top1 = std::nan("");
   double retrieval_mrr = std::nan("");  // mean reciprocal rank of the positive: moves before top-1 does
-  double lexical_top1 = std::nan(""), lexical_mrr = std::nan("");  // TF-IDF over the same texts' tokens
   double perplexity = std::nan("");
-  int64_t queries = 0;
 };
 
 // Top-1 accuracy and mean reciprocal rank of scores (n, n) whose diagonal holds the positives;
@@ -200,44 +221,31 @@ torch::Tensor lexical_scores(const std::vector<memopt::data::EmbedSequence>& que
   return torch::matmul(F::normalize(q * idf, unit), F::normalize(p * idf, unit).t());  // (n, n)
 }
 
-// Each held-out query against every held-out positive: top-1 and MRR, the model's and the
-// TF-IDF baseline's; and the perplexity of the held-out answers given their prompts.
-Eval evaluate(GritLM& model, const GritFormat& format, const memopt::data::GritData& heldout, const Args& a) {
+// Each held-out query against every held-out positive: top-1 and MRR; and the perplexity of
+// the held-out answers given their prompts.
+Eval evaluate(GritLM& model, const HeldoutSet& h) {
   torch::NoGradGuard no_grad;
   model->eval();
   Eval out;
-  const int64_t pad = format.pad_id();
-  const auto n = std::min<int64_t>(a.eval_queries, static_cast<int64_t>(heldout.embed.size()));
+  const auto n = static_cast<int64_t>(h.queries.size());
   if (n >= 2) {
-    std::vector<memopt::data::EmbedSequence> qs, ps;
-    for (int64_t i = 0; i < n; ++i) {
-      const EmbedRecord& r = heldout.embed[static_cast<size_t>(i)];
-      qs.push_back(format.encode_embed(r.instruction, r.query, a.query_max_len));
-      ps.push_back(format.encode_embed(memopt::data::passage_instruction(r), r.pos, a.passage_max_len));
-    }
     std::vector<torch::Tensor> q, p;
     for (int64_t begin = 0; begin < n; begin += 32) {
       const int64_t end = std::min(begin + 32, n);
       auto rows = [&](const std::vector<memopt::data::EmbedSequence>& seqs) {
-        return memopt::data::collate_embed({seqs.begin() + begin, seqs.begin() + end}, pad);
+        return memopt::data::collate_embed({seqs.begin() + begin, seqs.begin() + end}, h.pad);
       };
-      q.push_back(model->embed(rows(qs)));  // (b, C)
-      p.push_back(model->embed(rows(ps)));  // (b, C)
+      q.push_back(model->embed(rows(h.queries)));   // (b, C)
+      p.push_back(model->embed(rows(h.passages)));  // (b, C)
     }
     std::tie(out.retrieval_top1, out.retrieval_mrr) = retrieval(torch::matmul(torch::cat(q), torch::cat(p).t()));
-    std::tie(out.lexical_top1, out.lexical_mrr) = retrieval(lexical_scores(qs, ps, format.vocab_size()));
-    out.queries = n;
   }
-  const auto m = std::min<int64_t>(a.eval_gen, static_cast<int64_t>(heldout.gen.size()));
+  const auto m = static_cast<int64_t>(h.gen.size());
   if (m >= 1) {
     double sum = 0, count = 0;
     for (int64_t begin = 0; begin < m; begin += 8) {
-      std::vector<memopt::data::GenSequence> seqs;
-      for (int64_t i = begin; i < std::min(begin + 8, m); ++i) {
-        const GenRecord& g = heldout.gen[static_cast<size_t>(i)];
-        seqs.push_back(format.encode_gen(g.prompt, g.answer, a.gen_max_len));
-      }
-      const memopt::Batch b = memopt::data::collate_gen(seqs, pad);
+      const memopt::Batch b =
+          memopt::data::collate_gen({h.gen.begin() + begin, h.gen.begin() + std::min(begin + 8, m)}, h.pad);
       sum += model->llama()->loss_sum(b, memopt::checkpoint::None{}).item<double>();
       count += b.num_targets().item<double>();
     }
@@ -248,6 +256,12 @@ Eval evaluate(GritLM& model, const GritFormat& format, const memopt::data::GritD
 }
 
 // ---- training ----
+
+// Batches built by --workers threads, --prefetch ahead, pinned in CUDA builds.
+memopt::data::Prefetcher<GritBatch> prefetcher(const Args& a, const memopt::data::GritBatcher& batcher) {
+  return memopt::data::Prefetcher<GritBatch>([&batcher](int64_t i) { return batcher.batch(i); },
+                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch).pin_memory(true));
+}
 
 template <class Accum>
 Accum make_accum(const Args& a) {
@@ -277,18 +291,23 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
     trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>(a.output_dir + "/memory.trace.json",
                                                                           a.memory_trace));
 
-  const Eval before = evaluate(model, *format, d.heldout, a);
+  const HeldoutSet heldout = encode_heldout(*format, d.heldout, a);
+  const auto queries = static_cast<int64_t>(heldout.queries.size());
+  double tfidf_top1 = std::nan(""), tfidf_mrr = std::nan("");  // the model-free baseline, once
+  if (queries >= 2) {
+    const auto scores = lexical_scores(heldout.queries, heldout.passages, format->vocab_size());  // (n, n)
+    std::tie(tfidf_top1, tfidf_mrr) = retrieval(scores);
+  }
+  const Eval before = evaluate(model, heldout);
   fmt::print("before training: held-out retrieval top-1 {:.3f}, MRR {:.3f} ({} queries; TF-IDF baseline {:.3f}, {:.3f}), "
              "generative perplexity {:.1f}\n",
-             before.retrieval_top1, before.retrieval_mrr, before.queries, before.lexical_top1, before.lexical_mrr,
-             before.perplexity);
+             before.retrieval_top1, before.retrieval_mrr, queries, tfidf_top1, tfidf_mrr, before.perplexity);
   std::fflush(stdout);
 
-  memopt::data::Prefetcher<GritBatch> loader([&batcher](int64_t i) { return batcher.batch(i); },
-                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch).pin_memory(true));
+  auto loader = prefetcher(a, batcher);
   const auto result = trainer.fit(loader, *model);
 
-  const Eval after = evaluate(model, *format, d.heldout, a);
+  const Eval after = evaluate(model, heldout);
   fmt::print("after {} steps: held-out retrieval top-1 {:.3f} (was {:.3f}), MRR {:.3f} (was {:.3f}), generative "
              "perplexity {:.1f} (was {:.1f}); {:.0f} tokens/s\n",
              trainer.steps_taken(), after.retrieval_top1, before.retrieval_top1, after.retrieval_mrr,
@@ -308,12 +327,12 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
               {"retrieval_top1_after", json_number(after.retrieval_top1)},
               {"retrieval_mrr_before", json_number(before.retrieval_mrr)},
               {"retrieval_mrr_after", json_number(after.retrieval_mrr)},
-              {"tfidf_top1", json_number(after.lexical_top1)},
-              {"tfidf_mrr", json_number(after.lexical_mrr)},
+              {"tfidf_top1", json_number(tfidf_top1)},
+              {"tfidf_mrr", json_number(tfidf_mrr)},
               {"init_model", a.init_model},
               {"perplexity_before", json_number(before.perplexity)},
               {"perplexity_after", json_number(after.perplexity)},
-              {"eval_queries", after.queries},
+              {"eval_queries", queries},
               {"data", data_stats}});
   return 0;
 }
@@ -339,8 +358,7 @@ int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFor
 
 // The data path alone: `steps` batches through the Prefetcher, items and tokens per second.
 int data_only(const Args& a, const memopt::data::GritBatcher& batcher, const std::string& output_dir) {
-  memopt::data::Prefetcher<GritBatch> loader([&batcher](int64_t i) { return batcher.batch(i); },
-                                             memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch).pin_memory(true));
+  auto loader = prefetcher(a, batcher);
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0, items = 0;
   for (int64_t s = 0; s < a.steps; ++s) {

@@ -4,6 +4,7 @@
 // per allocation or free, and one slice per forward / backward / optimizer span.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -18,39 +19,31 @@ namespace memopt::memory {
 /// The trace as JSON: {"traceEvents": [...], "displayTimeUnit": "ms"}; times in µs from the
 /// first event, in non-decreasing order.
 inline nlohmann::json chrome_trace(const std::vector<TimelineEvent>& events) {
-  nlohmann::json trace = nlohmann::json::array();
-  trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "memopt tracker"}}}});
-  if (events.empty()) return {{"traceEvents", trace}, {"displayTimeUnit", "ms"}};
-  const int64_t t0 = events.front().time_ns;
+  std::vector<nlohmann::json> timed;  // counter points and phase slices, sorted by start below
+  const int64_t t0 = events.empty() ? 0 : events.front().time_ns;
   auto us = [t0](int64_t ns) { return static_cast<double>(ns - t0) / 1e3; };
   size_t span_begin = 0;  // the first event of the current phase span
-  std::vector<nlohmann::json> slices;
   for (size_t i = 0; i < events.size(); ++i) {
     const TimelineEvent& e = events[i];
-    trace.push_back({{"name", "tensor memory"}, {"ph", "C"}, {"pid", 1}, {"tid", 1}, {"ts", us(e.time_ns)},
+    timed.push_back({{"name", "tensor memory"}, {"ph", "C"}, {"pid", 1}, {"tid", 1}, {"ts", us(e.time_ns)},
                      {"args", {{"live MiB", static_cast<double>(e.live_bytes) / (1024.0 * 1024.0)}}}});
     const bool last = i + 1 == events.size();
     if (last || events[i + 1].phase != e.phase) {
       const TimelineEvent& first = events[span_begin];
       const int64_t end_ns = last ? e.time_ns : events[i + 1].time_ns;
       if (first.phase != Phase::kIdle) {
-        slices.push_back({{"name", std::string(phase_name(first.phase))}, {"ph", "X"}, {"pid", 1}, {"tid", 2},
-                          {"ts", us(first.time_ns)}, {"dur", us(end_ns) - us(first.time_ns)}});
+        timed.push_back({{"name", std::string(phase_name(first.phase))}, {"ph", "X"}, {"pid", 1}, {"tid", 2},
+                         {"ts", us(first.time_ns)}, {"dur", us(end_ns) - us(first.time_ns)}});
       }
       span_begin = i + 1;
     }
   }
-  // Slices start in time order too; merge them in by time so the whole file is ordered.
-  nlohmann::json merged = nlohmann::json::array();
-  size_t k = 0;
-  for (auto& event : trace) {
-    while (k < slices.size() && event.contains("ts") && slices[k]["ts"].get<double>() <= event["ts"].get<double>()) {
-      merged.push_back(std::move(slices[k++]));
-    }
-    merged.push_back(std::move(event));
-  }
-  for (; k < slices.size(); ++k) merged.push_back(std::move(slices[k]));
-  return {{"traceEvents", merged}, {"displayTimeUnit", "ms"}};
+  auto ts = [](const nlohmann::json& event) { return event["ts"].get<double>(); };
+  std::stable_sort(timed.begin(), timed.end(), [&](const auto& a, const auto& b) { return ts(a) < ts(b); });
+  nlohmann::json trace = nlohmann::json::array();
+  trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "memopt tracker"}}}});
+  for (auto& event : timed) trace.push_back(std::move(event));
+  return {{"traceEvents", trace}, {"displayTimeUnit", "ms"}};
 }
 
 /// Writes chrome_trace(events) to `path` (atomically).
