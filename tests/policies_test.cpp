@@ -622,7 +622,7 @@ TEST_CASE("log_performance_info names LibTorch, threads, BLAS, CPU features and 
   std::string text;
   for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) text += static_cast<char>(c);
   std::fclose(file);
-  CHECK_THAT(text, Catch::Contains("policies: checkpoint::EveryNth<2>, precision::Bf16Autocast, accum::Fixed<4>, "
-                                   "offload::None"));
+  CHECK_THAT(text, Catch::Contains("trainer: Trainer<checkpoint::EveryNth<2>, precision::Bf16Autocast, "
+                                   "accum::Fixed<4>, offload::None>"));
   CHECK_THAT(text, Catch::Contains("blas: "));
 }

@@ -4,12 +4,15 @@
 // --mixed_precision (precision::Bf16Autocast), --grad_accum N (accum::Runtime); the seed
 // project's "original" is --dispatch dense with none of them. It logs loss, aux loss,
 // z-loss, dropped assignments and per-expert load, evaluates held-out perplexity, writes
-// OUT/metrics.jsonl (a summary line last) and a resumable state (--save_every, --resume).
+// OUT/metrics.jsonl (a summary line last) and a resumable state (--save_every, --resume);
+// --plot draws OUT/metrics.png (loss and memory over steps; scripts/plot does the same).
 //   build/examples/02_moe/moe_lm --config moe-nano --gradient_checkpointing --mixed_precision
 //   build/examples/02_moe/moe_lm --dense     # the dense LLaMA with the same active parameters
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +25,7 @@
 #include <memopt/io/train_state.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/models/moe.hpp>
+#include <memopt/plot.hpp>
 
 namespace {
 
@@ -50,6 +54,7 @@ struct Args {
   bool checkpoint_experts = false;
   bool dense = false;
   bool monitor_memory = false;
+  bool plot = false;
   std::string resume;
   int64_t save_every = 0;
   double lr = 1e-3;
@@ -105,8 +110,11 @@ memopt::callbacks::JsonlMetrics::Extra router_stats(MoeLM* moe) {
     j["z_loss"] = s.z_loss;
     j["dropped"] = s.dropped;
     j["expert_load"] = s.load;
-    fmt::print("  moe step {:>4} | ce {:.4f} | aux {:.4f} | z {:.3f} | dropped {:.2f}% | load {:.3f}\n", l.step,
-               j["ce"].get<double>(), s.lb_loss, s.z_loss, 100 * s.dropped, fmt::join(s.load, " "));
+    // On a terminal ProgressBar's line (stderr) has no newline yet: start below it.
+    const bool below_bar = isatty(fileno(stdout)) != 0 && isatty(fileno(stderr)) != 0;
+    fmt::print("{}  moe step {:>4} | ce {:.4f} | aux {:.4f} | z {:.3f} | dropped {:.2f}% | load {:.3f}\n",
+               below_bar ? "\n" : "", l.step, j["ce"].get<double>(), s.lb_loss, s.z_loss, 100 * s.dropped,
+               fmt::join(s.load, " "));
     std::fflush(stdout);
   };
 }
@@ -229,6 +237,10 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
               {"perplexity", std::exp(loss)},
               {"peak_tracked_mib", memopt::memory::mib(peak)},
               {"peak_rss_mib", memopt::memory::mib(result.memory.peak_rss_bytes)}});
+  if (a.plot) {
+    memopt::plot_metrics(a.output_dir + "/metrics.jsonl", a.output_dir + "/metrics.png");
+    fmt::print("plot: {}/metrics.png (loss and memory over steps)\n", a.output_dir);
+  }
   return 0;
 }
 
@@ -251,6 +263,7 @@ int run(const Args& a) {
   TORCH_CHECK(a.seq_len >= 2, "moe_lm: --seq_len must be >= 2 (got ", a.seq_len, "). HINT: try 256.");
   TORCH_CHECK(a.save_every >= 0, "moe_lm: --save_every must be >= 0 (got ", a.save_every, "). HINT: 0 saves at the end only.");
   (void)model_config(a, /*vocab=*/2);  // checks the preset and the MoE flags
+  if (a.plot) memopt::check_gnuplot();  // before training, not after it
 
   // ---- data ----
   Data d;
@@ -306,6 +319,7 @@ int main(int argc, char** argv) {
   app.add_flag("--checkpoint_experts", a.checkpoint_experts, "recompute each expert's SwiGLU in backward");
   app.add_flag("--dense", a.dense, "train the dense LLaMA with the same active parameters instead");
   app.add_flag("--monitor_memory", a.monitor_memory, "print a memory line every step (tracked by phase, RSS)");
+  app.add_flag("--plot", a.plot, "draw OUTPUT_DIR/metrics.png after training (loss, memory over steps; gnuplot)");
   app.add_option("--resume", a.resume, "continue from a state folder (OUT/state of an earlier run)");
   app.add_option("--save_every", a.save_every, "save OUT/state every N steps (0: at the end only)")
       ->capture_default_str();

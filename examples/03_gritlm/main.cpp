@@ -9,7 +9,8 @@
 // length-bucketed. Before and after training it measures held-out retrieval (top-1 among
 // the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl and
 // the trained model to OUT/model. --init_model starts from a pretrained LLaMA (its vocabulary
-// grown by the format symbols), as GritLM starts from Mistral.
+// grown by the format symbols), as GritLM starts from Mistral. --plot draws OUT/metrics.png
+// (loss and memory over steps; scripts/plot does the same).
 //   build/examples/03_gritlm/gritlm --steps 60 --batch_size 32 --grad_cache_chunk 8
 //   build/examples/03_gritlm/gritlm --embed_jsonl my_pairs.jsonl --gen_jsonl my_sft.jsonl
 //   build/examples/03_gritlm/gritlm --data_only --workers 2    # the data path's speed alone
@@ -33,6 +34,7 @@
 #include <memopt/data/tokenizer.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/models/gritlm.hpp>
+#include <memopt/plot.hpp>
 
 namespace {
 
@@ -76,6 +78,7 @@ struct Args {
   int64_t eval_queries = 256;
   int64_t eval_gen = 64;
   int64_t memory_trace = 0;  // steps traced into OUT/memory.trace.json (0: off)
+  bool plot = false;         // OUT/metrics.png after training
   double lr = 1e-3;
   int64_t warmup = 6;
   int64_t log_interval = 5;
@@ -334,6 +337,10 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
               {"perplexity_after", json_number(after.perplexity)},
               {"eval_queries", queries},
               {"data", data_stats}});
+  if (a.plot) {
+    memopt::plot_metrics(a.output_dir + "/metrics.jsonl", a.output_dir + "/metrics.png");
+    fmt::print("plot: {}/metrics.png (loss and memory over steps)\n", a.output_dir);
+  }
   return 0;
 }
 
@@ -406,6 +413,7 @@ GritLM pretrained(const Args& a, int64_t base_vocab, int64_t vocab, int64_t max_
 
 int run(const Args& a) {
   check_args(a);  // a bad flag fails before any data is read
+  if (a.plot && !a.data_only) memopt::check_gnuplot();  // before training, not after it
 
   // ---- tokenizer with GritLM's format symbols, records, batches ----
   auto tokenizer = std::make_shared<memopt::data::Tokenizer>(a.data + "/tokenizer.model");
@@ -513,6 +521,7 @@ int main(int argc, char** argv) {
                  "(Chrome trace; open in ui.perfetto.dev), 0: off")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--plot", a.plot, "draw OUTPUT_DIR/metrics.png after training (loss, memory over steps; gnuplot)");
   app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str();
   app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();

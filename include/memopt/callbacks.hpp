@@ -1,5 +1,5 @@
 // memopt/callbacks.hpp — hooks the Trainer calls at step boundaries, and the built-in
-// ones: a progress bar/log printer, a cache release (malloc_trim on CPU, the CUDA
+// ones: a progress bar/log printer (with an ETA), a cache release (malloc_trim on CPU, the CUDA
 // caching allocator's empty_cache in CUDA builds), a per-step memory monitor, a
 // metrics.jsonl writer and a memory timeline written as a Chrome trace.
 #pragma once
@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -51,6 +52,9 @@ struct LogLine {
   double grad_norm = 0;
   double tokens_per_s = 0;  // since the previous log line
   memory::Report memory;
+  int64_t skipped_steps = 0;  // steps the precision policy skipped (StepStats::stepped false) since fit() began
+  double step_seconds = 0;    // mean step wall time since the previous log line
+  double eta_seconds = 0;     // time left: the mean wall time per step since fit() began × the steps left
 };
 
 /// Override what you need; the Trainer calls these in order at each step.
@@ -65,32 +69,58 @@ struct Callback {
 
 namespace callbacks {
 
-/// Prints a progress bar on a terminal, one line per log otherwise (CI, files).
+/// "12s", "3m05s", "1h02m": a duration for a human (an ETA); "--" when unknown (NaN, negative).
+inline std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}h{:02d}m", s / 3600, s % 3600 / 60);
+}
+
+/// At each log line (TrainerOptions::log_interval(): reading the loss syncs, so not more often):
+/// on a terminal, one progress bar redrawn in place — step/max, loss, tokens/s, live and peak
+/// tracked tensor memory, ETA; otherwise (CI logs, files) one plain line per log with lr, the
+/// gradient norm and RSS too. The peak is the run's: it survives MemoryMonitor's per-step reset.
+///   trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+///   // [##########..............] 40/100 | loss 3.2100 | 1234 tok/s | tensors 40 MiB, peak 95 MiB | ETA 1m05s
 class ProgressBar : public Callback {
  public:
   explicit ProgressBar(std::FILE* out = stderr) : out_(out), tty_(isatty(fileno(out)) != 0) {}
 
+  void on_step_end(const StepStats& /*stats*/) override {
+    run_peak_ = std::max(run_peak_, memory::Tracker::instance().peak_bytes());  // an atomic load
+  }
+
   void on_log(const LogLine& l) override {
+    using memory::mib;
+    run_peak_ = std::max(run_peak_, l.memory.tensors.peak_bytes);
     constexpr int kWidth = 24;
-    const int filled = l.max_steps > 0 ? static_cast<int>(kWidth * l.step / l.max_steps) : 0;
+    const int filled =
+        l.max_steps > 0 ? static_cast<int>(kWidth * std::clamp<int64_t>(l.step, 0, l.max_steps) / l.max_steps) : 0;
     const std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
-    const std::string text = fmt::format(
-        "[{}] step {:>5}/{} | loss {:.4f} | lr {:.2e} | |g| {:.3f} | {:.0f} tok/s | tensors {:.0f} MiB (peak {:.0f}) | "
-        "RSS {:.0f} MiB",
-        bar, l.step, l.max_steps, l.loss, l.lr, l.grad_norm, l.tokens_per_s, memory::mib(l.memory.tensors.live_bytes),
-        memory::mib(l.memory.tensors.peak_bytes), memory::mib(l.memory.rss_bytes));
+    const std::string skipped = l.skipped_steps > 0 ? fmt::format(" | skipped {}", l.skipped_steps) : "";
     if (tty_) {
-      fmt::print(out_, "\r{}\x1b[K", text);
+      // \r: back to the line's start; \x1b[K: erase what a longer previous line left.
+      fmt::print(out_, "\r[{}] {}/{} | loss {:.4f} | {:.0f} tok/s | tensors {:.0f} MiB, peak {:.0f} MiB{} | ETA {}",
+                 bar, l.step, l.max_steps, l.loss, l.tokens_per_s, mib(l.memory.tensors.live_bytes),
+                 mib(run_peak_), skipped, format_duration(l.eta_seconds));
+      fmt::print(out_, "\x1b[K");
+      if (l.step >= l.max_steps) fmt::print(out_, "\n");
     } else {
-      fmt::print(out_, "{}\n", text);
+      fmt::print(out_,
+                 "[{}] step {:>5}/{} | loss {:.4f} | lr {:.2e} | |g| {:.3f} | {:.0f} tok/s | tensors {:.0f} MiB (peak "
+                 "{:.0f}) | RSS {:.0f} MiB{} | ETA {}\n",
+                 bar, l.step, l.max_steps, l.loss, l.lr, l.grad_norm, l.tokens_per_s, mib(l.memory.tensors.live_bytes),
+                 mib(run_peak_), mib(l.memory.rss_bytes), skipped, format_duration(l.eta_seconds));
     }
-    if (tty_ && l.step == l.max_steps) fmt::print(out_, "\n");
     std::fflush(out_);
   }
 
  private:
   std::FILE* out_;
   bool tty_;
+  int64_t run_peak_ = 0;
 };
 
 /// Every N steps, returns freed memory to the system: malloc_trim(0) on CPU (glibc keeps
@@ -193,10 +223,11 @@ class MemoryTrace : public Callback {
   bool started_ = false, written_ = false;
 };
 
-/// Writes a JSON object per log line to `path` (metrics.jsonl): event "train", step, loss,
-/// lr, grad_norm, tokens_per_s, tracked_mib (live tensors), rss_mib, plus what `extra` adds;
-/// write() appends other lines (a summary). Keeps the run's tracked peak, which survives
-/// MemoryMonitor resetting the tracker's peak every step.
+/// Writes a JSON object per log line to `path` (metrics.jsonl): event "train", step, max_steps,
+/// loss, lr, grad_norm, tokens_per_s, step_seconds, eta_seconds, skipped_steps, tracked_mib (live
+/// tensors), peak_mib (the run's tracked peak so far), rss_mib, peak_rss_mib, plus what `extra`
+/// adds; write() appends other lines (a summary). Keeps the run's tracked peak, which survives
+/// MemoryMonitor resetting the tracker's peak every step. scripts/plot draws the file.
 ///   auto log = std::make_shared<memopt::callbacks::JsonlMetrics>("runs/a/metrics.jsonl");
 ///   trainer.add_callback(log);  ...  log->write({{"event", "summary"}, {"peak", log->run_peak()}});
 class JsonlMetrics : public Callback {
@@ -211,14 +242,21 @@ class JsonlMetrics : public Callback {
     run_peak_ = std::max(run_peak_, memory::Tracker::instance().snapshot().peak_bytes);
   }
   void on_log(const LogLine& l) override {
+    run_peak_ = std::max(run_peak_, l.memory.tensors.peak_bytes);
     nlohmann::json j = {{"event", "train"},
                         {"step", l.step},
+                        {"max_steps", l.max_steps},
                         {"loss", l.loss},
                         {"lr", l.lr},
                         {"grad_norm", l.grad_norm},
                         {"tokens_per_s", l.tokens_per_s},
+                        {"step_seconds", l.step_seconds},
+                        {"eta_seconds", l.eta_seconds},
+                        {"skipped_steps", l.skipped_steps},
                         {"tracked_mib", memory::mib(l.memory.tensors.live_bytes)},
-                        {"rss_mib", memory::mib(l.memory.rss_bytes)}};
+                        {"peak_mib", memory::mib(run_peak_)},
+                        {"rss_mib", memory::mib(l.memory.rss_bytes)},
+                        {"peak_rss_mib", memory::mib(l.memory.peak_rss_bytes)}};
     if (extra_) extra_(l, j);
     write(j);
   }

@@ -10,6 +10,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <typeinfo>
@@ -69,12 +71,36 @@ namespace detail {
 // "memopt::accum::Fixed<4l>" -> "accum::Fixed<4>"
 template <class T>
 std::string policy_name() {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status),
-                                                   std::free);
-  std::string name = status == 0 && demangled ? demangled.get() : typeid(T).name();
-  name = std::regex_replace(name, std::regex("memopt::"), "");
-  return std::regex_replace(name, std::regex("([0-9]+)(l|ul|ll|ull)\\b"), "$1");
+  if constexpr (requires { { T::name() } -> std::convertible_to<std::string>; }) {
+    return T::name();  // memopt's policies name themselves
+  } else {
+    int status = 0;
+    std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status),
+                                                     std::free);
+    std::string name = status == 0 && demangled ? demangled.get() : typeid(T).name();
+    name = std::regex_replace(name, std::regex("memopt::"), "");
+    return std::regex_replace(name, std::regex("([0-9]+)(l|ul|ll|ull)\\b"), "$1");
+  }
+}
+
+// The first CPU's model name and flags (" avx2 fma … ", space-delimited) from /proc/cpuinfo.
+struct CpuDescription {
+  std::string model, flags;
+};
+inline const CpuDescription& cpu_description() {
+  static const CpuDescription cpu = [] {
+    CpuDescription d;
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line) && (d.model.empty() || d.flags.empty())) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      if (d.model.empty() && line.rfind("model name", 0) == 0) d.model = line.substr(colon + 2);
+      if (d.flags.empty() && line.rfind("flags", 0) == 0) d.flags = " " + line.substr(colon + 2) + " ";
+    }
+    return d;
+  }();
+  return cpu;
 }
 
 // The shared libraries of this process whose file name contains one of `keys`.
@@ -95,6 +121,11 @@ inline std::vector<std::string> loaded_libraries(const std::vector<std::string>&
 
 }  // namespace detail
 
+/// Whether the CPU reports `feature` in /proc/cpuinfo's flags ("amx_bf16", "avx512_bf16", …).
+inline bool cpu_has(std::string_view feature) {
+  return detail::cpu_description().flags.find(" " + std::string(feature) + " ") != std::string::npos;
+}
+
 /// What decides this process's speed, as (label, value) lines: LibTorch version, intra-op
 /// threads, the BLAS library actually loaded, the CPU and its matmul-relevant features.
 ///   for (auto& [k, v] : memopt::performance_info()) ...
@@ -113,21 +144,12 @@ inline std::vector<std::pair<std::string, std::string>> performance_info() {
     blas_text = "no OpenBLAS, MKL or BLIS loaded: fp32 matmuls run on the reference BLAS (~5 GFLOP/s). "
                 "HINT: apt install libopenblas0-openmp";
   info.emplace_back("blas", blas_text);
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, model, flags;
-  while (std::getline(cpuinfo, line) && (model.empty() || flags.empty())) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    if (model.empty() && line.rfind("model name", 0) == 0) model = line.substr(colon + 2);
-    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + line.substr(colon + 2) + " ";
-  }
+  const auto cpu = detail::cpu_description();
   std::string features;
-  for (const char* f : {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"}) {
-    const bool has = flags.find(std::string(" ") + f + " ") != std::string::npos;
-    features += fmt::format("{}{}{}", features.empty() ? "" : " ", has ? "+" : "-", f);
-  }
-  info.emplace_back("cpu", model.empty() ? "unknown" : model);
-  info.emplace_back("cpu features", features.empty() || flags.empty() ? "unknown" : features);
+  for (const char* f : {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"})
+    features += fmt::format("{}{}{}", features.empty() ? "" : " ", cpu_has(f) ? "+" : "-", f);
+  info.emplace_back("cpu", cpu.model.empty() ? "unknown" : cpu.model);
+  info.emplace_back("cpu features", cpu.flags.empty() ? "unknown" : features);
   return info;
 }
 
@@ -138,10 +160,7 @@ template <class TrainerT = void>
 void log_performance_info(std::FILE* out = stdout) {
   for (const auto& [label, value] : performance_info()) fmt::print(out, "{:>13}: {}\n", label, value);
   if constexpr (!std::is_void_v<TrainerT>) {
-    fmt::print(out, "{:>13}: {}, {}, {}, {}\n", "policies", detail::policy_name<typename TrainerT::checkpoint_type>(),
-               detail::policy_name<typename TrainerT::precision_type>(),
-               detail::policy_name<typename TrainerT::accum_type>(),
-               detail::policy_name<typename TrainerT::offload_type>());
+    fmt::print(out, "{:>13}: {}\n", "trainer", TrainerT::name());
   }
   std::fflush(out);
 }

@@ -139,6 +139,13 @@ class Trainer {
   using accum_type = Accum;
   using offload_type = Offload;
 
+  /// The instantiation, e.g. "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast,
+  /// accum::Runtime, offload::None>" (what the planner's dispatch reports it ran).
+  static std::string name() {
+    return "Trainer<" + detail::policy_name<Checkpoint>() + ", " + detail::policy_name<Precision>() + ", " +
+           detail::policy_name<Accum>() + ", " + detail::policy_name<Offload>() + ">";
+  }
+
   /// Takes the model's trainable parameters; builds the optimizer through the Offload policy.
   Trainer(torch::nn::Module& model, TrainerOptions options) : Trainer(model, options, make_accum_policy(options)) {}
   Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum)
@@ -212,12 +219,16 @@ class Trainer {
   FitResult fit(Loader& loader, LossFn&& loss_fn) {
     FitResult result;
     int64_t total_tokens = 0;
-    int64_t tokens_since_log = 0;
+    int64_t tokens_since_log = 0, steps_since_log = 0;
+    int64_t skipped_steps = 0;  // steps the precision policy skipped (inf/nan gradient), this fit()
     double seconds_since_log = 0;
+    const auto fit_start = std::chrono::steady_clock::now();  // the ETA: mean wall time per step since here
     while (step_ < options_.max_steps()) {
       StepStats s = step(loader, loss_fn);
       tokens_since_log += s.tokens;
       seconds_since_log += s.seconds;
+      steps_since_log += 1;
+      skipped_steps += s.stepped ? 0 : 1;
       result.seconds += s.seconds;
       result.steps += 1;
       total_tokens += s.tokens;
@@ -225,9 +236,15 @@ class Trainer {
         LogLine line{s.step, options_.max_steps(), s.loss.item<double>(), s.lr, s.grad_norm.item<double>(),
                      static_cast<double>(tokens_since_log) / std::max(seconds_since_log, 1e-9),
                      memory::Report::now()};
+        const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
+        line.skipped_steps = skipped_steps;
+        line.step_seconds = seconds_since_log / static_cast<double>(steps_since_log);
+        const auto steps_left = static_cast<double>(options_.max_steps() - s.step);
+        line.eta_seconds = wall / static_cast<double>(result.steps) * steps_left;
         result.final_loss = line.loss;
         for (auto& cb : callbacks_) cb->on_log(line);
         tokens_since_log = 0;
+        steps_since_log = 0;
         seconds_since_log = 0;
       }
     }

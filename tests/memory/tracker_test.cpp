@@ -3,9 +3,14 @@
 // checkpointing, and the allocator settings string (MEMOPT_ALLOC_CONF).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include <memopt/memopt.hpp>
+#include <memopt/plot.hpp>
 
 #include "support.hpp"
 
@@ -232,4 +237,148 @@ TEST_CASE("MemoryTrace traces its steps, then stops and writes the file once", "
   CHECK(counters == 4);  // start, step 1 allocation and free, step 2 allocation (freed after the trace stopped)
   memopt::test::require_error([] { memopt::callbacks::MemoryTrace bad("x.json", -1); },
                               "memopt::callbacks::MemoryTrace", {"steps must be >= 0 (got -1)"});
+}
+
+// ---- callbacks.hpp: ProgressBar, JsonlMetrics and the LogLine the Trainer fills; plot.hpp ----
+
+TEST_CASE("format_duration writes an ETA for a human", "[callbacks]") {
+  using memopt::callbacks::format_duration;
+  CHECK(format_duration(0) == "0s");
+  CHECK(format_duration(12.4) == "12s");
+  CHECK(format_duration(185) == "3m05s");
+  CHECK(format_duration(3720) == "1h02m");
+  CHECK(format_duration(-1) == "--");
+  CHECK(format_duration(std::nan("")) == "--");
+}
+
+TEST_CASE("ProgressBar prints plain lines with the ETA when not on a terminal", "[callbacks]") {
+  std::FILE* out = std::tmpfile();  // not a TTY: one line per log
+  REQUIRE(out != nullptr);
+  memopt::callbacks::ProgressBar bar(out);
+  memopt::LogLine line;
+  line.step = 40;
+  line.max_steps = 100;
+  line.loss = 3.21;
+  line.tokens_per_s = 1234;
+  line.eta_seconds = 185;
+  line.memory.tensors.live_bytes = 40 << 20;
+  line.memory.tensors.peak_bytes = 95 << 20;
+  bar.on_log(line);
+  line.step = 100;
+  line.skipped_steps = 2;
+  line.eta_seconds = 0;
+  line.memory.tensors.peak_bytes = 50 << 20;  // a per-step peak (MemoryMonitor resets it): the run's stays 95
+  bar.on_log(line);
+  std::rewind(out);
+  std::string text;
+  for (int c = std::fgetc(out); c != EOF; c = std::fgetc(out)) text += static_cast<char>(c);
+  std::fclose(out);
+  INFO(text);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 2);
+  CHECK(text.find('\r') == std::string::npos);
+  CHECK_THAT(text, Catch::Contains("step    40/100") && Catch::Contains("loss 3.2100") &&
+                       Catch::Contains("1234 tok/s") && Catch::Contains("tensors 40 MiB (peak 95)") &&
+                       Catch::Contains("| ETA 3m05s\n"));
+  CHECK_THAT(text, Catch::Contains("step   100/100") && Catch::Contains("skipped 2 | ETA 0s\n"));
+}
+
+TEST_CASE("JsonlMetrics lines parse and carry skipped steps, peaks, step time and ETA", "[callbacks][precision]") {
+  torch::manual_seed(0);
+  memopt::models::Llama model(memopt::models::LlamaConfig()
+                                  .vocab_size(128)
+                                  .hidden_size(32)
+                                  .num_hidden_layers(2)
+                                  .num_attention_heads(4)
+                                  .max_position_embeddings(64));
+  struct Loader {
+    memopt::Batch next() {
+      auto t = torch::randint(128, {4, 33});
+      return {t.slice(1, 0, 32), t.slice(1, 1, 33)};
+    }
+  } loader;
+  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Scaled<c10::kFloat>> trainer(
+      *model, memopt::TrainerOptions().max_steps(6).log_interval(2).threads(1));
+  memopt::test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  auto metrics = std::make_shared<memopt::callbacks::JsonlMetrics>(path);
+  std::FILE* progress = std::tmpfile();
+  REQUIRE(progress != nullptr);
+  trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>(progress)).add_callback(metrics);
+  int calls = 0;
+  trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) {
+    auto loss = model->loss_sum(b, c);
+    return ++calls == 3 ? loss * std::numeric_limits<float>::infinity() : loss;  // step 3 overflows: skipped
+  });
+
+  std::ifstream file(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string text; std::getline(file, text);) lines.push_back(nlohmann::json::parse(text));
+  REQUIRE(lines.size() == 3);  // steps 2, 4, 6
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto& j = lines[i];
+    INFO(j.dump());
+    for (const char* key : {"event", "step", "max_steps", "loss", "lr", "grad_norm", "tokens_per_s", "step_seconds",
+                            "eta_seconds", "skipped_steps", "tracked_mib", "peak_mib", "rss_mib", "peak_rss_mib"})
+      CHECK(j.contains(key));
+    CHECK(j["event"] == "train");
+    CHECK(j["step"] == 2 * static_cast<int64_t>(i + 1));
+    CHECK(j["max_steps"] == 6);
+    CHECK(j["skipped_steps"] == (i == 0 ? 0 : 1));  // cumulative: step 3 was skipped
+    CHECK(j["step_seconds"].get<double>() > 0);
+    CHECK(j["eta_seconds"].get<double>() >= 0);
+    CHECK(j["peak_mib"].get<double>() >= j["tracked_mib"].get<double>());
+    CHECK(j["peak_mib"].get<double>() > 0);
+    CHECK(j["peak_rss_mib"].get<double>() >= j["rss_mib"].get<double>());
+  }
+  CHECK(lines[0]["eta_seconds"].get<double>() > 0);
+  CHECK(lines[2]["eta_seconds"].get<double>() == 0);
+  CHECK(lines[2]["peak_mib"].get<double>() == Approx(memopt::memory::mib(metrics->run_peak())));
+
+  std::rewind(progress);
+  std::string text;
+  for (int c = std::fgetc(progress); c != EOF; c = std::fgetc(progress)) text += static_cast<char>(c);
+  std::fclose(progress);
+  INFO(text);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 3);
+  CHECK_THAT(text, Catch::Contains("step     4/6") && Catch::Contains("skipped 1 | ETA ") &&
+                       Catch::Contains("| ETA 0s\n"));
+}
+
+TEST_CASE("plot_metrics draws a PNG, and says what is wrong with bad input", "[callbacks][plot]") {
+  memopt::test::TempDir dir;
+  const std::string empty = dir.file("empty.jsonl");
+  std::ofstream(empty) << R"({"event":"summary","steps":3})" << "\n";
+  auto require_plot_error = [](const std::function<void()>& fn, const std::string& part) {
+    try {
+      fn();
+      FAIL("expected an error mentioning " << part);
+    } catch (const std::runtime_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("memopt::plot_metrics") && Catch::Contains(part) &&
+                               Catch::Contains("HINT: "));
+    }
+  };
+  require_plot_error([&] { memopt::plot_metrics(dir.file("missing.jsonl"), dir.file("a.png")); }, "cannot read");
+  require_plot_error([&] { memopt::plot_metrics(empty, dir.file("a.png")); }, "no \"train\" line");
+  if (!memopt::gnuplot_available()) {
+    WARN("gnuplot is not installed: plot_metrics' drawing is not tested. HINT: apt-get install gnuplot-nox");
+    return;
+  }
+  const std::string jsonl = dir.file("metrics.jsonl");
+  {
+    std::ofstream out(jsonl);
+    out << R"({"event":"start"})" << "\n";
+    for (int step = 1; step <= 4; ++step)
+      out << nlohmann::json{{"event", "train"}, {"step", step}, {"loss", 5.0 / step}, {"tracked_mib", 10 + step},
+                            {"peak_mib", 20}, {"rss_mib", 100 + step}}.dump()
+          << "\n";
+    out << R"({"event":"train","step":5,"lo)" << "\n";  // cut by a crash: skipped
+  }
+  const auto summary = memopt::plot_metrics(jsonl, dir.file("metrics.png"));
+  CHECK(summary.points == 4);
+  CHECK(summary.first_step == 1);
+  CHECK(summary.last_step == 4);
+  std::ifstream png(dir.file("metrics.png"), std::ios::binary);
+  char magic[8] = {};
+  png.read(magic, 8);
+  CHECK(std::string(magic, 8) == std::string("\x89PNG\r\n\x1a\n", 8));
 }

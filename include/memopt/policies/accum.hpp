@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -21,6 +22,7 @@ namespace memopt::accum {
 
 /// One micro-batch per step.
 struct None {
+  static std::string name() { return "accum::None"; }
   static constexpr int64_t micro_steps() { return 1; }
 };
 
@@ -28,12 +30,14 @@ struct None {
 ///   memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Fixed<4>>
 template <int64_t N>
 struct Fixed {
+  static std::string name() { return "accum::Fixed<" + std::to_string(N) + ">"; }
   static_assert(N >= 1, "memopt::accum::Fixed<N>: N must be >= 1 micro-batch per step");
   static constexpr int64_t micro_steps() { return N; }
 };
 
 /// N micro-batches per step, chosen at run time (TrainerOptions::accum_steps).
 struct Runtime {
+  static std::string name() { return "accum::Runtime"; }
   explicit Runtime(int64_t n = 1) : n_(n) {
     TORCH_CHECK(n >= 1, "memopt::accum::Runtime: accumulation steps must be >= 1 (got ", n,
                 "). HINT: pass --accum 1 or more.");
@@ -79,6 +83,7 @@ struct GradCacheOptions {
 ///       trainer(model, options, memopt::accum::GradCache(memopt::accum::GradCacheOptions().chunk_size(8)));
 class GradCache {
  public:
+  static std::string name() { return "accum::GradCache"; }
   static constexpr bool kRunsMicroBatch = true;
 
   explicit GradCache(GradCacheOptions options = {}) : options_(options) {

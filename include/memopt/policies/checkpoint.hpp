@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -26,6 +27,7 @@ inline std::vector<torch::Tensor> trainable(torch::nn::Module& block) {
 
 /// Keeps every activation (fastest, most memory).
 struct None {
+  static std::string name() { return "checkpoint::None"; }
   torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return fn(inputs);
@@ -35,6 +37,7 @@ struct None {
 /// Recomputes every block in backward: keeps only each block's input.
 ///   x = memopt::checkpoint::EveryBlock{}.run_block(i, *layer, fn, {x});
 struct EveryBlock {
+  static std::string name() { return "checkpoint::EveryBlock"; }
   torch::Tensor run_block(int64_t, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return memopt::detail::checkpointed(fn, inputs, detail::trainable(block));
@@ -44,6 +47,7 @@ struct EveryBlock {
 /// Recomputes blocks 0, N, 2N, …: 1/N of the blocks, trading memory for less recompute.
 template <int N>
 struct EveryNth {
+  static std::string name() { return "checkpoint::EveryNth<" + std::to_string(N) + ">"; }
   static_assert(N >= 1, "memopt::checkpoint::EveryNth<N>: N must be >= 1");
   torch::Tensor run_block(int64_t index, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
@@ -58,6 +62,7 @@ struct EveryNth {
 /// backward, while the matmul outputs stay. Memory between None and EveryBlock, time
 /// close to None.
 struct Selective {
+  static std::string name() { return "checkpoint::Selective"; }
   torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return fn(inputs);

@@ -20,6 +20,7 @@ namespace memopt::offload {
 
 /// State stays where the parameters are, in torch::optim::AdamW.
 struct None {
+  static std::string name() { return "offload::None"; }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
     return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
@@ -37,6 +38,9 @@ struct None {
 ///                   memopt::accum::None, memopt::offload::StepInBackward> t(*model, opts.grad_clip(0));
 template <class Inner>
 struct StepInBackwardWith {
+  static std::string name() {
+    return std::is_same_v<Inner, torch::optim::AdamW> ? "offload::StepInBackward" : "offload::StepInBackwardInt8";
+  }
   static constexpr bool kStepsInBackward = true;
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
@@ -56,6 +60,7 @@ using StepInBackwardInt8 = StepInBackwardWith<optim::AdamW8bit>;
 ///   memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::None,
 ///                   memopt::offload::Int8State> trainer(*model, options);
 struct Int8State {
+  static std::string name() { return "offload::Int8State"; }
   Int8State() = default;
   /// E.g. the token embedding's state in fp32, as bitsandbytes does:
   ///   memopt::offload::Int8State(memopt::optim::AdamW8bitOptions().fp32_params({model->model->embed_tokens->weight}))
@@ -76,6 +81,7 @@ struct Int8State {
 ///                             memopt::accum::None, memopt::offload::Disk>;
 ///   T trainer(*model, options, {}, memopt::offload::Disk(memopt::optim::DiskAdamWOptions().directory("/nvme")));
 struct Disk {
+  static std::string name() { return "offload::Disk"; }
   Disk() = default;
   explicit Disk(optim::DiskAdamWOptions options) : options(std::move(options)) {}
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
@@ -92,6 +98,7 @@ struct Disk {
 /// forward and backward, where activations peak — the device holds no optimizer state.
 /// Needs parameters on a CUDA device: on CPU parameters it stops with a clear error.
 struct PinnedHost {
+  static std::string name() { return "offload::PinnedHost"; }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
     for (const auto& group : groups)

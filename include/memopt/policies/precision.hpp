@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@ namespace memopt::precision {
 
 /// Everything in fp32.
 struct Fp32 {
+  static std::string name() { return "precision::Fp32"; }
   static constexpr c10::ScalarType kComputeDtype = c10::kFloat;
   struct NoGuard {};
   NoGuard autocast(c10::DeviceType) const { return {}; }
@@ -32,6 +34,7 @@ struct Fp32 {
 /// fp32 master weights and gradients. The guard restores the previous autocast state
 /// and clears the cast cache, so the next step casts the updated weights again.
 struct Bf16Autocast {
+  static std::string name() { return "precision::Bf16Autocast"; }
   static constexpr c10::ScalarType kComputeDtype = c10::kBFloat16;
   memopt::detail::AutocastGuard autocast(c10::DeviceType device) const {
     return memopt::detail::AutocastGuard({device, true, c10::kBFloat16});
@@ -52,6 +55,7 @@ struct Bf16Autocast {
 /// Cost: 4 B/param of masters, plus fp32 gradients (4 B/param) at the optimizer step.
 /// Build the model in fp32 as usual; the Trainer hands its parameters over (they become bf16).
 struct Bf16Pure {
+  static std::string name() { return "precision::Bf16Pure"; }
   static constexpr c10::ScalarType kComputeDtype = c10::kBFloat16;
   struct NoGuard {};
   NoGuard autocast(c10::DeviceType) const { return {}; }  // the weights are bf16 already
@@ -211,6 +215,9 @@ class LossScaler {
 /// Fp16Scaled needs a CUDA device: on the CPU, use Bf16Autocast (bf16 needs no scaling).
 template <c10::ScalarType Dtype>
 struct Scaled {
+  static std::string name() {
+    return Dtype == c10::kHalf ? "precision::Fp16Scaled" : std::string("precision::Scaled<") + c10::toString(Dtype) + ">";
+  }
   static_assert(Dtype == c10::kHalf || Dtype == c10::kBFloat16 || Dtype == c10::kFloat,
                 "memopt::precision::Scaled<Dtype>: Dtype must be kHalf, kBFloat16 or kFloat");
   static constexpr c10::ScalarType kComputeDtype = Dtype;

@@ -1,0 +1,124 @@
+// benchmarks/memory/estimator_bench.cpp — memory/estimator.hpp's prediction next to the
+// tracker's measured peak of one real step, for one configuration per process. The policies
+// come from flags through memopt::dispatch over memopt::StandardTrainers (the planner's path).
+// A warm-up step creates the optimizer state; the peaks are reset; the next step is measured.
+//
+//   memopt_bench_estimator --layers 4 --dim 256 --seq 256 --micro 8 --checkpoint every --precision bf16
+//   scripts/bench estimator          # the whole suite: one JSON line per configuration
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "bench_main.hpp"
+#include "memopt/memopt.hpp"
+#include "memopt/memory/estimator.hpp"
+#include "memopt/planner.hpp"
+
+namespace {
+
+struct Config {
+  std::string name;
+  int64_t layers = 4, dim = 256, heads = 8, kv_heads = 0, ffn = 0, seq = 256, micro = 8, accum = 1, vocab = 4096;
+  int64_t loss_chunk = 0;
+  double dropout = 0;
+  std::string checkpoint = "none", precision = "fp32", offload = "none", attention = "math";
+};
+
+// Uniform random tokens: the step's memory does not depend on their values.
+struct RandomTokens {
+  int64_t batch, seq, vocab;
+  memopt::Batch next() {
+    auto rows = torch::randint(vocab, {batch, seq + 1}, torch::kLong);  // (B, T+1)
+    return {rows.slice(1, 0, seq).contiguous(), rows.slice(1, 1).contiguous()};
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  CLI::App app{"memopt_bench_estimator: predicted vs measured peak tensor memory of one training step"};
+  app.add_option("--name", c.name, "the configuration's name in the JSON line");
+  app.add_option("--layers", c.layers)->check(CLI::PositiveNumber);
+  app.add_option("--dim", c.dim)->check(CLI::PositiveNumber);
+  app.add_option("--heads", c.heads)->check(CLI::PositiveNumber);
+  app.add_option("--kv_heads", c.kv_heads, "0: --heads")->check(CLI::NonNegativeNumber);
+  app.add_option("--ffn", c.ffn, "0: LLaMA's rule")->check(CLI::NonNegativeNumber);
+  app.add_option("--seq", c.seq)->check(CLI::PositiveNumber);
+  app.add_option("--micro", c.micro)->check(CLI::PositiveNumber);
+  app.add_option("--accum", c.accum)->check(CLI::PositiveNumber);
+  app.add_option("--vocab", c.vocab)->check(CLI::PositiveNumber);
+  app.add_option("--loss_chunk", c.loss_chunk, "rows per fused head+loss chunk (0: full logits)");
+  app.add_option("--dropout", c.dropout);
+  app.add_option("--checkpoint", c.checkpoint, "none | every | every-N | selective");
+  app.add_option("--precision", c.precision, "fp32 | bf16 | bf16-pure | fp16");
+  app.add_option("--offload", c.offload, "none | int8 | disk");
+  app.add_option("--attention", c.attention)->check(CLI::IsMember({"math", "blockwise"}));
+  CLI11_PARSE(app, argc, argv);
+  memopt::init();
+
+  return memopt::bench::print_line([&] {
+    const auto policies = memopt::memory::PolicyDesc::parse(c.checkpoint, c.precision, c.offload, c.accum);
+    auto config = memopt::bench::llama_config(c.vocab, c.dim, c.layers, c.heads, c.seq)
+                      .num_key_value_heads(c.kv_heads)
+                      .intermediate_size(c.ffn)
+                      .dropout(c.dropout)
+                      .loss_chunk_size(c.loss_chunk)
+                      .attention_kind(c.attention == "math" ? memopt::nn::AttentionKind::kMath
+                                                            : memopt::nn::AttentionKind::kBlockwise);
+    torch::manual_seed(1234);
+    memopt::models::Llama model(config);
+    model->train();
+    const auto predicted =
+        memopt::memory::estimate(memopt::memory::ModelDesc::llama(config), {c.micro, c.seq}, policies);
+    std::cerr << predicted.table();
+
+    RandomTokens loader{c.micro, c.seq, c.vocab};
+    auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
+    const auto options = memopt::TrainerOptions().accum_steps(c.accum).max_steps(2);
+    auto& tracker = memopt::memory::Tracker::instance();
+    std::string trainer_name;
+    memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
+      T trainer(*model, options);
+      trainer_name = T::name();
+      trainer.step(loader, loss_fn);  // creates the optimizer state
+      tracker.reset_peaks();
+      tracker.start_timeline();
+      trainer.step(loader, loss_fn);
+      tracker.stop_timeline();
+    });
+    // Live bytes when the forward ends (the saved activations) and when the step begins.
+    int64_t forward_end = 0, step_begin = -1;
+    for (const auto& ev : tracker.timeline()) {
+      if (step_begin < 0) step_begin = ev.live_bytes;
+      if (ev.phase == memopt::memory::Phase::kForward) forward_end = ev.live_bytes;
+    }
+    const auto s = tracker.snapshot();
+    auto phase = [&](memopt::memory::Phase p) { return memopt::memory::mib(s.phase_peak_bytes[static_cast<int>(p)]); };
+    using memopt::memory::mib;
+    const std::string name = c.name.empty() ? policies.name() : c.name;
+    return nlohmann::ordered_json{
+        {"name", name},
+        {"predicted_mib", mib(predicted.peak)},
+        {"measured_mib", mib(s.peak_bytes)},
+        {"error", static_cast<double>(predicted.peak) / static_cast<double>(s.peak_bytes) - 1.0},
+        {"predicted_phase", predicted.peak_phase},
+        {"measured_forward_mib", phase(memopt::memory::Phase::kForward)},
+        {"measured_backward_mib", phase(memopt::memory::Phase::kBackward)},
+        {"measured_optimizer_mib", phase(memopt::memory::Phase::kOptimizer)},
+        {"predicted_forward_mib", mib(predicted.forward_peak)},
+        {"predicted_backward_mib", mib(predicted.backward_peak)},
+        {"predicted_optimizer_mib", mib(predicted.optimizer_peak)},
+        {"measured_step_begin_mib", mib(step_begin)},
+        {"measured_forward_end_mib", mib(forward_end)},
+        {"predicted_forward_end_mib", mib(predicted.parameters + predicted.master_weights + predicted.optimizer_state +
+                                          predicted.activations)},
+        {"trainer", trainer_name},
+        {"policies", policies.name()},
+        {"shape", fmt::format("l{}-d{}-h{}-kv{}-s{}-b{}-v{}", c.layers, c.dim, c.heads, config.kv_heads(), c.seq,
+                              c.micro, c.vocab)}};
+  });
+}

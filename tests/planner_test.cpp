@@ -1,0 +1,246 @@
+// Tests for memopt/planner.hpp and memopt/memory/estimator.hpp: the estimator's peak within
+// ±10% of the tracker's on ten configurations spanning the policies, the runtime →
+// compile-time dispatch reaching the instantiation the flags name, the planner choosing the
+// fastest fitting combination for three budgets (and the largest micro-batch), and the
+// errors of bad flags and sizes.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <memopt/memopt.hpp>
+#include <memopt/memory/estimator.hpp>
+#include <memopt/planner.hpp>
+
+#include "support.hpp"
+
+namespace {
+
+// The instantiations the estimator test runs (a small list keeps this file's compile short).
+using EstimatorTrainers = memopt::TypeList<
+    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::checkpoint::EveryNth<2>, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::checkpoint::Selective, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Bf16Autocast, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
+                    memopt::offload::Int8State>,
+    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Bf16Pure, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::checkpoint::Selective, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
+                    memopt::offload::Disk>>;
+
+struct EstimatorCase {
+  const char* checkpoint;
+  const char* precision;
+  const char* offload;
+  int64_t accum, layers, kv_heads, seq;
+  bool blockwise;
+  int64_t loss_chunk;
+  double dropout;
+  const char* trainer;  // the instantiation dispatch must reach
+};
+
+struct Measured {
+  int64_t peak = 0;
+  std::string trainer;
+};
+
+// The tracker's peak over one step after a warm-up step (which creates the optimizer state).
+Measured measure(const memopt::models::LlamaConfig& config, const memopt::memory::PolicyDesc& policies,
+                 int64_t micro, int64_t seq) {
+  auto& tracker = memopt::memory::Tracker::instance();
+  const int64_t before = tracker.live_bytes();  // whatever earlier tests left alive
+  torch::manual_seed(7);
+  memopt::models::Llama model(config);
+  struct Tokens {
+    int64_t b, t, v;
+    memopt::Batch next() {
+      auto rows = torch::randint(v, {b, t + 1}, torch::kLong);  // (B, T+1)
+      return {rows.slice(1, 0, t).contiguous(), rows.slice(1, 1).contiguous()};
+    }
+  } loader{micro, seq, config.vocab_size()};
+  auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
+  Measured out;
+  memopt::dispatch<EstimatorTrainers>(policies, [&]<class T>(std::type_identity<T>) {
+    T trainer(*model, memopt::TrainerOptions().accum_steps(policies.accum).max_steps(2));
+    out.trainer = T::name();
+    trainer.step(loader, loss_fn);
+    tracker.reset_peaks();
+    trainer.step(loader, loss_fn);
+    out.peak = tracker.peak_bytes() - before;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the estimator predicts the tracker's peak within 10% on ten policy combinations", "[estimator]") {
+  REQUIRE(memopt::memory::Tracker::instance().installed());
+  const std::vector<EstimatorCase> cases = {
+      {"none", "fp32", "none", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
+      {"every", "fp32", "none", 1, 3, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::EveryBlock, precision::Fp32, accum::Runtime, offload::None>"},
+      {"every-2", "fp32", "none", 1, 4, 2, 64, false, 0, 0.0,
+       "Trainer<checkpoint::EveryNth<2>, precision::Fp32, accum::Runtime, offload::None>"},
+      {"selective", "fp32", "none", 1, 2, 0, 128, false, 0, 0.0,
+       "Trainer<checkpoint::Selective, precision::Fp32, accum::Runtime, offload::None>"},
+      {"none", "bf16", "none", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::None, precision::Bf16Autocast, accum::Runtime, offload::None>"},
+      {"every", "bf16", "int8", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::Int8State>"},
+      {"none", "bf16-pure", "none", 2, 2, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::None, precision::Bf16Pure, accum::Runtime, offload::None>"},
+      {"selective", "bf16", "disk", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::Selective, precision::Bf16Autocast, accum::Runtime, offload::Disk>"},
+      {"none", "fp32", "none", 1, 2, 0, 128, true, 64, 0.0,
+       "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
+      {"none", "fp32", "none", 1, 2, 0, 64, false, 0, 0.1,
+       "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
+  };
+  const int64_t micro = 4;
+  for (const auto& c : cases) {
+    const auto policies = memopt::memory::PolicyDesc::parse(c.checkpoint, c.precision, c.offload, c.accum);
+    auto config = memopt::models::LlamaConfig()
+                      .vocab_size(512)
+                      .hidden_size(128)
+                      .num_hidden_layers(c.layers)
+                      .num_attention_heads(4)
+                      .num_key_value_heads(c.kv_heads)
+                      .max_position_embeddings(c.seq)
+                      .attention_kind(c.blockwise ? memopt::nn::AttentionKind::kBlockwise
+                                                  : memopt::nn::AttentionKind::kMath)
+                      .loss_chunk_size(c.loss_chunk)
+                      .dropout(c.dropout);
+    const auto predicted = memopt::memory::estimate(memopt::memory::ModelDesc::llama(config), {micro, c.seq}, policies);
+    const Measured measured = measure(config, policies, micro, c.seq);
+    const double error = static_cast<double>(predicted.peak) / static_cast<double>(measured.peak) - 1.0;
+    INFO(policies.name() << (c.blockwise ? " blockwise" : "") << (c.dropout > 0 ? " dropout" : "") << ": predicted "
+                         << memopt::memory::mib(predicted.peak) << " MiB, measured "
+                         << memopt::memory::mib(measured.peak) << " MiB\n" << predicted.table());
+    CHECK(std::abs(error) <= 0.10);
+    CHECK(measured.trainer == c.trainer);  // the flags reached the intended instantiation
+  }
+}
+
+TEST_CASE("the estimate's parts add up and follow the policies", "[estimator]") {
+  using memopt::memory::PolicyDesc;
+  const auto config = memopt::models::LlamaConfig().vocab_size(1000).hidden_size(64).num_hidden_layers(3)
+                          .num_attention_heads(4).max_position_embeddings(64);
+  const auto desc = memopt::memory::ModelDesc::llama(config);
+  memopt::models::Llama model(config);
+  int64_t params = 0;
+  for (const auto& p : model->parameters()) params += p.numel();
+  CHECK(desc.num_parameters() == params);  // the description counts the real model's parameters
+
+  const auto fp32 = estimate(desc, {4, 64}, PolicyDesc::parse("none", "fp32", "none"));
+  CHECK(fp32.parameters == 4 * params);
+  CHECK(fp32.optimizer_state == 8 * params);
+  CHECK(estimate(desc, {4, 64}, PolicyDesc::parse("none", "fp32", "int8")).optimizer_state < fp32.optimizer_state / 2);
+  const auto pure = estimate(desc, {4, 64}, PolicyDesc::parse("none", "bf16-pure", "none"));
+  CHECK(pure.parameters == 2 * params);
+  CHECK(pure.master_weights == 4 * params);
+  const auto every = estimate(desc, {4, 64}, PolicyDesc::parse("every", "fp32", "none"));
+  const auto every2 = estimate(desc, {4, 64}, PolicyDesc::parse("every-2", "fp32", "none"));
+  CHECK(every.activations < every2.activations);
+  CHECK(every2.activations < fp32.activations);
+  CHECK(fp32.peak == std::max({fp32.forward_peak, fp32.backward_peak, fp32.optimizer_peak}));
+  CHECK_THAT(fp32.table(), Catch::Contains("optimizer state") && Catch::Contains("peak"));
+  CHECK(estimate(desc, {8, 64}, PolicyDesc::parse("none", "fp32", "none")).peak > fp32.peak);
+}
+
+TEST_CASE("dispatch reaches the instantiation the flags name", "[planner]") {
+  using memopt::memory::PolicyDesc;
+  auto name_of = [](const PolicyDesc& d) {
+    return memopt::dispatch<memopt::StandardTrainers>(d, []<class T>(std::type_identity<T>) { return T::name(); });
+  };
+  CHECK(memopt::StandardTrainers::size == 48);
+  CHECK(name_of(PolicyDesc::parse("none", "fp32", "none")) ==
+        "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>");
+  CHECK(name_of(PolicyDesc::parse("every-2", "bf16-pure", "int8", 4)) ==
+        "Trainer<checkpoint::EveryNth<2>, precision::Bf16Pure, accum::Runtime, offload::Int8State>");
+  CHECK(name_of(PolicyDesc::parse("selective", "fp16", "disk")) ==
+        "Trainer<checkpoint::Selective, precision::Fp16Scaled, accum::Runtime, offload::Disk>");
+  CHECK(name_of(PolicyDesc::parse("every", "bf16", "none")) ==
+        "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::None>");
+  // Every instantiation is reachable, and describes itself as the flags that reach it.
+  const auto all = memopt::candidates<memopt::StandardTrainers>();
+  const auto names = memopt::trainer_names<memopt::StandardTrainers>();
+  for (size_t i = 0; i < all.size(); ++i) CHECK(name_of(all[i]) == names[i]);
+  // A combination the list does not hold: an error that lists what it holds.
+  memopt::test::require_error(
+      [] {
+        memopt::dispatch<EstimatorTrainers>(PolicyDesc::parse("every-2", "bf16", "disk"),
+                                            []<class T>(std::type_identity<T>) { return 0; });
+      },
+      "memopt::dispatch", {"--checkpoint every-2 --precision bf16 --offload disk", "HINT", "--checkpoint selective"});
+}
+
+TEST_CASE("the planner picks the fastest combination that fits, for three budgets", "[planner]") {
+  using memopt::memory::mib;
+  const auto desc = memopt::memory::ModelDesc::llama(memopt::models::LlamaConfig().vocab_size(4096).hidden_size(256)
+                                                         .num_hidden_layers(4).num_attention_heads(8)
+                                                         .max_position_embeddings(256));
+  const auto candidates = memopt::candidates<memopt::StandardTrainers>();
+  const auto machine = memopt::MachineModel().bf16_speedup(0.5);  // this CPU: bf16 slower than fp32
+  auto plan_for = [&](int64_t budget) {
+    return memopt::plan(desc, 256, candidates,
+                        memopt::PlanOptions().budget_bytes(budget).effective_batch(16).machine(machine));
+  };
+  // The unconstrained fastest: the cost model's minimum over every runnable combination.
+  const auto free = plan_for(0);
+  CHECK(free.chosen.policies.name() == "checkpoint=none precision=fp32 offload=none accum=1");
+  const int64_t need = free.chosen.estimate.peak;
+
+  for (const double fraction : {1.0, 0.5, 0.2}) {
+    const auto budget = static_cast<int64_t>(fraction * static_cast<double>(need));
+    const auto p = plan_for(budget);
+    INFO("budget " << mib(budget) << " MiB\n" << p.explain());
+    REQUIRE(p.chosen.fits());
+    CHECK(p.chosen.estimate.peak <= budget);
+    // No fitting row is faster, and no skipped row both fits and is faster.
+    for (const auto& r : p.rows) {
+      if (r.fits()) CHECK(r.seconds >= p.chosen.seconds);
+      if (r.fits()) CHECK(r.estimate.peak <= budget);
+    }
+    // The chosen micro-batch is the largest that fits: the next larger divisor does not.
+    for (int64_t bigger = p.chosen.micro_batch + 1; bigger <= 16; ++bigger) {
+      if (16 % bigger != 0) continue;
+      auto d = p.chosen.policies;
+      d.accum = 16 / bigger;
+      CHECK(memopt::memory::estimate(desc, {bigger, 256}, d).peak > budget);
+      break;
+    }
+    CHECK(p.chosen.micro_batch * p.chosen.policies.accum == 16);  // the effective batch is kept
+    CHECK_THAT(p.explain(), Catch::Contains("chose " + p.chosen.policies.name()));
+    if (fraction < 1.0) CHECK(p.chosen.seconds > free.chosen.seconds);  // memory costs time
+  }
+  // fp16 is not runnable on this machine model: never chosen, said why.
+  const auto p = plan_for(0);
+  for (const auto& r : p.rows)
+    if (r.policies.precision == memopt::memory::PrecisionKind::kFp16Scaled) CHECK_THAT(r.verdict, Catch::Contains("CUDA"));
+  // Nothing fits: an error naming the budget and the smallest need.
+  memopt::test::require_error([&] { plan_for(1 << 20); }, "memopt::plan", {"1 MiB", "smallest need", "HINT"});
+}
+
+TEST_CASE("policy flags and sizes: good values parse, bad ones name the flag and the value", "[planner]") {
+  using memopt::memory::PolicyDesc;
+  const auto d = PolicyDesc::parse("every-3", "bf16-pure", "disk", 8);
+  CHECK(d.checkpoint == memopt::memory::CheckpointKind::kEveryNth);
+  CHECK(d.every == 3);
+  CHECK(d.name() == "checkpoint=every-3 precision=bf16-pure offload=disk accum=8");
+  CHECK(PolicyDesc::parse("every-1", "fp32", "none").checkpoint == memopt::memory::CheckpointKind::kEveryBlock);
+  memopt::test::require_error([] { PolicyDesc::parse("every-x", "fp32", "none"); }, "memopt",
+                              {"--checkpoint", "every-x", "HINT"});
+  memopt::test::require_error([] { PolicyDesc::parse("none", "fp8", "none"); }, "memopt", {"--precision", "fp8", "HINT"});
+  memopt::test::require_error([] { PolicyDesc::parse("none", "fp32", "nvme"); }, "memopt", {"--offload", "nvme", "HINT"});
+  memopt::test::require_error([] { PolicyDesc::parse("none", "fp32", "none", 0); }, "memopt", {"--accum", "0", "HINT"});
+  CHECK(memopt::parse_bytes("4GiB") == int64_t{4} << 30);
+  CHECK(memopt::parse_bytes("512M") == int64_t{512} << 20);
+  CHECK(memopt::parse_bytes("1.5G") == int64_t{3} << 29);
+  CHECK(memopt::parse_bytes("2GB") == 2000000000);
+  CHECK(memopt::parse_bytes("1048576") == 1048576);
+  for (const char* bad : {"", "4XB", "-1G", "GiB", "0"})
+    memopt::test::require_error([&] { memopt::parse_bytes(bad); }, "memopt", {"--memory_budget", "HINT"});
+}
