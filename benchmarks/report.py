@@ -14,6 +14,8 @@
   moe_quality      MoE next to the dense LLaMA with the same active parameters
   gritlm           GradCache against the plain step (memory, tokens/s, ratios to plain-64);
                    the data path with 0 and 2 worker threads
+  estimator        per configuration: the estimator's predicted peak, the tracker's measured
+                   peak of one real step, the error, the phase the peak falls in
    scripts/bench trainer > r.jsonl && benchmarks/report.py r.jsonl"""
 import json
 import sys
@@ -181,10 +183,20 @@ def gritlm_quality(lines):
               f"{r['perplexity_before']:.0f} → {r['perplexity_after']:.0f} |")
 
 
+def estimator(lines):
+    print("| configuration | policies | shape | predicted | measured | error |")
+    print("|---|---|---|---|---|---|")
+    for r in lines:
+        print(f"| {r['name']} | {r['policies']} | {r['shape']} | {r['predicted_mib']:.1f} MiB | "
+              f"{r['measured_mib']:.1f} MiB | {100 * r['error']:+.1f}% |")
+    worst = max(abs(r["error"]) for r in lines)
+    print(f"\n{len(lines)} configurations, largest error {100 * worst:.1f}%")
+
+
 RENDER = {"distill": distill, "distill_quality": distill_quality, "stack": stack, "attention": attention,
           "adamw8bit": adamw8bit, "allocator": allocator,
           "moe": moe, "moe_budget": moe_budget, "moe_quality": moe_quality, "gritlm": gritlm,
-          "gritlm_quality": gritlm_quality}
+          "gritlm_quality": gritlm_quality, "estimator": estimator}
 
 
 def main(path):

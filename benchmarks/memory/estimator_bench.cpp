@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
     using memopt::memory::mib;
     const std::string name = c.name.empty() ? policies.name() : c.name;
     return nlohmann::ordered_json{
+        {"suite", "estimator"},
         {"name", name},
         {"predicted_mib", mib(predicted.peak)},
         {"measured_mib", mib(s.peak_bytes)},

@@ -1,8 +1,13 @@
-// examples/00_llama_lm — trains a LLaMA-style language model on the Brown corpus with
-// Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Fixed<4>>: activations
-// recomputed per block, bf16 matmuls with fp32 master weights, 4 micro-batches per step.
-// It evaluates held-out perplexity before and after, prints a memory report and a
-// generated sample.  Run: scripts/demo   (or build/examples/00_llama_lm/llama_lm --help)
+// examples/00_llama_lm — trains a LLaMA-style language model on the Brown corpus with the
+// Trainer the flags name (--checkpoint, --precision, --accum, --offload; by default
+// checkpoint::EveryBlock, precision::Bf16Autocast, 4 micro-batches per step), or the one the
+// planner picks for a memory budget (--policies auto --memory_budget 1GiB): the fastest
+// compiled combination whose estimated peak fits, at the largest micro-batch that fits.
+// Either way the choice runs as a compiled instantiation (memopt::dispatch over
+// memopt::StandardTrainers). --estimate_only prints the memory estimate and stops. It
+// evaluates held-out perplexity before and after, prints a memory report (with the estimate
+// next to the measured peak) and a generated sample.
+//   Run: scripts/demo   (or build/examples/00_llama_lm/llama_lm --help)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -10,6 +15,8 @@
 #include <memopt/data/shard.hpp>
 #include <memopt/data/tokenizer.hpp>
 #include <memopt/memopt.hpp>
+#include <memopt/memory/estimator.hpp>
+#include <memopt/planner.hpp>
 
 namespace {
 
@@ -33,10 +40,10 @@ struct Args {
   std::string prompt = "The jury said";
   int64_t sample_tokens = 48;
   double temperature = 0.8;
+  std::string checkpoint = "every", precision = "bf16", offload = "none", policies = "fixed", memory_budget;
+  int64_t accum = 4;
+  bool estimate_only = false;
 };
-
-using Policy = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast,
-                               memopt::accum::Fixed<4>>;
 
 // Mean next-token loss over the first `max_batches` sequential held-out batches.
 double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const memopt::data::TokenShard>& shard,
@@ -62,7 +69,11 @@ int run(const Args& a) {
   TORCH_CHECK(a.seq_len >= 1, "llama_lm: --seq_len must be >= 1 (got ", a.seq_len, "). HINT: try 256.");
   TORCH_CHECK(a.seq_len <= a.max_seq_len, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
               "--max_seq_len ", a.max_seq_len, "). HINT: lower --seq_len or raise --max_seq_len.");
-  const auto options = memopt::TrainerOptions()
+  auto policies = memopt::memory::PolicyDesc::parse(a.checkpoint, a.precision, a.offload, a.accum);
+  const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
+  TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_lm: --policies must be fixed or auto (got '",
+              a.policies, "'). HINT: auto picks the fastest combination that fits --memory_budget.");
+  auto options = memopt::TrainerOptions()
                            .lr(a.lr)
                            .warmup_steps(a.warmup)
                            .max_steps(a.steps)
@@ -85,31 +96,55 @@ int run(const Args& a) {
                     .num_key_value_heads(a.kv_heads)
                     .max_position_embeddings(a.max_seq_len)
                     .dropout(a.dropout);
+
+  // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
+  const auto desc = memopt::memory::ModelDesc::llama(config);
+  int64_t micro_batch = a.micro_batch;
+  if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder for these policies
+    const auto candidates = a.policies == "auto" ? memopt::candidates<memopt::StandardTrainers>()
+                                                 : std::vector<memopt::memory::PolicyDesc>{policies};
+    const auto machine = memopt::MachineModel::from_device(torch::kCPU);
+    const auto plan = memopt::plan(desc, a.seq_len, candidates,
+                                   memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
+                                       .machine(machine));
+    fmt::print("{}", plan.explain());
+    policies = plan.chosen.policies;
+    micro_batch = plan.chosen.micro_batch;
+  }
+  const auto estimate = memopt::memory::estimate(desc, {micro_batch, a.seq_len}, policies);
+  fmt::print("{}", estimate.table());
+  if (a.estimate_only) return 0;
+  options.accum_steps(policies.accum);
+
   memopt::models::Llama model(config);
   train->check_vocab(config.vocab_size());
   val->check_vocab(config.vocab_size());
 
-  memopt::data::RandomWindowLoader loader(train, memopt::data::LoaderOptions(a.micro_batch, a.seq_len).seed(a.seed));
-  Policy trainer(*model, options);
-  trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+  memopt::data::RandomWindowLoader loader(train, memopt::data::LoaderOptions(micro_batch, a.seq_len).seed(a.seed));
 
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
   fmt::print("llama_lm: {:.2f} M parameters ({} layers, d{}, {} heads), vocab {}, {} train / {} held-out tokens\n",
              params / 1e6, a.layers, a.dim, a.heads, config.vocab_size(), train->size(), val->size());
-  fmt::print("policies: checkpoint::EveryBlock, precision::Bf16Autocast, accum::Fixed<4> — effective batch "
-             "{} x {} tokens, {} threads\n",
-             4 * a.micro_batch, a.seq_len, at::get_num_threads());
-
   const double before = heldout_loss(model, val, a);
   fmt::print("held-out loss before training {:.3f} (perplexity {:.1f})\n", before, std::exp(before));
-  std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
-  const auto result =
-      trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
+
+  // The run-time choice becomes a compiled Trainer: no runtime branch on a policy in the loop.
+  const auto result = memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
+    T trainer(*model, options);
+    trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+    fmt::print("trainer: {} — effective batch {} x {} x {} tokens, {} threads\n", T::name(), micro_batch,
+               policies.accum, a.seq_len, at::get_num_threads());
+    std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
+    return trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
+  });
   const double after = heldout_loss(model, val, a);
   fmt::print("held-out loss after {} steps {:.3f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",
              result.steps, after, std::exp(after), result.tokens_per_s, result.seconds);
   fmt::print("{}", result.memory.table());
+  fmt::print("estimated peak {:.1f} MiB, measured {:.1f} MiB ({:+.1f}%)\n", memopt::memory::mib(estimate.peak),
+             memopt::memory::mib(result.memory.tensors.peak_bytes),
+             100.0 * (static_cast<double>(estimate.peak) / static_cast<double>(result.memory.tensors.peak_bytes) - 1));
 
   std::vector<int32_t> prompt_ids = tokenizer.encode(a.prompt);
   prompt_ids.insert(prompt_ids.begin(), tokenizer.bos_id());
@@ -131,7 +166,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a LLaMA-style LM on the Brown corpus with memopt's Trainer"};
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (4 per step)")->capture_default_str();
+  app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (--accum per step)")->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--max_seq_len", a.max_seq_len, "the model's maximum sequence length")->capture_default_str();
   app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str();
@@ -148,6 +183,15 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", a.prompt, "prompt of the generated sample")->capture_default_str();
   app.add_option("--sample_tokens", a.sample_tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")->capture_default_str();
+  app.add_option("--checkpoint", a.checkpoint, "none | every | every-2 | selective")->capture_default_str();
+  app.add_option("--precision", a.precision, "fp32 | bf16 | bf16-pure | fp16 (CUDA)")->capture_default_str();
+  app.add_option("--accum", a.accum, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--offload", a.offload, "optimizer state: none | int8 | disk")->capture_default_str();
+  app.add_option("--policies", a.policies, "fixed: the flags above; auto: the planner picks for --memory_budget")
+      ->capture_default_str();
+  app.add_option("--memory_budget", a.memory_budget,
+                 "peak tensor memory allowed, e.g. 1GiB (auto: the planner's budget; fixed: the micro-batch finder's)");
+  app.add_flag("--estimate_only", a.estimate_only, "print the memory estimate (and the plan) and stop");
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor

@@ -181,14 +181,27 @@ struct Plan {
   std::vector<PlanRow> rows;
   int64_t budget_bytes = 0;
 
-  /// Why: one line per candidate (chosen first), then the choice.
-  std::string explain() const {
+  /// Why: the fastest `max_rows` fitting candidates (chosen first, marked *), the count of
+  /// the others, then the choice.
+  std::string explain(int64_t max_rows = 8) const {
     std::string out = fmt::format("plan: {} candidates, budget {}\n", rows.size(),
                                   budget_bytes > 0 ? fmt::format("{:.0f} MiB", memory::mib(budget_bytes)) : "none");
-    for (const auto& r : rows)
-      out += fmt::format("  {} {:<62} micro {:>3} peak {:8.1f} MiB  {:7.3f} s/step  {}\n",
-                         &r == &rows.front() ? "*" : " ", r.policies.name(), r.micro_batch, memory::mib(r.estimate.peak),
-                         r.seconds, r.verdict);
+    int64_t shown = 0, more_fit = 0, over = 0, elsewhere = 0;
+    for (const auto& r : rows) {
+      if (r.fits() && shown < max_rows) {
+        out += fmt::format("  {} {:<58} micro {:>3}  peak {:8.1f} MiB  {:7.3f} s/step\n", &r == &rows.front() ? "*" : " ",
+                           r.policies.name(), r.micro_batch, memory::mib(r.estimate.peak), r.seconds);
+        ++shown;
+      } else if (r.fits()) {
+        ++more_fit;
+      } else if (r.verdict.starts_with("over budget")) {
+        ++over;
+      } else {
+        ++elsewhere;
+      }
+    }
+    out += fmt::format("  ({} more fit, slower; {} over budget even at micro-batch 1; {} cannot run here)\n", more_fit,
+                       over, elsewhere);
     out += fmt::format("chose {} (micro-batch {}): the fastest by the cost model of those that fit\n",
                        chosen.policies.name(), chosen.micro_batch);
     return out;

@@ -19,17 +19,8 @@ fail() { echo "FAIL $1"; failures=$((failures + 1)); }
 ok() { echo "ok   $1"; passed=$((passed + 1)); }
 
 # ---- a tiny corpus: 3 genres x 8 documents of 20 word/tag sentences, a 120-piece BPE model ----
-mkdir -p "$tmp/raw"
-words=(the quick brown fox jumps over a lazy dog while memory models train tokens fast slow)
-for g in a b c; do
-  for f in 01 02 03 04 05 06 07 08; do
-    for l in $(seq 1 20); do
-      line=""
-      for w in 1 2 3 4 5 6 7 8 9; do line+="${words[$(( (10#$f * 7 + l * 3 + w * 5 + ${#g}) % 16 ))]}/nn "; done
-      printf '\t%s./.\n' "$line"
-    done > "$tmp/raw/c$g$f"
-  done
-done
+source "$(dirname "$0")/brown_corpus.sh"
+brown_corpus "$tmp/raw" "a b c" 8 9 1
 if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 4 > /dev/null 2>&1; then
   echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
   exit 1
@@ -115,7 +106,7 @@ fi
 {
   for i in 1 2 3 4 5 6 7 8 9 10; do  # query i and its positive share word i (the corpus's words; digits are unknown)
     printf '{"query": "%s %s slow", "pos": "%s train tokens", "neg": ["models fast %s"], "instruction": "Find the next part"}\n' \
-      "${words[$i]}" "${words[$i]}" "${words[$i]}" "${words[$((i + 1))]}"
+      "${brown_words[$i]}" "${brown_words[$i]}" "${brown_words[$i]}" "${brown_words[$((i + 1))]}"
   done
   printf '{"query": "a line without a positive", "neg": ["x"]}\n'
 } > "$tmp/embed.jsonl"

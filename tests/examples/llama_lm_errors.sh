@@ -48,6 +48,11 @@ expect_error negative_lr "lr must be > 0 \(got -0.1\)" --lr -0.1 --data "$tmp/no
 expect_error zero_steps "max_steps.*got 0" --steps 0 --data "$tmp/nowhere"
 expect_error zero_seq_len "seq_len.*got 0" --seq_len 0 --data "$tmp/nowhere"
 expect_error seq_len_beyond_model "seq_len 4096 exceeds.*512" --seq_len 4096 --data "$tmp/nowhere"
+expect_error bad_checkpoint "checkpoint.*every-x" --checkpoint every-x --data "$tmp/nowhere"
+expect_error bad_precision "precision.*fp8" --precision fp8 --data "$tmp/nowhere"
+expect_error bad_offload "offload.*nvme" --offload nvme --data "$tmp/nowhere"
+expect_error bad_memory_budget "memory_budget.*4XB" --memory_budget 4XB --data "$tmp/nowhere"
+expect_error bad_policies "policies.*sometimes" --policies sometimes --data "$tmp/nowhere"
 
 echo "$((9 - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -17,15 +17,8 @@ fail() { echo "FAIL $1"; failures=$((failures + 1)); }
 ok() { echo "ok   $1"; passed=$((passed + 1)); }
 
 # ---- a tiny corpus: 30 documents of word/tag lines, a 120-piece BPE model ----
-mkdir -p "$tmp/raw"
-words=(the quick brown fox jumps over a lazy dog while memory models train tokens fast slow)
-for f in $(seq -w 1 30); do
-  for l in $(seq 1 20); do
-    line=""
-    for w in 1 2 3 4 5 6 7 8; do line+="${words[$(( (10#$f * 7 + l * 3 + w * 5) % 16 ))]}/nn "; done
-    printf '\t%s./.\n' "$line"
-  done > "$tmp/raw/ca$f"
-done
+source "$(dirname "$0")/brown_corpus.sh"
+brown_corpus "$tmp/raw" a 30 8 0
 if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
   echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
   exit 1

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# examples/00_llama_lm's memory planning end to end on a tiny generated Brown-format corpus:
+# --estimate_only prints the estimate and trains nothing; explicit policy flags reach the
+# Trainer instantiation they name; --policies auto with a memory budget picks a combination
+# whose measured peak stays within the budget (10% estimator tolerance); an impossible budget
+# is a clear error naming the smallest need.
+# Usage: llama_lm_planner_test.sh path/to/llama_lm path/to/memopt_prepare_corpus
+set -uo pipefail
+bin="$1"
+prepare="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passed=0
+
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+
+source "$(dirname "$0")/brown_corpus.sh"
+brown_corpus "$tmp/raw" a 30 8 0
+if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
+  echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
+  exit 1
+fi
+tiny=(--data "$tmp/data" --layers 2 --dim 64 --heads 4 --seq_len 32 --max_seq_len 64 --micro_batch 8
+      --steps 2 --warmup 1 --eval_batches 1 --sample_tokens 2 --threads 1 --log_interval 1)
+
+# --estimate_only: the table, no training.
+out=$("$bin" "${tiny[@]}" --checkpoint none --precision fp32 --estimate_only 2>&1)
+if [ $? -ne 0 ] || ! grep -q "memory estimate" <<<"$out" || grep -q "held-out loss" <<<"$out"; then
+  fail "estimate_only: $out"
+else
+  ok "estimate_only"
+fi
+full_mib=$(sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$out")
+
+# Explicit flags reach the instantiation they name, and the run trains.
+out=$("$bin" "${tiny[@]}" --checkpoint selective --precision bf16-pure --accum 2 --offload int8 2>&1)
+if [ $? -ne 0 ] || ! grep -q "trainer: Trainer<checkpoint::Selective, precision::Bf16Pure, accum::Runtime, offload::Int8State>" <<<"$out" \
+   || ! grep -q "held-out loss after 2 steps" <<<"$out"; then
+  fail "explicit flags: $out"
+else
+  ok "explicit flags"
+fi
+
+# --policies auto under half the unconstrained estimate: a plan, and a measured peak within budget (+10%).
+budget=$(awk -v m="$full_mib" 'BEGIN { printf "%.1f", m / 2 }')
+out=$("$bin" "${tiny[@]}" --policies auto --memory_budget "${budget}MiB" 2>&1)
+measured=$(sed -n 's/^estimated peak .* MiB, measured \([0-9.]*\) MiB.*/\1/p' <<<"$out")
+if [ $? -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
+   || ! awk -v m="$measured" -v b="$budget" 'BEGIN { exit !(m <= 1.1 * b) }'; then
+  fail "auto under ${budget} MiB (unconstrained ${full_mib} MiB): measured '${measured}': $out"
+else
+  ok "auto under ${budget} MiB of ${full_mib}: $(grep '^chose' <<<"$out" | head -c 120); measured ${measured} MiB"
+fi
+
+# An impossible budget: exit 1, the smallest need, a HINT.
+out=$("$bin" "${tiny[@]}" --policies auto --memory_budget 64KiB 2>&1)
+if [ $? -ne 1 ] || ! grep -q "smallest need" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
+  fail "impossible budget: $out"
+else
+  ok "impossible budget: $(grep -o 'no policy combination.*' <<<"$out" | head -c 160)"
+fi
+
+echo "$passed passed, $failures failed"
+[ "$failures" -eq 0 ]
