@@ -1,5 +1,6 @@
 // Tests for memopt/planner.hpp and memopt/memory/estimator.hpp: the estimator's peak within
-// ±10% of the tracker's on ten configurations spanning the policies, the runtime →
+// ±10% of the tracker's on thirteen configurations spanning the policies (two MoE, one
+// LLaMA → LLaDA distillation), the runtime →
 // compile-time dispatch reaching the instantiation the flags name, the planner choosing the
 // fastest fitting combination for three budgets (and the largest micro-batch), and the
 // errors of bad flags and sizes.
@@ -31,6 +32,7 @@ using EstimatorTrainers = memopt::TypeList<
                     memopt::offload::Disk>>;
 
 struct EstimatorCase {
+  int64_t experts;  // > 0: a MoE LM (sorted dispatch, top-2); -K: a LLaMA -> LLaDA distillation with top-K KD
   const char* checkpoint;
   const char* precision;
   const char* offload;
@@ -46,21 +48,23 @@ struct Measured {
   std::string trainer;
 };
 
-// The tracker's peak over one step after a warm-up step (which creates the optimizer state).
-Measured measure(const memopt::models::LlamaConfig& config, const memopt::memory::PolicyDesc& policies,
-                 int64_t micro, int64_t seq) {
+// The tracker's peak over one step after a warm-up step (which creates the optimizer state),
+// above what was alive before `make_model` built the model. make_model() returns the module
+// to train and its loss function.
+template <class MakeModel>
+Measured measure(MakeModel&& make_model, const memopt::memory::PolicyDesc& policies, int64_t micro, int64_t seq,
+                 int64_t vocab) {
   auto& tracker = memopt::memory::Tracker::instance();
   const int64_t before = tracker.live_bytes();  // whatever earlier tests left alive
   torch::manual_seed(7);
-  memopt::models::Llama model(config);
+  auto [model, loss_fn] = make_model();
   struct Tokens {
     int64_t b, t, v;
     memopt::Batch next() {
       auto rows = torch::randint(v, {b, t + 1}, torch::kLong);  // (B, T+1)
       return {rows.slice(1, 0, t).contiguous(), rows.slice(1, 1).contiguous()};
     }
-  } loader{micro, seq, config.vocab_size()};
-  auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
+  } loader{micro, seq, vocab};
   Measured out;
   memopt::dispatch<EstimatorTrainers>(policies, [&]<class T>(std::type_identity<T>) {
     T trainer(*model, memopt::TrainerOptions().accum_steps(policies.accum).max_steps(2));
@@ -75,29 +79,35 @@ Measured measure(const memopt::models::LlamaConfig& config, const memopt::memory
 
 }  // namespace
 
-TEST_CASE("the estimator predicts the tracker's peak within 10% on ten policy combinations", "[estimator]") {
+TEST_CASE("the estimator predicts the tracker's peak within 10% on thirteen configurations (LLaMA, MoE, distillation)", "[estimator]") {
   REQUIRE(memopt::memory::Tracker::instance().installed());
   const std::vector<EstimatorCase> cases = {
-      {"none", "fp32", "none", 1, 2, 0, 64, false, 0, 0.0,
+      {0, "none", "fp32", "none", 1, 2, 0, 64, false, 0, 0.0,
        "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
-      {"every", "fp32", "none", 1, 3, 0, 64, false, 0, 0.0,
+      {0, "every", "fp32", "none", 1, 3, 0, 64, false, 0, 0.0,
        "Trainer<checkpoint::EveryBlock, precision::Fp32, accum::Runtime, offload::None>"},
-      {"every-2", "fp32", "none", 1, 4, 2, 64, false, 0, 0.0,
+      {0, "every-2", "fp32", "none", 1, 4, 2, 64, false, 0, 0.0,
        "Trainer<checkpoint::EveryNth<2>, precision::Fp32, accum::Runtime, offload::None>"},
-      {"selective", "fp32", "none", 1, 2, 0, 128, false, 0, 0.0,
+      {0, "selective", "fp32", "none", 1, 2, 0, 128, false, 0, 0.0,
        "Trainer<checkpoint::Selective, precision::Fp32, accum::Runtime, offload::None>"},
-      {"none", "bf16", "none", 1, 2, 0, 64, false, 0, 0.0,
+      {0, "none", "bf16", "none", 1, 2, 0, 64, false, 0, 0.0,
        "Trainer<checkpoint::None, precision::Bf16Autocast, accum::Runtime, offload::None>"},
-      {"every", "bf16", "int8", 1, 2, 0, 64, false, 0, 0.0,
+      {0, "every", "bf16", "int8", 1, 2, 0, 64, false, 0, 0.0,
        "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::Int8State>"},
-      {"none", "bf16-pure", "none", 2, 2, 0, 64, false, 0, 0.0,
+      {0, "none", "bf16-pure", "none", 2, 2, 0, 64, false, 0, 0.0,
        "Trainer<checkpoint::None, precision::Bf16Pure, accum::Runtime, offload::None>"},
-      {"selective", "bf16", "disk", 1, 2, 0, 64, false, 0, 0.0,
+      {0, "selective", "bf16", "disk", 1, 2, 0, 64, false, 0, 0.0,
        "Trainer<checkpoint::Selective, precision::Bf16Autocast, accum::Runtime, offload::Disk>"},
-      {"none", "fp32", "none", 1, 2, 0, 128, true, 64, 0.0,
+      {0, "none", "fp32", "none", 1, 2, 0, 128, true, 64, 0.0,
        "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
-      {"none", "fp32", "none", 1, 2, 0, 64, false, 0, 0.1,
+      {0, "none", "fp32", "none", 1, 2, 0, 64, false, 0, 0.1,
        "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
+      {4, "none", "bf16", "none", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::None, precision::Bf16Autocast, accum::Runtime, offload::None>"},
+      {4, "every", "fp32", "none", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::EveryBlock, precision::Fp32, accum::Runtime, offload::None>"},
+      {-16, "every", "bf16", "int8", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::Int8State>"},
   };
   const int64_t micro = 4;
   for (const auto& c : cases) {
@@ -113,10 +123,28 @@ TEST_CASE("the estimator predicts the tracker's peak within 10% on ten policy co
                                                   : memopt::nn::AttentionKind::kMath)
                       .loss_chunk_size(c.loss_chunk)
                       .dropout(c.dropout);
-    const auto predicted = memopt::memory::estimate(memopt::memory::ModelDesc::llama(config), {micro, c.seq}, policies);
-    const Measured measured = measure(config, policies, micro, c.seq);
+    const auto moe = memopt::models::MoeConfig().base(config).num_experts(c.experts > 0 ? c.experts : 4).top_k(2);
+    const auto student = memopt::models::LlamaConfig(config).vocab_size(513).causal(false);
+    const auto kd = memopt::models::DistillOptions(512).top_k(c.experts < 0 ? -c.experts : 0);
+    const auto desc = c.experts > 0   ? memopt::memory::ModelDesc::moe(moe)
+                      : c.experts < 0 ? memopt::memory::ModelDesc::llada_distill(student, config, kd, false)
+                                      : memopt::memory::ModelDesc::llama(config);
+    const auto predicted = memopt::memory::estimate(desc, {micro, c.seq}, policies);
+    auto lm = [](auto model) {
+      return std::pair{model.ptr(), [model](const memopt::Batch& b, const auto& ckpt) mutable { return model->loss_sum(b, ckpt); }};
+    };
+    const Measured measured =
+        c.experts > 0   ? measure([&] { return lm(memopt::models::MoeLM(moe)); }, policies, micro, c.seq, 512)
+        : c.experts < 0 ? measure([&] {
+                            memopt::models::Llama s(student);
+                            auto d = std::make_shared<memopt::models::Distiller>(memopt::models::Llama(config), s, kd);
+                            return std::pair{s.ptr(), [d](const memopt::Batch& b, const auto& ckpt) {
+                                               return d->loss_sum(b, ckpt);
+                                             }};
+                          }, policies, micro, c.seq, 512)
+                        : measure([&] { return lm(memopt::models::Llama(config)); }, policies, micro, c.seq, 512);
     const double error = static_cast<double>(predicted.peak) / static_cast<double>(measured.peak) - 1.0;
-    INFO(policies.name() << (c.blockwise ? " blockwise" : "") << (c.dropout > 0 ? " dropout" : "") << ": predicted "
+    INFO(policies.name() << (c.experts > 0 ? " MoE" : c.experts < 0 ? " distillation" : "") << (c.blockwise ? " blockwise" : "") << (c.dropout > 0 ? " dropout" : "") << ": predicted "
                          << memopt::memory::mib(predicted.peak) << " MiB, measured "
                          << memopt::memory::mib(measured.peak) << " MiB\n" << predicted.table());
     CHECK(std::abs(error) <= 0.10);

@@ -22,7 +22,9 @@ namespace {
 struct Config {
   std::string name;
   int64_t layers = 4, dim = 256, heads = 8, kv_heads = 0, ffn = 0, seq = 256, micro = 8, accum = 1, vocab = 4096;
-  int64_t loss_chunk = 0;
+  int64_t loss_chunk = 0, experts = 0, top_k = 2;
+  bool checkpoint_experts = false, teacher_bf16 = false;
+  int64_t kd_top_k = -1;  // >= 0: LLaMA -> LLaDA distillation (models/distill.hpp), a teacher of the same shape
   double dropout = 0;
   std::string checkpoint = "none", precision = "fp32", offload = "none", attention = "math";
 };
@@ -57,6 +59,12 @@ int main(int argc, char** argv) {
   app.add_option("--precision", c.precision, "fp32 | bf16 | bf16-pure | fp16");
   app.add_option("--offload", c.offload, "none | int8 | disk");
   app.add_option("--attention", c.attention)->check(CLI::IsMember({"math", "blockwise"}));
+  app.add_option("--experts", c.experts, "> 0: a MoE LM (models/moe.hpp, sorted dispatch), --ffn per expert");
+  app.add_option("--top_k", c.top_k, "experts per token");
+  app.add_flag("--checkpoint_experts", c.checkpoint_experts, "recompute each expert in backward");
+  app.add_option("--kd_top_k", c.kd_top_k, ">= 0: distil a LLaDA student from a same-shape LLaMA teacher "
+                 "(alpha 0.5; top-k teacher logits, 0: all)");
+  app.add_flag("--teacher_bf16", c.teacher_bf16, "the teacher's weights and matmuls in bf16");
   CLI11_PARSE(app, argc, argv);
   memopt::init();
 
@@ -70,14 +78,37 @@ int main(int argc, char** argv) {
                       .attention_kind(c.attention == "math" ? memopt::nn::AttentionKind::kMath
                                                             : memopt::nn::AttentionKind::kBlockwise);
     torch::manual_seed(1234);
-    memopt::models::Llama model(config);
+    const auto moe_config = memopt::models::MoeConfig().base(config).num_experts(c.experts).top_k(c.top_k)
+                                .checkpoint_experts(c.checkpoint_experts);
+    std::shared_ptr<torch::nn::Module> model;
+    memopt::models::Llama llama{nullptr};
+    memopt::models::MoeLM moe{nullptr};
+    std::unique_ptr<memopt::models::Distiller> distill;
+    const auto student_config = memopt::models::LlamaConfig(config).vocab_size(c.vocab + 1).causal(false);
+    const auto distill_options = memopt::models::DistillOptions(c.vocab).top_k(std::max<int64_t>(c.kd_top_k, 0))
+                                     .teacher_bf16(c.teacher_bf16);
+    if (c.experts > 0) {
+      moe = memopt::models::MoeLM(moe_config), model = moe.ptr();
+    } else if (c.kd_top_k >= 0) {
+      memopt::models::Llama teacher(config);
+      if (c.teacher_bf16) teacher->to(torch::kBFloat16);
+      llama = memopt::models::Llama(student_config), model = llama.ptr();
+      distill = std::make_unique<memopt::models::Distiller>(teacher, llama, distill_options);
+    } else {
+      llama = memopt::models::Llama(config), model = llama.ptr();
+    }
     model->train();
-    const auto predicted =
-        memopt::memory::estimate(memopt::memory::ModelDesc::llama(config), {c.micro, c.seq}, policies);
+    const auto desc = c.experts > 0      ? memopt::memory::ModelDesc::moe(moe_config)
+                      : c.kd_top_k >= 0 ? memopt::memory::ModelDesc::llada_distill(student_config, config,
+                                                                                    distill_options, c.teacher_bf16)
+                                         : memopt::memory::ModelDesc::llama(config);
+    const auto predicted = memopt::memory::estimate(desc, {c.micro, c.seq}, policies);
     std::cerr << predicted.table();
 
     RandomTokens loader{c.micro, c.seq, c.vocab};
-    auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
+    auto loss_fn = [&](const memopt::Batch& b, const auto& ckpt) {
+      return c.experts > 0 ? moe->loss_sum(b, ckpt) : distill ? distill->loss_sum(b, ckpt) : llama->loss_sum(b, ckpt);
+    };
     const auto options = memopt::TrainerOptions().accum_steps(c.accum).max_steps(2);
     auto& tracker = memopt::memory::Tracker::instance();
     std::string trainer_name;
@@ -119,7 +150,7 @@ int main(int argc, char** argv) {
                                           predicted.activations)},
         {"trainer", trainer_name},
         {"policies", policies.name()},
-        {"shape", fmt::format("l{}-d{}-h{}-kv{}-s{}-b{}-v{}", c.layers, c.dim, c.heads, config.kv_heads(), c.seq,
-                              c.micro, c.vocab)}};
+        {"shape", fmt::format("l{}-d{}-h{}-kv{}-s{}-b{}-v{}{}", c.layers, c.dim, c.heads, config.kv_heads(), c.seq,
+                              c.micro, c.vocab, c.experts > 0 ? fmt::format("-e{}k{}", c.experts, c.top_k) : "")}};
   });
 }

@@ -24,6 +24,7 @@
 #include <memopt/data/tokenizer.hpp>
 #include <memopt/io/pretrained.hpp>
 #include <memopt/memopt.hpp>
+#include <memopt/memory/estimator.hpp>
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
 
@@ -37,6 +38,7 @@ using memopt::models::LlamaConfig;
 struct Args {
   std::string teacher_model = "out/teacher";
   bool train_teacher = false;
+  bool estimate_only = false;
   int64_t teacher_steps = 80;
   double teacher_lr = 2e-3;
   std::string student_model;  // empty: the teacher's shape, bidirectional, + mask token
@@ -228,15 +230,32 @@ struct ClearTeacherGrads : memopt::Callback {
 };
 
 // ---- teacher: trained here (causal LM) or loaded from a HuggingFace-style checkpoint ----
+// Its shape: the --layers/--dim/... flags (--train_teacher) or the checkpoint's config.json.
+LlamaConfig teacher_config(const Args& a, const Data& d) {
+  if (a.train_teacher)
+    return LlamaConfig()
+        .vocab_size(d.tokenizer.vocab_size())
+        .hidden_size(a.dim)
+        .num_hidden_layers(a.layers)
+        .num_attention_heads(a.heads)
+        .num_key_value_heads(a.kv_heads)
+        .max_position_embeddings(a.max_seq_len);
+  TORCH_CHECK(fs::exists(a.teacher_model + "/config.json"), "llama_to_llada: no teacher at '", a.teacher_model,
+              "' (config.json is missing). HINT: pass --train_teacher to train one there first, or point "
+              "--teacher_model at a folder with config.json and model.safetensors.");
+  const LlamaConfig config = memopt::io::read_llama_config(a.teacher_model + "/config.json");
+  TORCH_CHECK(config.vocab_size() == d.tokenizer.vocab_size(), "llama_to_llada: the teacher's config.json (",
+              a.teacher_model, ") has vocab_size ", config.vocab_size(), " but the tokenizer '", d.tokenizer.path(),
+              "' has ", d.tokenizer.vocab_size(),
+              " pieces. HINT: the teacher must be trained with this tokenizer (pass --train_teacher).");
+  TORCH_CHECK(config.causal(), "llama_to_llada: the teacher at '", a.teacher_model,
+              "' is bidirectional (\"causal\": false in config.json). HINT: the teacher is an autoregressive LLaMA.");
+  return config;
+}
+
 Llama train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& metrics) {
   torch::manual_seed(static_cast<int64_t>(a.seed));
-  Llama teacher(LlamaConfig()
-                    .vocab_size(d.tokenizer.vocab_size())
-                    .hidden_size(a.dim)
-                    .num_hidden_layers(a.layers)
-                    .num_attention_heads(a.heads)
-                    .num_key_value_heads(a.kv_heads)
-                    .max_position_embeddings(a.max_seq_len));
+  Llama teacher(teacher_config(a, d));
   fmt::print("teacher: training a causal LLaMA ({} layers, d{}) for {} steps (fp32, checkpoint {})\n", a.layers, a.dim,
              a.teacher_steps, p.checkpoint);
   std::fflush(stdout);
@@ -262,34 +281,30 @@ Llama train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& m
 }
 
 Llama load_teacher(const Args& a, const Data& d) {
-  TORCH_CHECK(fs::exists(a.teacher_model + "/config.json"), "llama_to_llada: no teacher at '", a.teacher_model,
-              "' (config.json is missing). HINT: pass --train_teacher to train one there first, or point "
-              "--teacher_model at a folder with config.json and model.safetensors.");
-  const LlamaConfig config = memopt::io::read_llama_config(a.teacher_model + "/config.json");
-  TORCH_CHECK(config.vocab_size() == d.tokenizer.vocab_size(), "llama_to_llada: the teacher's config.json (",
-              a.teacher_model, ") has vocab_size ", config.vocab_size(), " but the tokenizer '", d.tokenizer.path(),
-              "' has ", d.tokenizer.vocab_size(),
-              " pieces. HINT: the teacher must be trained with this tokenizer (pass --train_teacher).");
-  TORCH_CHECK(config.causal(), "llama_to_llada: the teacher at '", a.teacher_model,
-              "' is bidirectional (\"causal\": false in config.json). HINT: the teacher is an autoregressive LLaMA.");
-  Llama teacher = memopt::io::load_pretrained(a.teacher_model);
-  return teacher;
+  (void)teacher_config(a, d);  // the checks, naming the file
+  return memopt::io::load_pretrained(a.teacher_model);
 }
 
 // The student: the teacher's shape (or --student_model's config.json), bidirectional, V + 1 ids.
-Llama make_student(const Args& a, const Llama& teacher) {
-  const int64_t vocab = teacher->config.vocab_size() + 1;
-  LlamaConfig config = teacher->config;
-  std::string weights;
+// `weights` gets --student_model's model.safetensors when there is one.
+LlamaConfig student_config(const Args& a, const LlamaConfig& teacher, std::string* weights = nullptr) {
+  const int64_t vocab = teacher.vocab_size() + 1;
+  LlamaConfig config = teacher;
   if (!a.student_model.empty()) {
     const bool dir = fs::is_directory(a.student_model);
     config = memopt::io::read_llama_config(dir ? a.student_model + "/config.json" : a.student_model);
     TORCH_CHECK(config.vocab_size() == vocab, "llama_to_llada: --student_model '", a.student_model,
                 "' has vocab_size ", config.vocab_size(), " but the student needs the teacher's ",
                 vocab - 1, " + 1 mask token = ", vocab, ". HINT: set \"vocab_size\": ", vocab, " in its config.json.");
-    if (dir && fs::exists(a.student_model + "/model.safetensors")) weights = a.student_model + "/model.safetensors";
+    if (weights && dir && fs::exists(a.student_model + "/model.safetensors"))
+      *weights = a.student_model + "/model.safetensors";
   }
-  config.vocab_size(vocab).causal(false).dropout(0.0);
+  return config.vocab_size(vocab).causal(false).dropout(0.0);
+}
+
+Llama make_student(const Args& a, const Llama& teacher) {
+  std::string weights;
+  const LlamaConfig config = student_config(a, teacher->config, &weights);
   torch::manual_seed(static_cast<int64_t>(a.seed) + 1);
   Llama student(config);
   if (!weights.empty()) {
@@ -397,6 +412,20 @@ int run(const Args& a, const CLI::App& app) {
   trainer_options(a, plan, a.teacher_lr, std::max<int64_t>(a.teacher_steps, 1)).validate();
 
   const Data data = load_data(a, plan);
+  if (a.estimate_only) {  // the distillation step's memory, before any weight exists (memory/estimator.hpp)
+    const LlamaConfig teacher = teacher_config(a, data);
+    const auto options = memopt::models::DistillOptions(teacher.vocab_size()).alpha(a.alpha).top_k(plan.kd_top_k);
+    const auto policies = memopt::memory::PolicyDesc::parse(plan.checkpoint == "every_block" ? "every" : "none",
+                                                            plan.precision, "none", plan.accum);
+    TORCH_CHECK(!plan.teacher_autograd, "llama_to_llada: --estimate_only models the teacher under inference mode "
+                "(got a teacher with autograd, strategy ", plan.strategy, "). HINT: use --strategy simple or "
+                "comprehensive, or --teacher_autograd false.");
+    const auto desc = memopt::memory::ModelDesc::llada_distill(student_config(a, teacher), teacher, options,
+                                                                plan.teacher_dtype == "bf16");
+    fmt::print("distillation step, {} ({} x {} tokens)\n{}", policies.name(), a.batch_size, a.seq_len,
+               memopt::memory::estimate(desc, {a.batch_size, a.seq_len}, policies).table());
+    return 0;
+  }
   fs::create_directories(a.output_dir);
   std::ofstream(a.output_dir + "/metrics.jsonl", std::ios::trunc);  // this run's log starts empty
   MetricsJsonl metrics(a.output_dir + "/metrics.jsonl", nullptr);
@@ -489,6 +518,7 @@ int main(int argc, char** argv) {
   app.add_option("--teacher_model", a.teacher_model, "teacher folder: config.json + model.safetensors (HF names)")
       ->capture_default_str();
   app.add_flag("--train_teacher", a.train_teacher, "train the teacher on the corpus first and save it there");
+  app.add_flag("--estimate_only", a.estimate_only, "print the distillation step's estimated peak memory and stop");
   app.add_option("--teacher_steps", a.teacher_steps, "teacher training steps (0: random init)")->capture_default_str();
   app.add_option("--teacher_lr", a.teacher_lr, "teacher peak learning rate")->capture_default_str();
   app.add_option("--student_model", a.student_model,

@@ -24,6 +24,7 @@
 #include <memopt/data/tokenizer.hpp>
 #include <memopt/io/train_state.hpp>
 #include <memopt/memopt.hpp>
+#include <memopt/memory/estimator.hpp>
 #include <memopt/models/moe.hpp>
 #include <memopt/plot.hpp>
 
@@ -52,6 +53,7 @@ struct Args {
   double aux_loss_coef = 0.01;
   double z_loss_coef = 0.001;
   bool checkpoint_experts = false;
+  bool estimate_only = false;
   bool dense = false;
   bool monitor_memory = false;
   bool plot = false;
@@ -278,6 +280,17 @@ int run(const Args& a) {
   // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
   const MoeConfig cfg = model_config(a, d.vocab);
+  if (a.estimate_only) {  // the step's memory before anything is allocated (memory/estimator.hpp)
+    TORCH_CHECK(a.dispatch == "sorted", "moe_lm: --estimate_only models the sorted dispatch (got --dispatch ",
+                a.dispatch, "). HINT: drop --dispatch dense, or measure it with a short run.");
+    const auto policies = memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
+                                                            a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+    const auto desc = a.dense ? memopt::memory::ModelDesc::llama(cfg.dense_equivalent())
+                              : memopt::memory::ModelDesc::moe(cfg);
+    fmt::print("{} ({})\n{}", a.dense ? "dense equivalent" : a.config, policies.name(),
+               memopt::memory::estimate(desc, {a.batch_size, a.seq_len}, policies).table());
+    return 0;
+  }
   if (a.dense) {
     Llama model(cfg.dense_equivalent());
     return train_with_flags(a, d, model,
@@ -317,6 +330,7 @@ int main(int argc, char** argv) {
   app.add_option("--aux_loss_coef", a.aux_loss_coef, "load-balancing loss coefficient")->capture_default_str();
   app.add_option("--z_loss_coef", a.z_loss_coef, "router z-loss coefficient")->capture_default_str();
   app.add_flag("--checkpoint_experts", a.checkpoint_experts, "recompute each expert's SwiGLU in backward");
+  app.add_flag("--estimate_only", a.estimate_only, "print the estimated peak tensor memory of a step and stop");
   app.add_flag("--dense", a.dense, "train the dense LLaMA with the same active parameters instead");
   app.add_flag("--monitor_memory", a.monitor_memory, "print a memory line every step (tracked by phase, RSS)");
   app.add_flag("--plot", a.plot, "draw OUTPUT_DIR/metrics.png after training (loss, memory over steps; gnuplot)");

@@ -55,6 +55,14 @@ else
   fail "metrics.jsonl lacks log or summary lines: $(cat "$tmp/simple/metrics.jsonl")"
 fi
 expect_run none --teacher_model "$tmp/teacher" --output_dir "$tmp/none" --strategy none
+out=$("$bin" "${tiny[@]}" --teacher_model "$tmp/teacher" --output_dir "$tmp/estimate" --strategy comprehensive \
+      --kd_top_k 8 --estimate_only 2>&1)
+if [ $? -ne 0 ] || ! grep -q "teacher + targets" <<<"$out" || ! grep -q "^  peak " <<<"$out" \
+   || grep -q "held-out" <<<"$out" || [ -e "$tmp/estimate/metrics.jsonl" ]; then
+  fail "estimate_only: $out"
+else
+  ok "estimate_only: $(grep '^  peak ' <<<"$out")"
+fi
 expect_run comprehensive_sparse_kd --teacher_model "$tmp/teacher" --output_dir "$tmp/comp" \
   --strategy comprehensive --gradient_accumulation_steps 2 --kd_top_k 8 --cfg_scale 1 --temperature 0.5
 expect_run student_from_checkpoint --teacher_model "$tmp/teacher" --output_dir "$tmp/again" \

@@ -52,6 +52,18 @@ expect_run dense_dispatch_dropless --output_dir "$tmp/dense_dispatch" --steps 2 
   --capacity_factor 0 --num_experts 3 --top_k 1
 expect_run dense_equivalent --output_dir "$tmp/dense" --steps 2 --dense
 
+# ---- --estimate_only: the table, no training; within 10% of the plain run's measured peak ----
+out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/estimate" --estimate_only 2>&1)
+rc=$?
+predicted=$(sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$out")
+measured=$(grep -o '"peak_tracked_mib":[0-9.]*' "$tmp/plain/metrics.jsonl" | tail -1 | cut -d: -f2)
+if [ "$rc" -ne 0 ] || [ -z "$predicted" ] || [ -z "$measured" ] || grep -q "held-out loss" <<<"$out" \
+   || ! awk -v p="$predicted" -v m="$measured" 'BEGIN { exit !(p >= 0.9 * m && p <= 1.1 * m) }'; then
+  fail "estimate_only: predicted '$predicted' MiB vs measured '$measured' MiB: $out"
+else
+  ok "estimate_only: predicted $predicted MiB, the plain run measured $measured MiB"
+fi
+
 # ---- resume: 4 steps straight == 2 steps, then resumed to 4 ----
 expect_run straight --output_dir "$tmp/straight" --steps 4
 expect_run first_half --output_dir "$tmp/halves" --steps 2

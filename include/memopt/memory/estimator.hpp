@@ -28,7 +28,9 @@
 #include <torch/torch.h>
 
 #include "memopt/memory/report.hpp"
+#include "memopt/models/distill.hpp"
 #include "memopt/models/llama.hpp"
+#include "memopt/models/moe.hpp"
 #include "memopt/optim/adamw8bit.hpp"
 #include "memopt/optim/disk_adamw.hpp"
 #include "memopt/policies/checkpoint.hpp"
@@ -160,6 +162,14 @@ struct ModelDesc {
   nn::AttentionKind attention = nn::AttentionKind::kMath;
   int64_t loss_chunk_size = 0;  // > 0: the head and loss run fused by chunks (no (B·T, V) logits)
   bool dropout = false;         // dropout masks are saved too
+  int64_t frozen_parameter_bytes = 0;  // a distillation teacher's weights (no gradients, no state)
+  int64_t teacher_target_bytes = 0;    // per token: the teacher's logits (dense) or top-k values + indices
+  int64_t teacher_vocab = 0;           // > 0: the teacher's (B, T, V) logits exist while its targets are made
+  bool kd = false;                     // the loss adds a KD term: a second (B, T, V) log-softmax
+  int64_t kd_classes = 0;              //   over the teacher's top-k (or all V) classes per token
+  int64_t num_experts = 0;      // > 0: a mixture of experts (sorted dispatch) replaces the SwiGLU
+  int64_t top_k = 0;            //   experts per token; ffn_size is each expert's width
+  bool checkpoint_experts = false;
 
   static ModelDesc llama(const models::LlamaConfig& c) {
     ModelDesc d;
@@ -174,6 +184,33 @@ struct ModelDesc {
     d.dropout = c.dropout() > 0;
     return d;
   }
+  static ModelDesc moe(const models::MoeConfig& c) {
+    TORCH_CHECK(c.dispatch() == models::MoeDispatch::kSorted, "memopt::memory::ModelDesc::moe: the estimator models "
+                "the sorted dispatch (got the dense one). HINT: estimate with MoeDispatch::kSorted; the dense "
+                "dispatch adds (tokens, experts, capacity) one-hot tensors.");
+    ModelDesc d = llama(c.base());
+    d.num_experts = c.num_experts();
+    d.top_k = c.top_k();
+    d.checkpoint_experts = c.checkpoint_experts();
+    return d;
+  }
+  /// A LLaMA → LLaDA distillation step (models/distill.hpp): the student, plus the frozen
+  /// teacher's weights (4 or 2 B/param), its targets held through the student's step and,
+  /// when alpha > 0, the KD term's log-softmax.
+  static ModelDesc llada_distill(const models::LlamaConfig& student, const models::LlamaConfig& teacher,
+                                 const models::DistillOptions& options, bool teacher_bf16_weights) {
+    ModelDesc d = llama(student);
+    if (options.alpha() <= 0) return d;
+    d.frozen_parameter_bytes = llama(teacher).num_parameters() * (teacher_bf16_weights ? 2 : 4);
+    d.kd = true;
+    d.teacher_vocab = teacher.vocab_size();
+    const int64_t K = options.top_k() > 0 ? options.top_k() : teacher.vocab_size();
+    d.kd_classes = K;
+    d.teacher_target_bytes = options.top_k() > 0 ? K * (4 + 8) + 4 : K * (teacher_bf16_weights ? 2 : 4);
+    return d;
+  }
+  /// Rows each token sends through the feed-forward: 1, or top_k for a mixture of experts.
+  int64_t ffn_rows() const { return num_experts > 0 ? top_k : 1; }
   int64_t head_dim() const { return hidden_size / num_heads; }
   int64_t kv_dim() const { return num_kv_heads * head_dim(); }
 
@@ -182,7 +219,12 @@ struct ModelDesc {
     const int64_t C = hidden_size, KV = kv_dim(), F = ffn_size;
     std::vector<int64_t> n{vocab_size * C};  // embed_tokens
     for (int64_t l = 0; l < num_layers; ++l) {
-      for (int64_t x : {C * C, C * KV, C * KV, C * C, F * C, F * C, C * F, C, C}) n.push_back(x);
+      for (int64_t x : {C * C, C * KV, C * KV, C * C}) n.push_back(x);  // q, k, v, o
+      if (num_experts > 0) n.push_back(num_experts * C);                 // the router
+      for (int64_t e = 0; e < std::max<int64_t>(num_experts, 1); ++e)
+        for (int64_t x : {F * C, F * C, C * F}) n.push_back(x);          // gate, up, down
+      n.push_back(C);  // the norms
+      n.push_back(C);
     }
     n.push_back(C);               // norm
     n.push_back(vocab_size * C);  // lm_head
@@ -196,7 +238,8 @@ struct ModelDesc {
   /// Forward FLOPs of one token through the model (matmuls; attention at sequence length T).
   double forward_flops_per_token(int64_t T) const {
     const double C = hidden_size, KV = kv_dim(), F = ffn_size;
-    const double block = 2 * (C * C + 2 * C * KV + C * C + 3 * C * F) + 4.0 * T * C;
+    const double block = 2 * (C * C + 2 * C * KV + C * C + 3 * C * F * static_cast<double>(ffn_rows()) +
+                               C * static_cast<double>(num_experts)) + 4.0 * T * C;
     return num_layers * block + 2 * C * vocab_size;
   }
 };
@@ -214,6 +257,7 @@ struct Estimate {
   int64_t master_weights = 0;   // bf16-pure: the optimizer's fp32 copy
   int64_t gradients = 0;        // all gradients at once (at the optimizer step)
   int64_t optimizer_state = 0;  // resident between steps (disk: its chunk buffers)
+  int64_t teacher = 0;          // distillation: the frozen teacher's weights and its targets
   int64_t activations = 0;      // saved for backward, all blocks, at the end of the forward
   int64_t head = 0;             // logits, log-probabilities and their gradients at the loss
   int64_t workspace = 0;        // transient at the peak (recomputed block, backward temporaries, casts)
@@ -229,6 +273,7 @@ struct Estimate {
     if (master_weights > 0) row("fp32 masters", master_weights);
     row("gradients", gradients);
     row("optimizer state", optimizer_state);
+    if (teacher > 0) row("teacher + targets", teacher);
     row("activations", activations);
     row("logits + loss", head);
     row("workspace", workspace);
@@ -244,26 +289,28 @@ namespace detail {
 struct PerElement {
   double btc = 0, btf = 0, bhtt = 0;
   double bytes(double B, double T, const ModelDesc& m) const {
-    return B * T * (btc * m.hidden_size + btf * m.ffn_size + bhtt * m.num_heads * T);
+    return B * T * (btc * m.hidden_size + btf * m.ffn_size * m.ffn_rows() + bhtt * m.num_heads * T);
   }
 };
 
 // What one LLaMA block (models/llama.hpp) keeps for backward, per element, counted from the
-// code and checked against the tracker (tests/memory/estimator_test.cpp):
+// code and checked against the tracker (tests/planner_test.cpp):
 //   fp32: two RMSNorms (x·rsqrt and its weighted output: 2 tensors each), q and k before and
 //     after RoPE, the head-major copies the attention matmuls take, v, the attention output
 //     before o_proj, the residual h, the block output: 12 (B, T, C); gate, up, silu(gate) and
 //     their product: 4 (B, T, F); the fp32 softmax: 1 (B, H, T, T).
 //   bf16 autocast: the norms and the residual stream stay fp32, the matmul outputs are bf16
 //     and every linear input is saved as its bf16 cast; the softmax is fp32 and its bf16 copy
-//     feeds the PV matmul (measured 4.25 B per score: the copy is freed with the matmul's
-//     backward graph of the first block). (The bf16 weight casts are counted separately.)
+//     feeds the PV matmul. (The bf16 weight casts are counted separately.)
 //   bf16-pure: all bf16 except the norms' fp32 internals and the fp32 softmax.
 //   selective: the norms, the attention core and silu(gate)·up are recomputed in backward.
 //   dropout: the noise of the two residual dropouts and of the attention probabilities, and
 //     the dropped probabilities.
-inline PerElement block_saved(PrecisionKind p, bool selective, nn::AttentionKind attention, bool dropout) {
-  const bool math = attention == nn::AttentionKind::kMath;
+//   mixture of experts (sorted dispatch): the (B, T, F) terms over top_k rows per token, plus
+//     the gathered expert inputs, the concatenated expert outputs and the router's logits and
+//     probabilities; checkpoint_experts recomputes each expert from its input slice.
+inline PerElement block_saved(PrecisionKind p, bool selective, const ModelDesc& m) {
+  const bool math = m.attention == nn::AttentionKind::kMath;
   PerElement b;
   switch (p) {
     case PrecisionKind::kFp32: b = {48, 16, 4}; break;
@@ -277,10 +324,15 @@ inline PerElement block_saved(PrecisionKind p, bool selective, nn::AttentionKind
     b.bhtt = 0;
   }
   if (!math) b.bhtt = 0;  // blockwise: a (B, H, T) log-sum-exp only
-  if (dropout) {          // each dropout saves its scaled noise; the dropped probabilities feed PV
+  if (m.dropout) {        // each dropout saves its scaled noise; the dropped probabilities feed PV
     const double e = p == PrecisionKind::kFp32 ? 4 : 2;
     b.btc += 2 * e;
     if (math) b.bhtt += 2 * e;
+  }
+  if (m.num_experts > 0) {  // per token: top_k gathered inputs and expert outputs, the router's fp32 logits/probs
+    b.btc += static_cast<double>(m.top_k) * (p == PrecisionKind::kBf16Pure ? 4 : 8) +
+             12.0 * static_cast<double>(m.num_experts) / static_cast<double>(m.hidden_size);
+    if (m.checkpoint_experts) b.btf = 0;  // each expert keeps its input slice only
   }
   return b;
 }
@@ -335,7 +387,9 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const bool autocast = pol.precision == PrecisionKind::kBf16Autocast || pol.precision == PrecisionKind::kFp16Scaled;
   const bool math = m.attention == nn::AttentionKind::kMath;
   const double grad_e = pure ? 2 : 4;  // gradients are the parameters' dtype until the step
-  const double block_params = 2 * C * C + 2 * C * static_cast<double>(m.kv_dim()) + 3 * C * F + 2 * C;
+  const double experts = static_cast<double>(std::max<int64_t>(m.num_experts, 1));
+  const double block_params = 2 * C * C + 2 * C * static_cast<double>(m.kv_dim()) + experts * 3 * C * F +
+                              static_cast<double>(m.num_experts) * C + 2 * C;
   const double embed_params = V * C;
 
   Estimate e;
@@ -343,11 +397,13 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   e.master_weights = pure ? static_cast<int64_t>(4 * P) : 0;
   e.gradients = static_cast<int64_t>(4 * P);
   e.optimizer_state = detail::state_bytes(pol.offload, numels);
-  const double statics = static_cast<double>(e.parameters + e.master_weights + e.optimizer_state);
+  const double rows = static_cast<double>(run.micro_batch * run.seq_len);
+  e.teacher = m.frozen_parameter_bytes + static_cast<int64_t>(rows) * m.teacher_target_bytes;
+  const double statics = static_cast<double>(e.parameters + e.master_weights + e.optimizer_state + e.teacher);
 
   // ---- what the forward keeps ----
   const double btc = B * T * C;
-  const double full = detail::block_saved(pol.precision, pol.checkpoint == CheckpointKind::kSelective, m.attention, m.dropout)
+  const double full = detail::block_saved(pol.precision, pol.checkpoint == CheckpointKind::kSelective, m)
                           .bytes(B, T, m);
   const double input = btc * (pure ? 2 : 4);  // a checkpointed block keeps its input only
   std::vector<bool> recomputed(static_cast<size_t>(m.num_layers), false);
@@ -363,10 +419,10 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   double casts = autocast ? 2 * embed_params : 0;  // lm_head
   for (bool r : recomputed) casts += r ? 0 : block_cast;
   const double outside = btc * detail::outside_blocks_btc(pol.precision);
-  const double rows = B * T;
   const bool chunked = m.loss_chunk_size > 0;
   const double chunk_rows = chunked ? std::min<double>(static_cast<double>(m.loss_chunk_size), rows) : rows;
-  const double logprobs = chunked ? 0 : rows * V * (autocast ? 5 : 4);  // saved by the loss
+  // Saved by the loss: the fp32 log-probabilities (+ the KD term's, and the fp32 copy it slices).
+  const double logprobs = chunked ? 0 : rows * V * ((autocast ? 5 : 4) + (m.kd ? (autocast ? 7 : 5) : 0));
   e.activations = static_cast<int64_t>(stack + outside);
   const double grads_held = pol.accum > 1 ? grad_e * P : 0;  // earlier micro-batches' gradients
 
@@ -377,21 +433,29 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double fwd_block = before_last + attn_in + scores;
   const double logits = chunk_rows * V * (autocast || pure ? 6 : 4);  // (bf16 +) fp32 logits
   const double fwd_end = statics + grads_held + casts + stack + outside + logprobs;
-  e.forward_peak = static_cast<int64_t>(std::max(fwd_block, fwd_end + logits));
+  // A teacher first runs without a graph: its logits exist while its targets are made.
+  const double teacher_logits = m.teacher_vocab > 0 ? rows * static_cast<double>(m.teacher_vocab) * 4 * 2 : 0;
+  // The KD term's (rows, K) temporaries: the teacher's scaled log-probabilities, probabilities,
+  // differences and products, next to the student's logits.
+  const double kd_tmp = rows * static_cast<double>(m.kd_classes) * 4 * 7;
+  e.forward_peak = static_cast<int64_t>(std::max({fwd_block, fwd_end + logits + kd_tmp, statics + teacher_logits}));
 
   // ---- backward moments ----
-  const double head_bwd = fwd_end + chunk_rows * V * 8;  // two (rows, V) fp32 gradients
+  const double head_bwd = fwd_end + chunk_rows * V * (m.kd ? 12 : 8);  // two (three with KD) (rows, V) fp32 gradients
   double grads = grads_held > 0 ? grads_held : grad_e * (embed_params + C);  // lm_head and final norm first
   double live = statics + casts + stack + btc * 4 * 2;  // + the gradient flowing down, the embedding output
   double bwd_peak = head_bwd;
-  const double mlp_saved = B * T * (F * detail::block_saved(pol.precision, false, m.attention, false).btf + C * 30);
+  ModelDesc plain = m;  // the feed-forward's part of a block's saved tensors: freed before the attention's backward
+  plain.dropout = false;
+  const double mlp_saved = B * T * (F * static_cast<double>(m.ffn_rows()) * detail::block_saved(pol.precision, false, plain).btf + C * 30);
   for (int64_t i = m.num_layers - 1; i >= 0; --i) {
     const auto u = static_cast<size_t>(i);
     const double recompute = recomputed[u] ? full + block_cast : 0;
     const double at_top = live + recompute + grads;
-    const double mlp_moment = at_top + 2 * B * T * F * (pure || autocast ? 2 : 4) + 2 * btc * 4;
+    const double mlp_moment =
+        at_top + 2 * B * T * F * static_cast<double>(m.ffn_rows()) * (pure || autocast ? 2 : 4) + 2 * btc * 4;
     const double attn_moment = at_top - mlp_saved + (math ? B * m.num_heads * T * T * (autocast || pure ? 6 : 8) : 0) +
-                               (grads_held > 0 ? 0 : grad_e * 3 * C * F);
+                               (grads_held > 0 ? 0 : grad_e * experts * 3 * C * F);
     bwd_peak = std::max({bwd_peak, mlp_moment, attn_moment});
     live -= kept[u];
     if (grads_held == 0) grads += grad_e * block_params;
@@ -402,7 +466,8 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   (void)L;
 
   // ---- the optimizer step: every gradient in fp32 and AdamW's per-parameter temporaries ----
-  e.optimizer_peak = static_cast<int64_t>(statics + 4 * P + 2 * 4 * largest);
+  e.optimizer_peak = static_cast<int64_t>(statics - rows * static_cast<double>(m.teacher_target_bytes) + 4 * P +
+                                         2 * 4 * largest);  // the teacher's targets are gone by then
   e.peak = std::max({e.forward_peak, e.backward_peak, e.optimizer_peak});
   e.peak_phase = e.peak == e.backward_peak ? "backward" : e.peak == e.optimizer_peak ? "optimizer" : "forward";
   return e;
