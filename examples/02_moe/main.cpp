@@ -25,6 +25,7 @@
 #include <memopt/io/train_state.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
+#include <memopt/planner.hpp>
 #include <memopt/models/moe.hpp>
 #include <memopt/plot.hpp>
 
@@ -54,6 +55,8 @@ struct Args {
   double z_loss_coef = 0.001;
   bool checkpoint_experts = false;
   bool estimate_only = false;
+  std::string policies = "fixed";  // auto: the planner picks among the four compiled combinations
+  std::string memory_budget;
   bool dense = false;
   bool monitor_memory = false;
   bool plot = false;
@@ -246,7 +249,11 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   return 0;
 }
 
-// The four compiled-in policy combinations the flags choose from.
+// The four compiled-in policy combinations the flags (and --policies auto) choose from.
+using CompiledTrainers = memopt::TrainerProductT<
+    memopt::TypeList<memopt::checkpoint::None, memopt::checkpoint::EveryBlock>,
+    memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast>, memopt::TypeList<memopt::offload::None>>;
+
 template <class Model>
 int train_with_flags(const Args& a, const Data& d, Model& model, const std::string& description) {
   using memopt::checkpoint::EveryBlock;
@@ -258,7 +265,7 @@ int train_with_flags(const Args& a, const Data& d, Model& model, const std::stri
   return train<memopt::checkpoint::None, Fp32>(a, d, model, description);
 }
 
-int run(const Args& a) {
+int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   // ---- options first: a bad flag fails before any data is read ----
   TORCH_CHECK(a.batch_size >= 1, "moe_lm: --batch_size must be >= 1 (got ", a.batch_size, "). HINT: try 8.");
   TORCH_CHECK(a.grad_accum >= 1, "moe_lm: --grad_accum must be >= 1 (got ", a.grad_accum, "). HINT: 1 turns it off.");
@@ -280,16 +287,33 @@ int run(const Args& a) {
   // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
   const MoeConfig cfg = model_config(a, d.vocab);
-  if (a.estimate_only) {  // the step's memory before anything is allocated (memory/estimator.hpp)
-    TORCH_CHECK(a.dispatch == "sorted", "moe_lm: --estimate_only models the sorted dispatch (got --dispatch ",
+  if (a.estimate_only || a.policies == "auto" || !a.memory_budget.empty()) {  // memory/estimator.hpp, planner.hpp
+    TORCH_CHECK(a.dispatch == "sorted", "moe_lm: the memory estimate models the sorted dispatch (got --dispatch ",
                 a.dispatch, "). HINT: drop --dispatch dense, or measure it with a short run.");
-    const auto policies = memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
-                                                            a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+    auto policies = memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
+                                                      a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
     const auto desc = a.dense ? memopt::memory::ModelDesc::llama(cfg.dense_equivalent())
                               : memopt::memory::ModelDesc::moe(cfg);
-    fmt::print("{} ({})\n{}", a.dense ? "dense equivalent" : a.config, policies.name(),
-               memopt::memory::estimate(desc, {a.batch_size, a.seq_len}, policies).table());
-    return 0;
+    int64_t micro = a.batch_size;
+    if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the micro-batch finder only
+      std::vector<memopt::memory::PolicyDesc> candidates{policies};
+      if (a.policies == "auto") candidates = memopt::candidates<CompiledTrainers>();
+      const auto plan = memopt::plan(desc, a.seq_len, candidates,
+                                     memopt::PlanOptions()
+                                         .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
+                                         .effective_batch(a.batch_size * a.grad_accum)
+                                         .machine(memopt::MachineModel::from_device(torch::kCPU)));
+      fmt::print("{}", plan.explain());
+      policies = plan.chosen.policies;
+      micro = plan.chosen.micro_batch;
+      a.gradient_checkpointing = policies.checkpoint == memopt::memory::CheckpointKind::kEveryBlock;
+      a.mixed_precision = policies.precision == memopt::memory::PrecisionKind::kBf16Autocast;
+      a.batch_size = micro;
+      a.grad_accum = policies.accum;
+    }
+    fmt::print("{} ({}, micro-batch {})\n{}", a.dense ? "dense equivalent" : a.config, policies.name(), micro,
+               memopt::memory::estimate(desc, {micro, a.seq_len}, policies).table());
+    if (a.estimate_only) return 0;
   }
   if (a.dense) {
     Llama model(cfg.dense_equivalent());
@@ -331,6 +355,10 @@ int main(int argc, char** argv) {
   app.add_option("--z_loss_coef", a.z_loss_coef, "router z-loss coefficient")->capture_default_str();
   app.add_flag("--checkpoint_experts", a.checkpoint_experts, "recompute each expert's SwiGLU in backward");
   app.add_flag("--estimate_only", a.estimate_only, "print the estimated peak tensor memory of a step and stop");
+  app.add_option("--policies", a.policies, "fixed: the flags; auto: the planner picks checkpointing, precision, "
+                 "micro-batch and accumulation for --memory_budget")->check(CLI::IsMember({"fixed", "auto"}));
+  app.add_option("--memory_budget", a.memory_budget, "peak tensor memory allowed, e.g. 512MiB (fixed policies: "
+                 "the largest micro-batch that fits, accumulation keeping the effective batch)");
   app.add_flag("--dense", a.dense, "train the dense LLaMA with the same active parameters instead");
   app.add_flag("--monitor_memory", a.monitor_memory, "print a memory line every step (tracked by phase, RSS)");
   app.add_flag("--plot", a.plot, "draw OUTPUT_DIR/metrics.png after training (loss, memory over steps; gnuplot)");

@@ -63,6 +63,19 @@ if [ "$rc" -ne 0 ] || [ -z "$predicted" ] || [ -z "$measured" ] || grep -q "held
 else
   ok "estimate_only: predicted $predicted MiB, the plain run measured $measured MiB"
 fi
+# --policies auto under that estimate (+1 MiB: it is printed rounded): a plan, a run, a measured
+# peak within the budget (+10%).
+budget=$(awk -v p="$predicted" 'BEGIN { printf "%.1f", p + 1 }')
+out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/auto" --steps 2 --policies auto \
+      --memory_budget "${budget}MiB" 2>&1)
+rc=$?
+auto_peak=$(grep -o '"peak_tracked_mib":[0-9.]*' "$tmp/auto/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$auto_peak" ] \
+   || ! awk -v m="$auto_peak" -v b="$budget" 'BEGIN { exit !(m <= 1.1 * b) }'; then
+  fail "policies auto under $budget MiB: measured '$auto_peak': $out"
+else
+  ok "policies auto under $budget MiB: $(grep '^chose' <<<"$out" | head -c 100); measured $auto_peak MiB"
+fi
 
 # ---- resume: 4 steps straight == 2 steps, then resumed to 4 ----
 expect_run straight --output_dir "$tmp/straight" --steps 4
