@@ -25,6 +25,7 @@
 #include <memopt/io/pretrained.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
+#include <memopt/planner.hpp>
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
 
@@ -39,6 +40,8 @@ struct Args {
   std::string teacher_model = "out/teacher";
   bool train_teacher = false;
   bool estimate_only = false;
+  std::string policies = "fixed";  // auto: the planner picks checkpoint, precision, micro-batch, accum
+  std::string memory_budget;
   int64_t teacher_steps = 80;
   double teacher_lr = 2e-3;
   std::string student_model;  // empty: the teacher's shape, bidirectional, + mask token
@@ -163,6 +166,10 @@ Data load_data(const Args& a, const Plan& p) {
 }
 
 // ---- policies: the plan's strings select the Trainer's types (one instantiation each) ----
+// The four combinations compiled here, as a type list (what --policies auto plans over).
+using CompiledTrainers = memopt::TrainerProductT<
+    memopt::TypeList<memopt::checkpoint::None, memopt::checkpoint::EveryBlock>,
+    memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast>, memopt::TypeList<memopt::offload::None>>;
 template <class F>
 int with_policies(const Plan& p, F&& f) {
   using namespace memopt;
@@ -399,7 +406,10 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
 
 int run(const Args& a, const CLI::App& app) {
   // ---- options first: a bad flag fails before any data is read ----
-  const Plan plan = make_plan(a, app);
+  Plan plan = make_plan(a, app);  // --policies auto may change its checkpoint, precision and accum
+  TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_to_llada: --policies must be fixed or auto (got '",
+              a.policies, "'). HINT: auto picks checkpointing, precision and micro-batch for --memory_budget.");
+  const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
   TORCH_CHECK(a.batch_size >= 1, "llama_to_llada: --batch_size must be >= 1 (got ", a.batch_size,
               "). HINT: 4 sequences per micro-batch fit in a few hundred MiB at the default size.");
   TORCH_CHECK(a.seq_len >= 2 && a.seq_len <= a.max_seq_len, "llama_to_llada: --seq_len must lie in [2, --max_seq_len ",
@@ -412,26 +422,42 @@ int run(const Args& a, const CLI::App& app) {
   trainer_options(a, plan, a.teacher_lr, std::max<int64_t>(a.teacher_steps, 1)).validate();
 
   const Data data = load_data(a, plan);
-  if (a.estimate_only) {  // the distillation step's memory, before any weight exists (memory/estimator.hpp)
+  int64_t micro_batch = a.batch_size;  // of the distillation (the planner may lower it; the teacher keeps --batch_size)
+  if (a.estimate_only || a.policies == "auto" || budget > 0) {
+    // The distillation step's memory before any weight exists (memory/estimator.hpp) and,
+    // for a budget, the plan (planner.hpp) over the four combinations this program compiles.
+    TORCH_CHECK(!plan.teacher_autograd, "llama_to_llada: the memory estimate models the teacher under inference "
+                "mode (got a teacher with autograd, strategy ", plan.strategy, "). HINT: use --strategy simple or "
+                "comprehensive, or --teacher_autograd false.");
     const LlamaConfig teacher = teacher_config(a, data);
     const auto options = memopt::models::DistillOptions(teacher.vocab_size()).alpha(a.alpha).top_k(plan.kd_top_k);
-    const auto policies = memopt::memory::PolicyDesc::parse(plan.checkpoint == "every_block" ? "every" : "none",
-                                                            plan.precision, "none", plan.accum);
-    TORCH_CHECK(!plan.teacher_autograd, "llama_to_llada: --estimate_only models the teacher under inference mode "
-                "(got a teacher with autograd, strategy ", plan.strategy, "). HINT: use --strategy simple or "
-                "comprehensive, or --teacher_autograd false.");
+    auto policies = memopt::memory::PolicyDesc::parse(plan.checkpoint == "every_block" ? "every" : "none",
+                                                      plan.precision, "none", plan.accum);
     const auto desc = memopt::memory::ModelDesc::llada_distill(student_config(a, teacher), teacher, options,
                                                                 plan.teacher_dtype == "bf16");
-    fmt::print("distillation step, {} ({} x {} tokens)\n{}", policies.name(), a.batch_size, a.seq_len,
-               memopt::memory::estimate(desc, {a.batch_size, a.seq_len}, policies).table());
-    return 0;
+    if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder only
+      std::vector<memopt::memory::PolicyDesc> candidates{policies};
+      if (a.policies == "auto") candidates = memopt::candidates<CompiledTrainers>();
+      const auto chosen = memopt::plan(desc, a.seq_len, candidates,
+                                       memopt::PlanOptions().budget_bytes(budget).effective_batch(a.batch_size * plan.accum)
+                                           .machine(memopt::MachineModel::from_device(torch::kCPU)));
+      fmt::print("{}", chosen.explain());
+      policies = chosen.chosen.policies;
+      micro_batch = chosen.chosen.micro_batch;
+      plan.checkpoint = policies.checkpoint == memopt::memory::CheckpointKind::kEveryBlock ? "every_block" : "none";
+      plan.precision = policies.precision_flag();
+      plan.accum = policies.accum;
+    }
+    fmt::print("distillation step, {} ({} x {} tokens)\n{}", policies.name(), micro_batch, a.seq_len,
+               memopt::memory::estimate(desc, {micro_batch, a.seq_len}, policies).table());
+    if (a.estimate_only) return 0;
   }
   fs::create_directories(a.output_dir);
   std::ofstream(a.output_dir + "/metrics.jsonl", std::ios::trunc);  // this run's log starts empty
   MetricsJsonl metrics(a.output_dir + "/metrics.jsonl", nullptr);
   metrics.write({{"event", "start"}, {"strategy", plan.strategy}, {"checkpoint", plan.checkpoint},
                  {"precision", plan.precision}, {"data_format", plan.data_format}, {"accum", plan.accum},
-                 {"batch_size", a.batch_size}, {"seq_len", a.seq_len}, {"teacher_dtype", plan.teacher_dtype},
+                 {"batch_size", micro_batch}, {"seq_len", a.seq_len}, {"teacher_dtype", plan.teacher_dtype},
                  {"teacher_autograd", plan.teacher_autograd}, {"kd_top_k", plan.kd_top_k}, {"alpha", a.alpha}});
 
   Llama teacher = a.train_teacher ? train_teacher(a, plan, data, metrics) : load_teacher(a, data);
@@ -472,7 +498,7 @@ int run(const Args& a, const CLI::App& app) {
         trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>(a.output_dir + "/memory.trace.json",
                                                                               a.memory_trace));
       memopt::data::RandomWindowLoader loader(data.train,
-                                              memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed + 1));
+                                              memopt::data::LoaderOptions(micro_batch, a.seq_len).seed(a.seed + 1));
       result = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return distill.loss_sum(b, c); });
       return 0;
     });
@@ -519,6 +545,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--train_teacher", a.train_teacher, "train the teacher on the corpus first and save it there");
   app.add_flag("--estimate_only", a.estimate_only, "print the distillation step's estimated peak memory and stop");
+  app.add_option("--policies", a.policies, "fixed: the strategy and flags; auto: the planner picks checkpointing, "
+                 "precision and micro-batch for --memory_budget");
+  app.add_option("--memory_budget", a.memory_budget, "peak tensor memory of a distillation step, e.g. 512MiB (fixed "
+                 "policies: the largest micro-batch that fits; accumulation keeps the effective batch)");
   app.add_option("--teacher_steps", a.teacher_steps, "teacher training steps (0: random init)")->capture_default_str();
   app.add_option("--teacher_lr", a.teacher_lr, "teacher peak learning rate")->capture_default_str();
   app.add_option("--student_model", a.student_model,

@@ -63,6 +63,18 @@ if [ $? -ne 0 ] || ! grep -q "teacher + targets" <<<"$out" || ! grep -q "^  peak
 else
   ok "estimate_only: $(grep '^  peak ' <<<"$out")"
 fi
+predicted=$(sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$out")
+budget=$(awk -v p="$predicted" 'BEGIN { printf "%.2f", p + 0.05 }')
+out=$("$bin" "${tiny[@]}" --teacher_model "$tmp/teacher" --output_dir "$tmp/auto" --strategy comprehensive \
+      --kd_top_k 8 --policies auto --memory_budget "${budget}MiB" 2>&1)
+rc=$?
+measured=$(grep -o '"peak_tracked_mib":[0-9.]*' "$tmp/auto/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
+   || ! awk -v m="$measured" -v b="$budget" 'BEGIN { exit !(m <= 1.1 * b) }'; then
+  fail "policies auto under $budget MiB: measured '$measured': $out"
+else
+  ok "policies auto under $budget MiB: $(grep '^chose' <<<"$out" | head -c 90); measured $measured MiB"
+fi
 expect_run comprehensive_sparse_kd --teacher_model "$tmp/teacher" --output_dir "$tmp/comp" \
   --strategy comprehensive --gradient_accumulation_steps 2 --kd_top_k 8 --cfg_scale 1 --temperature 0.5
 expect_run student_from_checkpoint --teacher_model "$tmp/teacher" --output_dir "$tmp/again" \
