@@ -33,6 +33,7 @@
 #include <memopt/data/prefetch.hpp>
 #include <memopt/data/tokenizer.hpp>
 #include <memopt/memopt.hpp>
+#include <memopt/memory/estimator.hpp>
 #include <memopt/models/gritlm.hpp>
 #include <memopt/plot.hpp>
 
@@ -75,6 +76,7 @@ struct Args {
   int64_t prefetch = 4;
   bool no_bucket = false;
   bool data_only = false;
+  bool estimate_only = false;
   int64_t eval_queries = 256;
   int64_t eval_gen = 64;
   int64_t memory_trace = 0;  // steps traced into OUT/memory.trace.json (0: off)
@@ -431,6 +433,28 @@ int run(const Args& a) {
   memopt::data::GritBatcher batcher(format, d.train.embed, d.train.gen, batcher_options);
   fs::create_directories(a.output_dir);
   if (a.data_only) return data_only(a, batcher, a.output_dir);
+  if (a.estimate_only) {  // the step's memory at the batcher's maximum lengths (memory/estimator.hpp)
+    const int64_t max_len = std::max({a.query_max_len, a.passage_max_len, a.gen_max_len});
+    auto config = a.init_model.empty()
+                      ? memopt::models::LlamaConfig().hidden_size(a.hidden_size).num_hidden_layers(a.layers)
+                            .num_attention_heads(a.heads).max_position_embeddings(max_len)
+                      : memopt::io::read_llama_config((fs::path(a.init_model) / "config.json").string());
+    config.vocab_size(format->vocab_size());
+    memopt::memory::GritRunDesc run;
+    run.queries = a.batch_size;
+    run.query_len = a.query_max_len;
+    run.group_size = a.group_size;
+    run.passage_len = a.passage_max_len;
+    run.gen_rows = a.gen_batch_size;
+    run.gen_len = a.gen_max_len;
+    run.chunk = a.split_emb ? std::max(a.batch_size * a.group_size, a.gen_batch_size) : a.grad_cache_chunk;
+    const auto policies = memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
+                                                            a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+    fmt::print("gritlm step at the maximum lengths ({}, {})\n{}", policies.name(),
+               a.grad_cache_chunk > 0 ? fmt::format("GradCache chunks of {}", run.chunk) : "one graph",
+               memopt::memory::estimate_gritlm(memopt::memory::ModelDesc::llama(config), run, policies).table());
+    return 0;
+  }
 
   // padding with and without length bucketing, over the first batches
   const int64_t sample = std::min<int64_t>(a.steps, 20);
@@ -515,6 +539,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", a.prefetch, "batches built ahead")->capture_default_str();
   app.add_flag("--no_bucket", a.no_bucket, "random batches instead of length-bucketed ones");
   app.add_flag("--data_only", a.data_only, "only time the data path (--steps batches)");
+  app.add_flag("--estimate_only", a.estimate_only, "print the step's estimated peak tensor memory at the maximum "
+               "lengths and stop");
   app.add_option("--eval_queries", a.eval_queries, "held-out queries for retrieval (0: skip)")->capture_default_str();
   app.add_option("--eval_gen", a.eval_gen, "held-out generative samples for perplexity (0: skip)")->capture_default_str();
   app.add_option("--memory_trace", a.memory_trace, "trace the first N steps' memory into OUTPUT_DIR/memory.trace.json "

@@ -46,6 +46,18 @@ final_loss() { grep -o '"final_loss":[^,]*' "$1/metrics.jsonl" | tail -1; }
 
 expect_run plain --output_dir "$tmp/plain"
 expect_run gradcache --output_dir "$tmp/gc" --grad_cache_chunk 2
+# --estimate_only: the table at the maximum lengths, no training; an upper bound of the
+# GradCache run's measured peak (its texts are shorter than the maxima), within 2x of it.
+out=$("$bin" "${tiny[@]}" --output_dir "$tmp/estimate" --grad_cache_chunk 2 --estimate_only 2>&1)
+rc=$?
+predicted=$(sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$out")
+measured=$(grep -o '"peak_tracked_mib":[0-9.]*' "$tmp/gc/metrics.jsonl" | tail -1 | cut -d: -f2)
+if [ "$rc" -ne 0 ] || [ -z "$predicted" ] || [ -z "$measured" ] || grep -q "retrieval" <<<"$out" \
+   || ! awk -v p="$predicted" -v m="$measured" 'BEGIN { exit !(p >= 0.9 * m && p <= 2 * m) }'; then
+  fail "estimate_only: predicted '$predicted' MiB, the GradCache run measured '$measured' MiB: $out"
+else
+  ok "estimate_only: predicted $predicted MiB at the maximum lengths, the GradCache run measured $measured MiB"
+fi
 expect_run split_emb --output_dir "$tmp/split" --grad_cache_chunk 2 --split_emb
 expect_run ckpt_bf16_gradcache --output_dir "$tmp/ckpt" --grad_cache_chunk 3 --gradient_checkpointing --mixed_precision
 expect_run accum_token_loss --output_dir "$tmp/accum" --grad_accum 2 --gen_loss_type token --no_bucket

@@ -248,6 +248,10 @@ struct ModelDesc {
 struct RunDesc {
   int64_t micro_batch = 1;
   int64_t seq_len = 1;
+  bool lm_head = true;       // false: an embedding pass (mean-pooled hidden states, no logits)
+  bool key_padding = false;  // the attention masks padded keys (bidirectional embedding passes)
+  bool grads_held = false;   // every gradient exists already (a later chunk or micro-batch)
+  double held_bytes = 0;     // other passes' saved activations alive through this one's step
 };
 
 /// The prediction, in bytes. peak is the largest of the three moments the estimator models:
@@ -259,6 +263,7 @@ struct Estimate {
   int64_t optimizer_state = 0;  // resident between steps (disk: its chunk buffers)
   int64_t teacher = 0;          // distillation: the frozen teacher's weights and its targets
   int64_t activations = 0;      // saved for backward, all blocks, at the end of the forward
+  int64_t saved = 0;            // everything the forward keeps for the backward: activations + the loss's
   int64_t head = 0;             // logits, log-probabilities and their gradients at the loss
   int64_t workspace = 0;        // transient at the peak (recomputed block, backward temporaries, casts)
   int64_t forward_peak = 0, backward_peak = 0, optimizer_peak = 0;
@@ -399,12 +404,15 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   e.optimizer_state = detail::state_bytes(pol.offload, numels);
   const double rows = static_cast<double>(run.micro_batch * run.seq_len);
   e.teacher = m.frozen_parameter_bytes + static_cast<int64_t>(rows) * m.teacher_target_bytes;
-  const double statics = static_cast<double>(e.parameters + e.master_weights + e.optimizer_state + e.teacher);
+  const double statics =
+      static_cast<double>(e.parameters + e.master_weights + e.optimizer_state + e.teacher) + run.held_bytes;
 
   // ---- what the forward keeps ----
   const double btc = B * T * C;
-  const double full = detail::block_saved(pol.precision, pol.checkpoint == CheckpointKind::kSelective, m)
-                          .bytes(B, T, m);
+  auto per_block = detail::block_saved(pol.precision, pol.checkpoint == CheckpointKind::kSelective, m);
+  if (run.key_padding && per_block.bhtt > 0 && pol.precision == PrecisionKind::kFp32)
+    per_block.bhtt += 4;  // the probabilities with fully padded rows zeroed feed the PV matmul
+  const double full = per_block.bytes(B, T, m);
   const double input = btc * (pure ? 2 : 4);  // a checkpointed block keeps its input only
   std::vector<bool> recomputed(static_cast<size_t>(m.num_layers), false);
   for (int64_t i = 0; i < m.num_layers; ++i)
@@ -422,16 +430,18 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const bool chunked = m.loss_chunk_size > 0;
   const double chunk_rows = chunked ? std::min<double>(static_cast<double>(m.loss_chunk_size), rows) : rows;
   // Saved by the loss: the fp32 log-probabilities (+ the KD term's, and the fp32 copy it slices).
-  const double logprobs = chunked ? 0 : rows * V * ((autocast ? 5 : 4) + (m.kd ? (autocast ? 7 : 5) : 0));
+  const double logprobs =
+      chunked || !run.lm_head ? 0 : rows * V * ((autocast ? 5 : 4) + (m.kd ? (autocast ? 7 : 5) : 0));
   e.activations = static_cast<int64_t>(stack + outside);
-  const double grads_held = pol.accum > 1 ? grad_e * P : 0;  // earlier micro-batches' gradients
+  e.saved = static_cast<int64_t>(stack + outside + logprobs);
+  const double grads_held = pol.accum > 1 || run.grads_held ? grad_e * P : 0;  // earlier micro-batches' gradients
 
   // ---- forward moments: a block's attention scores, then the logits ----
   const double scores = math ? 2 * B * m.num_heads * T * T * (autocast || pure ? 2 : 4) : 0;
   const double attn_in = 7 * btc * 4;  // normed input, q, k, v, RoPE temporaries
   const double before_last = statics + grads_held + casts + stack - kept.back() + btc * 4;
   const double fwd_block = before_last + attn_in + scores;
-  const double logits = chunk_rows * V * (autocast || pure ? 6 : 4);  // (bf16 +) fp32 logits
+  const double logits = run.lm_head ? chunk_rows * V * (autocast || pure ? 6 : 4) : 0;  // (bf16 +) fp32 logits
   const double fwd_end = statics + grads_held + casts + stack + outside + logprobs;
   // A teacher first runs without a graph: its logits exist while its targets are made.
   const double teacher_logits = m.teacher_vocab > 0 ? rows * static_cast<double>(m.teacher_vocab) * 4 * 2 : 0;
@@ -441,7 +451,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   e.forward_peak = static_cast<int64_t>(std::max({fwd_block, fwd_end + logits + kd_tmp, statics + teacher_logits}));
 
   // ---- backward moments ----
-  const double head_bwd = fwd_end + chunk_rows * V * (m.kd ? 12 : 8);  // two (three with KD) (rows, V) fp32 gradients
+  const double head_bwd = fwd_end + (run.lm_head ? chunk_rows * V * (m.kd ? 12 : 8) : 0);  // 2 (3 with KD) fp32 grads
   double grads = grads_held > 0 ? grads_held : grad_e * (embed_params + C);  // lm_head and final norm first
   double live = statics + casts + stack + btc * 4 * 2;  // + the gradient flowing down, the embedding output
   double bwd_peak = head_bwd;
@@ -466,11 +476,63 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   (void)L;
 
   // ---- the optimizer step: every gradient in fp32 and AdamW's per-parameter temporaries ----
-  e.optimizer_peak = static_cast<int64_t>(statics - rows * static_cast<double>(m.teacher_target_bytes) + 4 * P +
+  e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - rows * static_cast<double>(m.teacher_target_bytes) + 4 * P +
                                          2 * 4 * largest);  // the teacher's targets are gone by then
   e.peak = std::max({e.forward_peak, e.backward_peak, e.optimizer_peak});
   e.peak_phase = e.peak == e.backward_peak ? "backward" : e.peak == e.optimizer_peak ? "optimizer" : "forward";
   return e;
+}
+
+/// A GritLM step (models/gritlm.hpp over a LLaMA): B queries of Tq tokens and B·G passages
+/// of Tp tokens embedded (bidirectional, padded keys, mean-pooled: no logits), and Bg
+/// generative sequences of Tg tokens (the causal LM). Lengths are the batcher's maxima, so
+/// the estimate bounds batches of shorter texts from above.
+struct GritRunDesc {
+  int64_t queries = 1, query_len = 1, group_size = 1, passage_len = 1, gen_rows = 0, gen_len = 1;
+  int64_t chunk = 0;  // accum::GradCache rows per chunk; 0: the whole batch in one graph
+};
+
+/// Without GradCache every part's graph is alive at once (the generative part first, then the
+/// queries and passages, one backward); with GradCache (chunk c) each chunk of c rows runs its
+/// own forward and backward after the gradients exist, next to the cached embeddings.
+inline Estimate estimate_gritlm(const ModelDesc& m, const GritRunDesc& r, const PolicyDesc& pol) {
+  TORCH_CHECK(r.queries >= 1 && r.group_size >= 1 && r.gen_rows >= 0 && r.chunk >= 0,
+              "memopt::memory::estimate_gritlm: queries and group_size must be >= 1, gen_rows and chunk >= 0 (got ",
+              r.queries, ", ", r.group_size, ", ", r.gen_rows, ", ", r.chunk, ").");
+  struct Part {
+    int64_t rows, len;
+    bool lm;
+  };
+  std::vector<Part> parts{{r.queries, r.query_len, false}, {r.queries * r.group_size, r.passage_len, false}};
+  if (r.gen_rows > 0) parts.push_back({r.gen_rows, r.gen_len, true});
+  auto pass = [&](const Part& p, int64_t rows, bool grads_held, double held) {
+    RunDesc run;
+    run.micro_batch = rows;
+    run.seq_len = p.len;
+    run.lm_head = p.lm;
+    run.key_padding = !p.lm;
+    run.grads_held = grads_held;
+    run.held_bytes = held;
+    return estimate(m, run, pol);
+  };
+  auto saved = [](const Estimate& e) { return static_cast<double>(e.saved); };
+  Estimate worst;
+  if (r.chunk == 0) {
+    double all = 0;
+    std::vector<Estimate> alone;
+    for (const auto& p : parts) alone.push_back(pass(p, p.rows, false, 0)), all += saved(alone.back());
+    for (size_t i = 0; i < parts.size(); ++i) {  // each part's moments with the others' graphs alive
+      const auto e = pass(parts[i], parts[i].rows, false, all - saved(alone[i]));
+      if (e.peak > worst.peak) worst = e;
+    }
+  } else {
+    const double cached = static_cast<double>((r.queries + r.queries * r.group_size) * m.hidden_size) * 4 * 2;
+    for (const auto& p : parts) {
+      const auto e = pass(p, std::min(r.chunk, p.rows), true, cached);  // embeddings and their gradients
+      if (e.peak > worst.peak) worst = e;
+    }
+  }
+  return worst;
 }
 
 }  // namespace memopt::memory
