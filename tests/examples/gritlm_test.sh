@@ -10,16 +10,9 @@
 set -uo pipefail
 bin="$1"
 prepare="$2"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passed=0
-
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 # ---- a tiny corpus: 3 genres x 8 documents of 20 word/tag sentences, a 120-piece BPE model ----
-source "$(dirname "$0")/brown_corpus.sh"
 brown_corpus "$tmp/raw" "a b c" 8 9 1
 if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 4 > /dev/null 2>&1; then
   echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
@@ -50,10 +43,10 @@ expect_run gradcache --output_dir "$tmp/gc" --grad_cache_chunk 2
 # GradCache run's measured peak (its texts are shorter than the maxima), within 2x of it.
 out=$("$bin" "${tiny[@]}" --output_dir "$tmp/estimate" --grad_cache_chunk 2 --estimate_only 2>&1)
 rc=$?
-predicted=$(sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$out")
-measured=$(grep -o '"peak_tracked_mib":[0-9.]*' "$tmp/gc/metrics.jsonl" | tail -1 | cut -d: -f2)
+predicted=$(table_peak "$out")
+measured=$(run_peak "$tmp/gc")
 if [ "$rc" -ne 0 ] || [ -z "$predicted" ] || [ -z "$measured" ] || grep -q "retrieval" <<<"$out" \
-   || ! awk -v p="$predicted" -v m="$measured" 'BEGIN { exit !(p >= 0.9 * m && p <= 2 * m) }'; then
+   || ! ratio_between "$predicted" "$measured" 0.9 2; then
   fail "estimate_only: predicted '$predicted' MiB, the GradCache run measured '$measured' MiB: $out"
 else
   ok "estimate_only: predicted $predicted MiB at the maximum lengths, the GradCache run measured $measured MiB"
@@ -162,5 +155,4 @@ expect_error missing_init_model "init_model '$tmp/none' lacks config.json" --ini
 expect_error init_model_vocab "has vocab_size 100 but the tokenizer .* has 120 pieces \(123 with" --init_model "$tmp/other_vocab"
 expect_error batch_over_records "fewer than batch_size" --batch_size 100000
 
-echo "$passed passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

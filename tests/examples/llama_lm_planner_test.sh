@@ -8,15 +8,8 @@
 set -uo pipefail
 bin="$1"
 prepare="$2"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passed=0
+source "$(dirname "$0")/lib.sh"
 
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-
-source "$(dirname "$0")/brown_corpus.sh"
 brown_corpus "$tmp/raw" a 30 8 0
 if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
   echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
@@ -32,7 +25,7 @@ if [ $? -ne 0 ] || ! grep -q "memory estimate" <<<"$out" || grep -q "held-out lo
 else
   ok "estimate_only"
 fi
-full_mib=$(sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$out")
+full_mib=$(table_peak "$out")
 
 # Explicit flags reach the instantiation they name, and the run trains.
 out=$("$bin" "${tiny[@]}" --checkpoint selective --precision bf16-pure --accum 2 --offload int8 2>&1)
@@ -48,7 +41,7 @@ budget=$(awk -v m="$full_mib" 'BEGIN { printf "%.1f", m / 2 }')
 out=$("$bin" "${tiny[@]}" --policies auto --memory_budget "${budget}MiB" 2>&1)
 measured=$(sed -n 's/^estimated peak .* MiB, measured \([0-9.]*\) MiB.*/\1/p' <<<"$out")
 if [ $? -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
-   || ! awk -v m="$measured" -v b="$budget" 'BEGIN { exit !(m <= 1.1 * b) }'; then
+   || ! ratio_between "$measured" "$budget" 0 1.1; then
   fail "auto under ${budget} MiB (unconstrained ${full_mib} MiB): measured '${measured}': $out"
 else
   ok "auto under ${budget} MiB of ${full_mib}: $(grep '^chose' <<<"$out" | head -c 120); measured ${measured} MiB"
@@ -62,5 +55,4 @@ else
   ok "impossible budget: $(grep -o 'no policy combination.*' <<<"$out" | head -c 160)"
 fi
 
-echo "$passed passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -6,13 +6,7 @@
 # Usage: llama_to_llada_test.sh path/to/llama_to_llada
 set -uo pipefail
 bin="$1"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passed=0
-
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 # ---- a tiny corpus: 600 generated lines, a 96-piece BPE model ----
 mkdir -p "$tmp/data"
@@ -63,14 +57,14 @@ if [ $? -ne 0 ] || ! grep -q "teacher + targets" <<<"$out" || ! grep -q "^  peak
 else
   ok "estimate_only: $(grep '^  peak ' <<<"$out")"
 fi
-predicted=$(sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$out")
+predicted=$(table_peak "$out")
 budget=$(awk -v p="$predicted" 'BEGIN { printf "%.2f", p + 0.05 }')
 out=$("$bin" "${tiny[@]}" --teacher_model "$tmp/teacher" --output_dir "$tmp/auto" --strategy comprehensive \
       --kd_top_k 8 --policies auto --memory_budget "${budget}MiB" 2>&1)
 rc=$?
-measured=$(grep -o '"peak_tracked_mib":[0-9.]*' "$tmp/auto/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+measured=$(run_peak "$tmp/auto")
 if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
-   || ! awk -v m="$measured" -v b="$budget" 'BEGIN { exit !(m <= 1.1 * b) }'; then
+   || ! ratio_between "$measured" "$budget" 0 1.1; then
   fail "policies auto under $budget MiB: measured '$measured': $out"
 else
   ok "policies auto under $budget MiB: $(grep '^chose' <<<"$out" | head -c 90); measured $measured MiB"
@@ -122,5 +116,4 @@ expect_error student_vocab "student_model.*vocab_size 5" --teacher_model "$tmp/t
 expect_error missing_shards "data/train.bin" --teacher_model "$tmp/teacher" --output_dir "$tmp/e7" \
   --data_format shards
 
-echo "$passed passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -2,22 +2,16 @@
 # examples/02_moe end to end on a tiny generated Brown-format corpus (prepared by
 # memopt_prepare_corpus): every policy combination and both dispatches train, evaluate and
 # log router statistics; the dense equivalent trains; a run stopped at step 2 and resumed
-# ends with the same loss as an uninterrupted one. Then bad input: each case must exit 1
+# ends with the same loss as an uninterrupted one; --estimate_only predicts the plain run's
+# peak within 10%, and --policies auto keeps a run under a budget. Then bad input: each case must exit 1
 # (not crash) with a message naming the option and the value seen, and a HINT.
 # Usage: moe_lm_test.sh path/to/moe_lm path/to/memopt_prepare_corpus
 set -uo pipefail
 bin="$1"
 prepare="$2"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passed=0
-
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 # ---- a tiny corpus: 30 documents of word/tag lines, a 120-piece BPE model ----
-source "$(dirname "$0")/brown_corpus.sh"
 brown_corpus "$tmp/raw" a 30 8 0
 if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
   echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
@@ -55,10 +49,10 @@ expect_run dense_equivalent --output_dir "$tmp/dense" --steps 2 --dense
 # ---- --estimate_only: the table, no training; within 10% of the plain run's measured peak ----
 out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/estimate" --estimate_only 2>&1)
 rc=$?
-predicted=$(sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$out")
-measured=$(grep -o '"peak_tracked_mib":[0-9.]*' "$tmp/plain/metrics.jsonl" | tail -1 | cut -d: -f2)
+predicted=$(table_peak "$out")
+measured=$(run_peak "$tmp/plain")
 if [ "$rc" -ne 0 ] || [ -z "$predicted" ] || [ -z "$measured" ] || grep -q "held-out loss" <<<"$out" \
-   || ! awk -v p="$predicted" -v m="$measured" 'BEGIN { exit !(p >= 0.9 * m && p <= 1.1 * m) }'; then
+   || ! ratio_between "$predicted" "$measured" 0.9 1.1; then
   fail "estimate_only: predicted '$predicted' MiB vs measured '$measured' MiB: $out"
 else
   ok "estimate_only: predicted $predicted MiB, the plain run measured $measured MiB"
@@ -69,9 +63,9 @@ budget=$(awk -v p="$predicted" 'BEGIN { printf "%.1f", p + 1 }')
 out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/auto" --steps 2 --policies auto \
       --memory_budget "${budget}MiB" 2>&1)
 rc=$?
-auto_peak=$(grep -o '"peak_tracked_mib":[0-9.]*' "$tmp/auto/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+auto_peak=$(run_peak "$tmp/auto")
 if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$auto_peak" ] \
-   || ! awk -v m="$auto_peak" -v b="$budget" 'BEGIN { exit !(m <= 1.1 * b) }'; then
+   || ! ratio_between "$auto_peak" "$budget" 0 1.1; then
   fail "policies auto under $budget MiB: measured '$auto_peak': $out"
 else
   ok "policies auto under $budget MiB: $(grep '^chose' <<<"$out" | head -c 100); measured $auto_peak MiB"
@@ -114,5 +108,4 @@ expect_error missing_state "$tmp/nowhere" --resume "$tmp/nowhere"
 expect_error resume_other_settings "saved with other settings" --resume "$tmp/halves/state" --top_k 1
 expect_error missing_corpus "$tmp/none/train.bin" --data "$tmp/none"
 
-echo "$passed passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -27,6 +27,22 @@ int64_t peak_of_step(memopt::models::Llama& model, const memopt::Batch& batch) {
   return tracker.peak_bytes() - before;
 }
 
+// A 2-block LLaMA over 128 tokens and its random (4, 32) batches: the Trainer tests' model.
+memopt::models::Llama tiny_llama() {
+  return memopt::models::Llama(memopt::models::LlamaConfig()
+                                   .vocab_size(128)
+                                   .hidden_size(32)
+                                   .num_hidden_layers(2)
+                                   .num_attention_heads(4)
+                                   .max_position_embeddings(64));
+}
+struct TinyLoader {
+  memopt::Batch next() {
+    auto t = torch::randint(128, {4, 33});
+    return {t.slice(1, 0, 32), t.slice(1, 1, 33)};
+  }
+};
+
 }  // namespace
 
 TEST_CASE("the tracker is installed by the test runner and counts a known allocation exactly", "[memory]") {
@@ -69,18 +85,8 @@ TEST_CASE("reset_peaks starts a new window and phases keep their own peaks", "[m
 
 TEST_CASE("the Trainer reports per-phase peaks and the report prints them", "[memory][trainer]") {
   torch::manual_seed(0);
-  memopt::models::Llama model(memopt::models::LlamaConfig()
-                                  .vocab_size(128)
-                                  .hidden_size(32)
-                                  .num_hidden_layers(2)
-                                  .num_attention_heads(4)
-                                  .max_position_embeddings(64));
-  struct Loader {
-    memopt::Batch next() {
-      auto t = torch::randint(128, {4, 33});
-      return {t.slice(1, 0, 32), t.slice(1, 1, 33)};
-    }
-  } loader;
+  memopt::models::Llama model = tiny_llama();
+  TinyLoader loader;
   memopt::Trainer<> trainer(*model, memopt::TrainerOptions().max_steps(2).log_interval(1));
   memopt::memory::Tracker::instance().reset_peaks();
   auto result = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return model->loss_sum(b, c); });
@@ -284,18 +290,8 @@ TEST_CASE("ProgressBar prints plain lines with the ETA when not on a terminal", 
 
 TEST_CASE("JsonlMetrics lines parse and carry skipped steps, peaks, step time and ETA", "[callbacks][precision]") {
   torch::manual_seed(0);
-  memopt::models::Llama model(memopt::models::LlamaConfig()
-                                  .vocab_size(128)
-                                  .hidden_size(32)
-                                  .num_hidden_layers(2)
-                                  .num_attention_heads(4)
-                                  .max_position_embeddings(64));
-  struct Loader {
-    memopt::Batch next() {
-      auto t = torch::randint(128, {4, 33});
-      return {t.slice(1, 0, 32), t.slice(1, 1, 33)};
-    }
-  } loader;
+  memopt::models::Llama model = tiny_llama();
+  TinyLoader loader;
   memopt::Trainer<memopt::checkpoint::None, memopt::precision::Scaled<c10::kFloat>> trainer(
       *model, memopt::TrainerOptions().max_steps(6).log_interval(2).threads(1));
   memopt::test::TempDir dir;

@@ -1,0 +1,42 @@
+# tests/examples/lib.sh — sourced by the example tests (after `set -uo pipefail`): a temporary
+# folder $tmp removed at exit, pass/fail counters (ok, fail, finish), a tiny corpus in the
+# Brown corpus's format for memopt_prepare_corpus, and readers of memory figures.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passed=0
+
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+finish() {  # the summary line; the exit status of the script
+  echo "$passed passed, $failures failed"
+  [ "$failures" -eq 0 ]
+}
+
+# table_peak TEXT: the figure of the "  peak N MiB" line of a memory estimate table.
+table_peak() { sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$1"; }
+# run_peak DIR: the last peak_tracked_mib in DIR/metrics.jsonl.
+run_peak() { grep -o '"peak_tracked_mib":[0-9.]*' "$1/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2; }
+# ratio_between X REF LOW HIGH: whether LOW·REF <= X <= HIGH·REF (decimals).
+ratio_between() { awk -v x="$1" -v r="$2" -v lo="$3" -v hi="$4" 'BEGIN { exit !(x >= lo * r && x <= hi * r) }'; }
+
+# Writes files c<genre><NN> of tab-indented word/tag sentences; the same arguments give the
+# same bytes.
+#   brown_corpus DIR GENRES DOCS WORDS OFFSET
+#     GENRES: genre letters ("a" or "a b c"); DOCS: documents per genre (named 01, 02, …); WORDS: words per
+#     sentence (20 sentences a document); OFFSET: added to every word index.
+# brown_words holds the 16 words it draws from.
+brown_words=(the quick brown fox jumps over a lazy dog while memory models train tokens fast slow)
+brown_corpus() {
+  local dir="$1" genres="$2" docs="$3" nwords="$4" offset="$5" g f l w line
+  mkdir -p "$dir"
+  for g in $genres; do
+    for f in $(seq -f %02g 1 "$docs"); do
+      for l in $(seq 1 20); do
+        line=""
+        for w in $(seq 1 "$nwords"); do line+="${brown_words[$(( (10#$f * 7 + l * 3 + w * 5 + offset) % 16 ))]}/nn "; done
+        printf '\t%s./.\n' "$line"
+      done > "$dir/c$g$f"
+    done
+  done
+}
