@@ -189,8 +189,9 @@ struct Plan {
     int64_t shown = 0, more_fit = 0, over = 0, elsewhere = 0;
     for (const auto& r : rows) {
       if (r.fits() && shown < max_rows) {
-        out += fmt::format("  {} {:<58} micro {:>3}  peak {:8.1f} MiB  {:7.3f} s/step\n", &r == &rows.front() ? "*" : " ",
-                           r.policies.name(), r.micro_batch, memory::mib(r.estimate.peak), r.seconds);
+        out += fmt::format("  {} {:<58} micro {:>3}  peak {:8.1f} MiB  {:7.3f} s/step\n",
+                           &r == &rows.front() ? "*" : " ", r.policies.name(), r.micro_batch,
+                           memory::mib(r.estimate.peak), r.seconds);
         ++shown;
       } else if (r.fits()) {
         ++more_fit;
@@ -225,7 +226,8 @@ inline double step_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t 
   switch (p.checkpoint) {
     case CheckpointKind::kEveryBlock: recompute = blocks; break;
     case CheckpointKind::kEveryNth:
-      recompute = blocks * static_cast<double>((m.num_layers + p.every - 1) / p.every) / static_cast<double>(m.num_layers);
+      recompute = blocks * static_cast<double>((m.num_layers + p.every - 1) / p.every) /
+                  static_cast<double>(m.num_layers);
       break;
     case CheckpointKind::kSelective: recompute = static_cast<double>(m.num_layers) * 4 * T * C; break;
     case CheckpointKind::kNone: break;

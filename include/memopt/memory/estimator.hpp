@@ -121,23 +121,43 @@ struct PolicyDesc {
 };
 
 namespace detail {
-template <class T> struct CheckpointOf;
-template <> struct CheckpointOf<checkpoint::None> { static constexpr CheckpointKind kind = CheckpointKind::kNone; static constexpr int64_t every = 1; };
-template <> struct CheckpointOf<checkpoint::EveryBlock> { static constexpr CheckpointKind kind = CheckpointKind::kEveryBlock; static constexpr int64_t every = 1; };
-template <int N> struct CheckpointOf<checkpoint::EveryNth<N>> {
-  static constexpr CheckpointKind kind = N == 1 ? CheckpointKind::kEveryBlock : CheckpointKind::kEveryNth;
+// Each policy type's kind (memopt's policies; another type is a compile error here).
+template <CheckpointKind K, int64_t N = 1>
+struct CheckpointIs {
+  static constexpr CheckpointKind kind = K;
   static constexpr int64_t every = N;
 };
-template <> struct CheckpointOf<checkpoint::Selective> { static constexpr CheckpointKind kind = CheckpointKind::kSelective; static constexpr int64_t every = 1; };
-template <class T> struct PrecisionOf;
-template <> struct PrecisionOf<precision::Fp32> { static constexpr PrecisionKind kind = PrecisionKind::kFp32; };
-template <> struct PrecisionOf<precision::Bf16Autocast> { static constexpr PrecisionKind kind = PrecisionKind::kBf16Autocast; };
-template <> struct PrecisionOf<precision::Bf16Pure> { static constexpr PrecisionKind kind = PrecisionKind::kBf16Pure; };
-template <> struct PrecisionOf<precision::Fp16Scaled> { static constexpr PrecisionKind kind = PrecisionKind::kFp16Scaled; };
-template <class T> struct OffloadOf;
-template <> struct OffloadOf<offload::None> { static constexpr OffloadKind kind = OffloadKind::kNone; };
-template <> struct OffloadOf<offload::Int8State> { static constexpr OffloadKind kind = OffloadKind::kInt8; };
-template <> struct OffloadOf<offload::Disk> { static constexpr OffloadKind kind = OffloadKind::kDisk; };
+template <class T>
+struct CheckpointOf;
+template <>
+struct CheckpointOf<checkpoint::None> : CheckpointIs<CheckpointKind::kNone> {};
+template <>
+struct CheckpointOf<checkpoint::EveryBlock> : CheckpointIs<CheckpointKind::kEveryBlock> {};
+template <int N>
+struct CheckpointOf<checkpoint::EveryNth<N>>
+    : CheckpointIs<N == 1 ? CheckpointKind::kEveryBlock : CheckpointKind::kEveryNth, N> {};
+template <>
+struct CheckpointOf<checkpoint::Selective> : CheckpointIs<CheckpointKind::kSelective> {};
+
+template <class T>
+struct PrecisionOf;
+template <>
+struct PrecisionOf<precision::Fp32> : std::integral_constant<PrecisionKind, PrecisionKind::kFp32> {};
+template <>
+struct PrecisionOf<precision::Bf16Autocast> : std::integral_constant<PrecisionKind, PrecisionKind::kBf16Autocast> {};
+template <>
+struct PrecisionOf<precision::Bf16Pure> : std::integral_constant<PrecisionKind, PrecisionKind::kBf16Pure> {};
+template <>
+struct PrecisionOf<precision::Fp16Scaled> : std::integral_constant<PrecisionKind, PrecisionKind::kFp16Scaled> {};
+
+template <class T>
+struct OffloadOf;
+template <>
+struct OffloadOf<offload::None> : std::integral_constant<OffloadKind, OffloadKind::kNone> {};
+template <>
+struct OffloadOf<offload::Int8State> : std::integral_constant<OffloadKind, OffloadKind::kInt8> {};
+template <>
+struct OffloadOf<offload::Disk> : std::integral_constant<OffloadKind, OffloadKind::kDisk> {};
 }  // namespace detail
 
 /// The PolicyDesc of a Trainer instantiation (its policy types; accum as given).
@@ -148,8 +168,8 @@ PolicyDesc describe(int64_t accum = 1) {
   PolicyDesc d;
   d.checkpoint = C::kind;
   d.every = C::every;
-  d.precision = detail::PrecisionOf<typename TrainerT::precision_type>::kind;
-  d.offload = detail::OffloadOf<typename TrainerT::offload_type>::kind;
+  d.precision = detail::PrecisionOf<typename TrainerT::precision_type>::value;
+  d.offload = detail::OffloadOf<typename TrainerT::offload_type>::value;
   d.accum = accum;
   return d;
 }
@@ -282,7 +302,8 @@ struct Estimate {
     row("activations", activations);
     row("logits + loss", head);
     row("workspace", workspace);
-    out += fmt::format("  {:<18} {:10.1f} MiB  (forward {:.1f}, backward {:.1f}, optimizer {:.1f})\n", "peak", mib(peak),
+    out += fmt::format("  {:<18} {:10.1f} MiB  (forward {:.1f}, backward {:.1f}, optimizer {:.1f})\n", "peak",
+                       mib(peak),
                        mib(forward_peak), mib(backward_peak), mib(optimizer_peak));
     return out;
   }
@@ -387,7 +408,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   for (int64_t n : numels) P += static_cast<double>(n), largest = std::max(largest, static_cast<double>(n));
   const double B = static_cast<double>(run.micro_batch), T = static_cast<double>(run.seq_len);
   const double C = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
-  const double F = static_cast<double>(m.ffn_size), L = static_cast<double>(m.num_layers);
+  const double F = static_cast<double>(m.ffn_size);
   const bool pure = pol.precision == PrecisionKind::kBf16Pure;
   const bool autocast = pol.precision == PrecisionKind::kBf16Autocast || pol.precision == PrecisionKind::kFp16Scaled;
   const bool math = m.attention == nn::AttentionKind::kMath;
@@ -455,9 +476,12 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   double grads = grads_held > 0 ? grads_held : grad_e * (embed_params + C);  // lm_head and final norm first
   double live = statics + casts + stack + btc * 4 * 2;  // + the gradient flowing down, the embedding output
   double bwd_peak = head_bwd;
-  ModelDesc plain = m;  // the feed-forward's part of a block's saved tensors: freed before the attention's backward
+  // The feed-forward's part of a block's saved tensors, freed before the attention's backward:
+  // its (B, T, F) tensors and 30 B per (B, T, C) element of norm and residual tensors (measured).
+  ModelDesc plain = m;
   plain.dropout = false;
-  const double mlp_saved = B * T * (F * static_cast<double>(m.ffn_rows()) * detail::block_saved(pol.precision, false, plain).btf + C * 30);
+  const double ffn_btf = detail::block_saved(pol.precision, false, plain).btf;
+  const double mlp_saved = B * T * (F * static_cast<double>(m.ffn_rows()) * ffn_btf + C * 30);
   for (int64_t i = m.num_layers - 1; i >= 0; --i) {
     const auto u = static_cast<size_t>(i);
     const double recompute = recomputed[u] ? full + block_cast : 0;
@@ -471,13 +495,13 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
     if (grads_held == 0) grads += grad_e * block_params;
   }
   e.backward_peak = static_cast<int64_t>(bwd_peak);
-  e.head = static_cast<int64_t>(logprobs + chunk_rows * V * 8);
+  e.head = static_cast<int64_t>(logprobs + (run.lm_head ? chunk_rows * V * 8 : 0));
   e.workspace = static_cast<int64_t>(casts + std::max(scores + attn_in, 0.0));
-  (void)L;
 
   // ---- the optimizer step: every gradient in fp32 and AdamW's per-parameter temporaries ----
-  e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - rows * static_cast<double>(m.teacher_target_bytes) + 4 * P +
-                                         2 * 4 * largest);  // the teacher's targets are gone by then
+  // (Other passes' activations and the teacher's targets are gone by then.)
+  const double targets = rows * static_cast<double>(m.teacher_target_bytes);
+  e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - targets + 4 * P + 2 * 4 * largest);
   e.peak = std::max({e.forward_peak, e.backward_peak, e.optimizer_peak});
   e.peak_phase = e.peak == e.backward_peak ? "backward" : e.peak == e.optimizer_peak ? "optimizer" : "forward";
   return e;
