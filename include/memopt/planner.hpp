@@ -6,20 +6,22 @@
 // (accumulation adjusted to keep the effective batch).
 //
 //   using Trainers = memopt::StandardTrainers;                      // 4 × 4 × 3 instantiations
-//   auto choice = memopt::plan(desc, seq_len, batch, budget, memopt::candidates<Trainers>());
-//   memopt::dispatch<Trainers>(choice.policies, [&]<class T>(std::type_identity<T>) {
-//     T trainer(*model, options.accum_steps(choice.policies.accum));
-//     trainer.fit(loader, loss_fn);                                 // T::name() says which ran
+//   auto p = memopt::plan(desc, seq_len, memopt::candidates<Trainers>(),
+//                         memopt::PlanOptions().budget_bytes(4LL << 30).effective_batch(32));
+//   memopt::dispatch<Trainers>(p.chosen.policies, [&]<class T>(std::type_identity<T>) {
+//     T trainer(*model, options.accum_steps(p.chosen.policies.accum));   // micro-batch: p.chosen.micro_batch
+//     trainer.fit(loader, loss_fn);                                      // T::name() says which ran
 //   });
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
-#include <algorithm>
 #include <exception>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
