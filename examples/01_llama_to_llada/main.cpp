@@ -165,18 +165,17 @@ Data load_data(const Args& a, const Plan& p) {
   return {std::move(tok), std::move(train), std::move(val)};
 }
 
-// ---- policies: the plan's strings select the Trainer's types (one instantiation each) ----
-// The four combinations compiled here, as a type list (what --policies auto plans over).
-using CompiledTrainers = memopt::TrainerProductT<
-    memopt::TypeList<memopt::checkpoint::None, memopt::checkpoint::EveryBlock>,
-    memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast>, memopt::TypeList<memopt::offload::None>>;
+// ---- policies: the plan's strings select the Trainer's types (one instantiation each of
+// memopt::CheckpointPrecisionTrainers, through memopt::dispatch) ----
+memopt::memory::PolicyDesc policies_of(const Plan& p) {
+  return memopt::memory::PolicyDesc::parse(p.checkpoint == "every_block" ? "every" : "none", p.precision, "none",
+                                           p.accum);
+}
 template <class F>
 int with_policies(const Plan& p, F&& f) {
-  using namespace memopt;
-  if (p.checkpoint == "every_block" && p.precision == "bf16") return f(checkpoint::EveryBlock{}, precision::Bf16Autocast{});
-  if (p.checkpoint == "every_block") return f(checkpoint::EveryBlock{}, precision::Fp32{});
-  if (p.precision == "bf16") return f(checkpoint::None{}, precision::Bf16Autocast{});
-  return f(checkpoint::None{}, precision::Fp32{});
+  return memopt::dispatch<memopt::CheckpointPrecisionTrainers>(policies_of(p), [&]<class T>(std::type_identity<T>) {
+    return f(typename T::checkpoint_type{}, typename T::precision_type{});
+  });
 }
 
 memopt::TrainerOptions trainer_options(const Args& a, const Plan& p, double lr, int64_t steps) {
@@ -431,13 +430,12 @@ int run(const Args& a, const CLI::App& app) {
                 "comprehensive, or --teacher_autograd false.");
     const LlamaConfig teacher = teacher_config(a, data);
     const auto options = memopt::models::DistillOptions(teacher.vocab_size()).alpha(a.alpha).top_k(plan.kd_top_k);
-    auto policies = memopt::memory::PolicyDesc::parse(plan.checkpoint == "every_block" ? "every" : "none",
-                                                      plan.precision, "none", plan.accum);
+    auto policies = policies_of(plan);
     const auto desc = memopt::memory::ModelDesc::llada_distill(student_config(a, teacher), teacher, options,
                                                                 plan.teacher_dtype == "bf16");
     if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder only
       std::vector<memopt::memory::PolicyDesc> candidates{policies};
-      if (a.policies == "auto") candidates = memopt::candidates<CompiledTrainers>();
+      if (a.policies == "auto") candidates = memopt::candidates<memopt::CheckpointPrecisionTrainers>();
       const auto chosen = memopt::plan(desc, a.seq_len, candidates,
                                        memopt::PlanOptions().budget_bytes(budget).effective_batch(a.batch_size * plan.accum)
                                            .machine(memopt::MachineModel::from_device(torch::kCPU)));

@@ -249,20 +249,19 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   return 0;
 }
 
-// The four compiled-in policy combinations the flags (and --policies auto) choose from.
-using CompiledTrainers = memopt::TrainerProductT<
-    memopt::TypeList<memopt::checkpoint::None, memopt::checkpoint::EveryBlock>,
-    memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast>, memopt::TypeList<memopt::offload::None>>;
+// The policies the flags name (--gradient_checkpointing, --mixed_precision, --grad_accum).
+memopt::memory::PolicyDesc policies_of(const Args& a) {
+  return memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
+                                           a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+}
 
+// One of the four compiled combinations (memopt::CheckpointPrecisionTrainers; --policies auto
+// plans over the same list), reached through memopt::dispatch.
 template <class Model>
 int train_with_flags(const Args& a, const Data& d, Model& model, const std::string& description) {
-  using memopt::checkpoint::EveryBlock;
-  using memopt::precision::Bf16Autocast;
-  using memopt::precision::Fp32;
-  if (a.gradient_checkpointing && a.mixed_precision) return train<EveryBlock, Bf16Autocast>(a, d, model, description);
-  if (a.gradient_checkpointing) return train<EveryBlock, Fp32>(a, d, model, description);
-  if (a.mixed_precision) return train<memopt::checkpoint::None, Bf16Autocast>(a, d, model, description);
-  return train<memopt::checkpoint::None, Fp32>(a, d, model, description);
+  return memopt::dispatch<memopt::CheckpointPrecisionTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
+    return train<typename T::checkpoint_type, typename T::precision_type>(a, d, model, description);
+  });
 }
 
 int run(Args a) {  // a copy: --policies auto rewrites the policy flags
@@ -290,14 +289,13 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   if (a.estimate_only || a.policies == "auto" || !a.memory_budget.empty()) {  // memory/estimator.hpp, planner.hpp
     TORCH_CHECK(a.dispatch == "sorted", "moe_lm: the memory estimate models the sorted dispatch (got --dispatch ",
                 a.dispatch, "). HINT: drop --dispatch dense, or measure it with a short run.");
-    auto policies = memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
-                                                      a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+    auto policies = policies_of(a);
     const auto desc = a.dense ? memopt::memory::ModelDesc::llama(cfg.dense_equivalent())
                               : memopt::memory::ModelDesc::moe(cfg);
     int64_t micro = a.batch_size;
     if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the micro-batch finder only
       std::vector<memopt::memory::PolicyDesc> candidates{policies};
-      if (a.policies == "auto") candidates = memopt::candidates<CompiledTrainers>();
+      if (a.policies == "auto") candidates = memopt::candidates<memopt::CheckpointPrecisionTrainers>();
       const auto plan = memopt::plan(desc, a.seq_len, candidates,
                                      memopt::PlanOptions()
                                          .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))

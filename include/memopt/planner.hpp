@@ -82,6 +82,12 @@ using StandardTrainers =
                     TypeList<precision::Fp32, precision::Bf16Autocast, precision::Bf16Pure, precision::Fp16Scaled>,
                     TypeList<offload::None, offload::Int8State, offload::Disk>>;
 
+/// Checkpointing × bf16 autocast: the four combinations the examples with strategy flags
+/// (moe_lm, llama_to_llada) compile, and plan over with --policies auto.
+using CheckpointPrecisionTrainers =
+    TrainerProductT<TypeList<checkpoint::None, checkpoint::EveryBlock>,
+                    TypeList<precision::Fp32, precision::Bf16Autocast>, TypeList<offload::None>>;
+
 /// Calls fn(std::type_identity<T>{}) with T the index-th type of the list; every call must
 /// return the same type.
 template <class List, class Fn>
