@@ -16,6 +16,9 @@
                    the data path with 0 and 2 worker threads
   estimator        per configuration: the estimator's predicted peak, the tracker's measured
                    peak of one real step, the error, the phase the peak falls in
+  planner          per configuration: the cost model's s/step next to the measured one, and the
+                   peaks; per budget, the planner's choice against the measured fastest (regret);
+                   the Spearman rank correlation
    scripts/bench trainer > r.jsonl && benchmarks/report.py r.jsonl"""
 import json
 import sys
@@ -193,10 +196,39 @@ def estimator(lines):
     print(f"\n{len(lines)} configurations, largest error {100 * worst:.1f}%")
 
 
+def planner(lines):
+    rows = [r for r in lines if r["name"] != "cost_model"]
+    print("| configuration | predicted s/step | measured s/step | predicted / measured | predicted / measured peak |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['name']} | {r['predicted_s_per_step']:.3f} | {r['measured_s_per_step']:.3f} | "
+              f"{r['predicted_s_per_step'] / r['measured_s_per_step']:.2f} | "
+              f"{r['predicted_mib']:.0f} / {r['measured_mib']:.0f} MiB |")
+    summary = next((r for r in lines if r["name"] == "cost_model"), None)
+    if not summary:
+        return
+    print("\n| budget | fit (measured) | planner's choice | its measured s/step, peak | measured fastest | s/step | "
+          "regret |")
+    print("|---|---|---|---|---|---|---|")
+    for b in summary["budgets"]:
+        chosen = "—"
+        if b["chosen"]:
+            over = "" if b["chosen_measured_mib"] <= b["budget_mib"] else " (OVER)"
+            chosen = f"{b['chosen_measured_s']:.3f}, {b['chosen_measured_mib']:.0f} MiB{over}"
+        fastest = f"{b['fastest_measured_s']:.3f}" if b["fastest"] else "—"
+        regret = f"**{b['regret']:.2f}×**" if b["regret"] is not None else "—"
+        print(f"| {b['budget_mib']:g} MiB | {b['fit']} | {b['chosen'] or 'none fits'} | {chosen} | "
+              f"{b['fastest'] or 'none fits'} | {fastest} | {regret} |")
+    print(f"\n{summary['configurations']} configurations: Spearman rank correlation of predicted vs measured "
+          f"s/step **{summary['spearman']:.2f}**; predicted / measured median {summary['median_ratio']:.2f}, "
+          f"largest deviation from the median {100 * summary['max_ratio_error']:.0f}% "
+          f"({summary['max_ratio_error_at']})")
+
+
 RENDER = {"distill": distill, "distill_quality": distill_quality, "stack": stack, "attention": attention,
           "adamw8bit": adamw8bit, "allocator": allocator,
           "moe": moe, "moe_budget": moe_budget, "moe_quality": moe_quality, "gritlm": gritlm,
-          "gritlm_quality": gritlm_quality, "estimator": estimator}
+          "gritlm_quality": gritlm_quality, "estimator": estimator, "planner": planner}
 
 
 def main(path):

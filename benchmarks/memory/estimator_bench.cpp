@@ -2,9 +2,12 @@
 // tracker's measured peak of one real step, for one configuration per process. The policies
 // come from flags through memopt::dispatch over memopt::StandardTrainers (the planner's path).
 // A warm-up step creates the optimizer state; the peaks are reset; the next step is measured.
+// With --time_steps N, N more steps are timed against planner.hpp's cost model (step_seconds).
 //
 //   memopt_bench_estimator --layers 4 --dim 256 --seq 256 --micro 8 --checkpoint every --precision bf16
 //   scripts/bench estimator          # the whole suite: one JSON line per configuration
+//   scripts/bench planner            # the cost model: predicted vs measured s/step, --time_steps 3
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -25,6 +28,7 @@ struct Config {
   int64_t loss_chunk = 0, experts = 0, top_k = 2;
   bool checkpoint_experts = false, teacher_bf16 = false;
   int64_t kd_top_k = -1;  // >= 0: LLaMA -> LLaDA distillation (models/distill.hpp), a teacher of the same shape
+  int64_t time_steps = 0;  // > 0: that many more steps, timed, next to planner.hpp's step_seconds
   double dropout = 0;
   std::string checkpoint = "none", precision = "fp32", offload = "none", attention = "math";
 };
@@ -65,6 +69,9 @@ int main(int argc, char** argv) {
   app.add_option("--kd_top_k", c.kd_top_k, ">= 0: distil a LLaDA student from a same-shape LLaMA teacher "
                  "(alpha 0.5; top-k teacher logits, 0: all)");
   app.add_flag("--teacher_bf16", c.teacher_bf16, "the teacher's weights and matmuls in bf16");
+  app.add_option("--time_steps", c.time_steps, "> 0: time that many more steps after the measured one "
+                 "(measured_s_per_step next to the planner's predicted_s_per_step)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   memopt::init();
 
@@ -109,9 +116,11 @@ int main(int argc, char** argv) {
     auto loss_fn = [&](const memopt::Batch& b, const auto& ckpt) {
       return c.experts > 0 ? moe->loss_sum(b, ckpt) : distill ? distill->loss_sum(b, ckpt) : llama->loss_sum(b, ckpt);
     };
-    const auto options = memopt::TrainerOptions().accum_steps(c.accum).max_steps(2);
+    const auto options = memopt::TrainerOptions().accum_steps(c.accum).max_steps(2 + c.time_steps);
     auto& tracker = memopt::memory::Tracker::instance();
     std::string trainer_name;
+    memopt::memory::Snapshot s;
+    double measured_s_per_step = 0;  // mean over the --time_steps timed steps
     memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
       T trainer(*model, options);
       trainer_name = T::name();
@@ -120,6 +129,12 @@ int main(int argc, char** argv) {
       tracker.start_timeline();
       trainer.step(loader, loss_fn);
       tracker.stop_timeline();
+      s = tracker.snapshot();  // the measured step's peaks, before the timed steps
+      if (c.time_steps == 0) return;
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < c.time_steps; ++i) trainer.step(loader, loss_fn);  // accum micro-batches each
+      measured_s_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                            static_cast<double>(c.time_steps);
     });
     // Live bytes when the forward ends (the saved activations) and when the step begins.
     int64_t forward_end = 0, step_begin = -1;
@@ -127,12 +142,11 @@ int main(int argc, char** argv) {
       if (step_begin < 0) step_begin = ev.live_bytes;
       if (ev.phase == memopt::memory::Phase::kForward) forward_end = ev.live_bytes;
     }
-    const auto s = tracker.snapshot();
     auto phase = [&](memopt::memory::Phase p) { return memopt::memory::mib(s.phase_peak_bytes[static_cast<int>(p)]); };
     using memopt::memory::mib;
     const std::string name = c.name.empty() ? policies.name() : c.name;
-    return nlohmann::ordered_json{
-        {"suite", "estimator"},
+    nlohmann::ordered_json line{
+        {"suite", c.time_steps > 0 ? "planner" : "estimator"},  // timed: a line of scripts/bench planner
         {"name", name},
         {"predicted_mib", mib(predicted.peak)},
         {"measured_mib", mib(s.peak_bytes)},
@@ -152,5 +166,13 @@ int main(int argc, char** argv) {
         {"policies", policies.name()},
         {"shape", fmt::format("l{}-d{}-h{}-kv{}-s{}-b{}-v{}{}", c.layers, c.dim, c.heads, config.kv_heads(), c.seq,
                               c.micro, c.vocab, c.experts > 0 ? fmt::format("-e{}k{}", c.experts, c.top_k) : "")}};
+    if (c.time_steps > 0) {
+      const auto machine = memopt::MachineModel::from_device(torch::kCPU);
+      line["predicted_s_per_step"] = memopt::step_seconds(desc, c.seq, c.micro, policies, machine);
+      line["measured_s_per_step"] = measured_s_per_step;
+      line["time_steps"] = c.time_steps;
+      line["threads"] = at::get_num_threads();
+    }
+    return line;
   });
 }

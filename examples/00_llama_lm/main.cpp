@@ -2,7 +2,8 @@
 // Trainer the flags name (--checkpoint, --precision, --accum, --offload; by default
 // checkpoint::EveryBlock, precision::Bf16Autocast, 4 micro-batches per step), or the one the
 // planner picks for a memory budget (--policies auto --memory_budget 1GiB): the fastest
-// compiled combination whose estimated peak fits, at the largest micro-batch that fits.
+// compiled combination whose estimated peak fits, at the largest micro-batch that fits;
+// --calibrate corrects the estimate by measuring the choice's real step.
 // Either way the choice runs as a compiled instantiation (memopt::dispatch over
 // memopt::StandardTrainers). --estimate_only prints the memory estimate and stops. It
 // evaluates held-out perplexity before and after, prints a memory report (with the estimate
@@ -43,6 +44,17 @@ struct Args {
   std::string checkpoint = "every", precision = "bf16", offload = "none", policies = "fixed", memory_budget;
   int64_t accum = 4;
   bool estimate_only = false;
+  bool calibrate = false;
+};
+
+// The Trainer's loss function: the summed next-token loss of `model` (one type for the run
+// and the planner's probes, so each Trainer's step is compiled once).
+struct LmLoss {
+  memopt::models::Llama* model;
+  template <class Checkpoint>
+  torch::Tensor operator()(const memopt::Batch& batch, const Checkpoint& ckpt) const {  // batch (B, T)
+    return (*model)->loss_sum(batch, ckpt);
+  }
 };
 
 // Mean next-token loss over the first `max_batches` sequential held-out batches.
@@ -73,6 +85,8 @@ int run(const Args& a) {
   const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
   TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_lm: --policies must be fixed or auto (got '",
               a.policies, "'). HINT: auto picks the fastest combination that fits --memory_budget.");
+  TORCH_CHECK(!a.calibrate || budget > 0, "llama_lm: --calibrate measures the plan for a budget (got no "
+              "--memory_budget). HINT: add --memory_budget 1GiB (with --policies auto or your flags).");
   auto options = memopt::TrainerOptions()
                            .lr(a.lr)
                            .warmup_steps(a.warmup)
@@ -100,16 +114,20 @@ int run(const Args& a) {
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
   const auto desc = memopt::memory::ModelDesc::llama(config);
   int64_t micro_batch = a.micro_batch;
+  const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps
+      options, [&] { return memopt::models::Llama(config); },
+      [&](int64_t micro) { return memopt::data::RandomWindowLoader(train, memopt::data::LoaderOptions(micro, a.seq_len)); },
+      [](memopt::models::Llama& probe) { return LmLoss{&probe}; });
   if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder for these policies
-    const auto candidates = a.policies == "auto" ? memopt::candidates<memopt::StandardTrainers>()
-                                                 : std::vector<memopt::memory::PolicyDesc>{policies};
-    const auto machine = memopt::MachineModel::from_device(torch::kCPU);
-    const auto plan = memopt::plan(desc, a.seq_len, candidates,
-                                   memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
-                                       .machine(machine));
-    fmt::print("{}", plan.explain());
-    policies = plan.chosen.policies;
-    micro_batch = plan.chosen.micro_batch;
+    const auto chosen = memopt::choose_policies(
+        desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::StandardTrainers>(),
+        memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
+            .machine(memopt::MachineModel::from_device(torch::kCPU)),
+        a.calibrate ? measure : memopt::MeasureStep());
+    policies = chosen.policies;
+    micro_batch = chosen.micro_batch;
+    torch::manual_seed(static_cast<int64_t>(a.seed));   // the run starts as it would have without the probes
+    memopt::memory::Tracker::instance().reset_peaks();  // and its measured peak is its own
   }
   const auto estimate = memopt::memory::estimate(desc, {micro_batch, a.seq_len}, policies);
   fmt::print("{}", estimate.table());
@@ -136,7 +154,7 @@ int run(const Args& a) {
     fmt::print("trainer: {} — effective batch {} x {} x {} tokens, {} threads\n", T::name(), micro_batch,
                policies.accum, a.seq_len, at::get_num_threads());
     std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
-    return trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
+    return trainer.fit(loader, LmLoss{&model});
   });
   const double after = heldout_loss(model, val, a);
   fmt::print("held-out loss after {} steps {:.3f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",
@@ -191,6 +209,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--memory_budget", a.memory_budget,
                  "peak tensor memory allowed, e.g. 1GiB (auto: the planner's budget; fixed: the micro-batch finder's)");
+  app.add_flag("--calibrate", a.calibrate, "with --memory_budget: measure the planner's choice by a real step "
+               "(on a throwaway model) and re-plan with measured / estimated peak until a choice measured to fit "
+               "stays the choice");
   app.add_flag("--estimate_only", a.estimate_only, "print the memory estimate (and the plan) and stop");
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {

@@ -55,6 +55,7 @@ struct Args {
   double z_loss_coef = 0.001;
   bool checkpoint_experts = false;
   bool estimate_only = false;
+  bool calibrate = false;          // measure the plan's choice by a real step
   std::string policies = "fixed";  // auto: the planner picks among the four compiled combinations
   std::string memory_budget;
   bool dense = false;
@@ -174,6 +175,17 @@ struct Data {
   int64_t vocab = 0;
 };
 
+// The Trainer's loss function: `model`'s summed loss with its aux terms (one type for the
+// run and the planner's probes, so each Trainer's step is compiled once).
+template <class Model>
+struct SumLoss {
+  Model* model;
+  template <class Checkpoint>
+  torch::Tensor operator()(const memopt::Batch& batch, const Checkpoint& ckpt) const {  // batch (B, T)
+    return (*model)->loss_sum(batch, ckpt);
+  }
+};
+
 template <class Checkpoint, class Precision, class Model>
 int train(const Args& a, const Data& d, Model& model, const std::string& description) {
   using TrainerT = memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime>;
@@ -221,9 +233,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
              a.grad_accum, a.batch_size * a.grad_accum, a.seq_len, at::get_num_threads());
   std::fflush(stdout);
 
-  const auto result = trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) {
-    return model->loss_sum(b, ckpt);
-  });
+  const auto result = trainer.fit(loader, SumLoss<Model>{&model});
   if (trainer.steps_taken() > 0) saver->save();
   const double loss = heldout_loss(model, d.val, a);
   fmt::print("held-out loss after {} steps {:.4f} (perplexity {:.1f}); {:.0f} tokens/s over {:.1f} s\n",
@@ -255,6 +265,15 @@ memopt::memory::PolicyDesc policies_of(const Args& a) {
                                            a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
 }
 
+// --calibrate's real steps: a throwaway `Model` of the run's shape (memopt::probe_steps).
+template <class Model, class Config>
+memopt::MeasureStep probe_steps(const Args& a, const Data& d, const Config& cfg) {
+  return memopt::probe_steps<memopt::CheckpointPrecisionTrainers>(
+      memopt::TrainerOptions().threads(a.threads), [cfg] { return Model(cfg); },
+      [&](int64_t micro) { return memopt::data::RandomWindowLoader(d.train, memopt::data::LoaderOptions(micro, a.seq_len)); },
+      [](Model& probe) { return SumLoss<Model>{&probe}; });
+}
+
 // One of the four compiled combinations (memopt::CheckpointPrecisionTrainers; --policies auto
 // plans over the same list), reached through memopt::dispatch.
 template <class Model>
@@ -270,6 +289,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   TORCH_CHECK(a.grad_accum >= 1, "moe_lm: --grad_accum must be >= 1 (got ", a.grad_accum, "). HINT: 1 turns it off.");
   TORCH_CHECK(a.seq_len >= 2, "moe_lm: --seq_len must be >= 2 (got ", a.seq_len, "). HINT: try 256.");
   TORCH_CHECK(a.save_every >= 0, "moe_lm: --save_every must be >= 0 (got ", a.save_every, "). HINT: 0 saves at the end only.");
+  TORCH_CHECK(!a.calibrate || !a.memory_budget.empty(), "moe_lm: --calibrate measures the plan for a budget (got no "
+              "--memory_budget). HINT: add --memory_budget 512MiB (with --policies auto or your flags).");
   (void)model_config(a, /*vocab=*/2);  // checks the preset and the MoE flags
   if (a.plot) memopt::check_gnuplot();  // before training, not after it
 
@@ -294,20 +315,22 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
                               : memopt::memory::ModelDesc::moe(cfg);
     int64_t micro = a.batch_size;
     if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the micro-batch finder only
-      std::vector<memopt::memory::PolicyDesc> candidates{policies};
-      if (a.policies == "auto") candidates = memopt::candidates<memopt::CheckpointPrecisionTrainers>();
-      const auto plan = memopt::plan(desc, a.seq_len, candidates,
-                                     memopt::PlanOptions()
-                                         .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
-                                         .effective_batch(a.batch_size * a.grad_accum)
-                                         .machine(memopt::MachineModel::from_device(torch::kCPU)));
-      fmt::print("{}", plan.explain());
-      policies = plan.chosen.policies;
-      micro = plan.chosen.micro_batch;
+      const auto chosen = memopt::choose_policies(
+          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::CheckpointPrecisionTrainers>(),
+          memopt::PlanOptions()
+              .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
+              .effective_batch(a.batch_size * a.grad_accum)
+              .machine(memopt::MachineModel::from_device(torch::kCPU)),
+          a.calibrate ? (a.dense ? probe_steps<Llama>(a, d, cfg.dense_equivalent()) : probe_steps<MoeLM>(a, d, cfg))
+                      : memopt::MeasureStep());
+      policies = chosen.policies;
+      micro = chosen.micro_batch;
       a.gradient_checkpointing = policies.checkpoint == memopt::memory::CheckpointKind::kEveryBlock;
       a.mixed_precision = policies.precision == memopt::memory::PrecisionKind::kBf16Autocast;
       a.batch_size = micro;
       a.grad_accum = policies.accum;
+      torch::manual_seed(static_cast<int64_t>(a.seed));   // the run starts as it would have without the probes
+      memopt::memory::Tracker::instance().reset_peaks();  // and its measured peak is its own
     }
     fmt::print("{} ({}, micro-batch {})\n{}", a.dense ? "dense equivalent" : a.config, policies.name(), micro,
                memopt::memory::estimate(desc, {micro, a.seq_len}, policies).table());
@@ -357,6 +380,8 @@ int main(int argc, char** argv) {
                  "micro-batch and accumulation for --memory_budget")->check(CLI::IsMember({"fixed", "auto"}));
   app.add_option("--memory_budget", a.memory_budget, "peak tensor memory allowed, e.g. 512MiB (fixed policies: "
                  "the largest micro-batch that fits, accumulation keeping the effective batch)");
+  app.add_flag("--calibrate", a.calibrate, "with --memory_budget: measure the plan's choice by a real step and "
+               "re-plan with measured / estimated peak until a choice measured to fit stays the choice");
   app.add_flag("--dense", a.dense, "train the dense LLaMA with the same active parameters instead");
   app.add_flag("--monitor_memory", a.monitor_memory, "print a memory line every step (tracked by phase, RSS)");
   app.add_flag("--plot", a.plot, "draw OUTPUT_DIR/metrics.png after training (loss, memory over steps; gnuplot)");

@@ -5,8 +5,9 @@
 // policies: --grad_cache_chunk N (accum::GradCache: the contrastive batch in chunks of N
 // rows, memory of a chunk instead of the batch), --split_emb (GradCache's GritLM variant),
 // --gradient_checkpointing (checkpoint::EveryBlock), --mixed_precision (precision::
-// Bf16Autocast). Batches are built by --workers threads ahead of the step (data/prefetch.hpp),
-// length-bucketed. Before and after training it measures held-out retrieval (top-1 among
+// Bf16Autocast) — or --policies auto --memory_budget 512MiB: the planner's fastest fitting
+// choice of those (planner.hpp). Batches are built by --workers threads ahead of the step
+// (data/prefetch.hpp), length-bucketed. Before and after training it measures held-out retrieval (top-1 among
 // the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl and
 // the trained model to OUT/model. --init_model starts from a pretrained LLaMA (its vocabulary
 // grown by the format symbols), as GritLM starts from Mistral. --plot draws OUT/metrics.png
@@ -35,6 +36,7 @@
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
 #include <memopt/models/gritlm.hpp>
+#include <memopt/planner.hpp>
 #include <memopt/plot.hpp>
 
 namespace {
@@ -77,6 +79,8 @@ struct Args {
   bool no_bucket = false;
   bool data_only = false;
   bool estimate_only = false;
+  std::string policies = "fixed";  // auto: the planner picks checkpointing, precision and the GradCache chunk
+  std::string memory_budget;       // e.g. 512MiB: the step's estimated peak must fit
   int64_t eval_queries = 256;
   int64_t eval_gen = 64;
   int64_t memory_trace = 0;  // steps traced into OUT/memory.trace.json (0: off)
@@ -125,6 +129,13 @@ void check_args(const Args& a) {
               "token (got '", a.gen_loss_type, "'). HINT: mixed averages over the batch's tokens (GritLM's default).");
   TORCH_CHECK(a.eval_queries >= 0 && a.eval_gen >= 0, "gritlm: --eval_queries and --eval_gen must be >= 0 (got ",
               a.eval_queries, " and ", a.eval_gen, "). HINT: 0 skips that evaluation.");
+  TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "gritlm: --policies must be fixed or auto (got '",
+              a.policies, "'). HINT: auto picks checkpointing, precision and the GradCache chunk for --memory_budget.");
+  TORCH_CHECK(!a.split_emb || (a.policies == "fixed" && a.memory_budget.empty()), "gritlm: --split_emb fixes "
+              "GradCache's layout, which the planner does not choose (got --split_emb with --policies ", a.policies,
+              a.memory_budget.empty() ? "" : " --memory_budget " + a.memory_budget, "). HINT: drop --split_emb to "
+              "let the planner pick --grad_cache_chunk, or drop --policies auto/--memory_budget.");
+  if (!a.memory_budget.empty()) (void)memopt::parse_bytes(a.memory_budget);
   (void)on_bad_line(a);
   grit_options(a).validate();
 }
@@ -365,6 +376,47 @@ int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFor
   return train_accum<memopt::checkpoint::None, Fp32>(a, d, format, model, batcher, stats);
 }
 
+// The step's memory at the batcher's maximum lengths (memory/estimator.hpp), after the plan
+// for --policies auto / --memory_budget (planner.hpp's plan_gritlm: checkpointing × precision
+// × GradCache chunk; the batch is the contrastive loss, so it is never split). The plan's
+// choice rewrites a's policy flags.
+void plan_step(Args& a, const GritFormat& format) {
+  const int64_t max_len = std::max({a.query_max_len, a.passage_max_len, a.gen_max_len});
+  auto config = a.init_model.empty()
+                    ? memopt::models::LlamaConfig().hidden_size(a.hidden_size).num_hidden_layers(a.layers)
+                          .num_attention_heads(a.heads).max_position_embeddings(max_len)
+                    : memopt::io::read_llama_config((fs::path(a.init_model) / "config.json").string());
+  const auto desc = memopt::memory::ModelDesc::llama(config.vocab_size(format.vocab_size()));
+  memopt::memory::GritRunDesc run;
+  run.queries = a.batch_size;
+  run.query_len = a.query_max_len;
+  run.group_size = a.group_size;
+  run.passage_len = a.passage_max_len;
+  run.gen_rows = a.gen_batch_size;
+  run.gen_len = a.gen_max_len;
+  auto policies = memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
+                                                    a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+  if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the chunk finder for these policies
+    const auto candidates = a.policies == "auto"
+                                ? memopt::candidates<memopt::CheckpointPrecisionTrainers>(a.grad_accum)
+                                : std::vector<memopt::memory::PolicyDesc>{policies};
+    const auto plan = memopt::plan_gritlm(
+        desc, run, candidates,
+        memopt::PlanOptions()
+            .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
+            .machine(memopt::MachineModel::from_device(torch::kCPU)));
+    fmt::print("{}", plan.explain());
+    policies = plan.chosen.policies;
+    a.grad_cache_chunk = plan.chosen.chunk;
+    a.gradient_checkpointing = policies.checkpoint == memopt::memory::CheckpointKind::kEveryBlock;
+    a.mixed_precision = policies.precision == memopt::memory::PrecisionKind::kBf16Autocast;
+  }
+  run.chunk = a.split_emb ? std::max(a.batch_size * a.group_size, a.gen_batch_size) : a.grad_cache_chunk;
+  fmt::print("gritlm step at the maximum lengths ({}, {})\n{}", policies.name(),
+             a.grad_cache_chunk > 0 ? fmt::format("GradCache chunks of {}", run.chunk) : "one graph",
+             memopt::memory::estimate_gritlm(desc, run, policies).table());
+}
+
 // The data path alone: `steps` batches through the Prefetcher, items and tokens per second.
 int data_only(const Args& a, const memopt::data::GritBatcher& batcher, const std::string& output_dir) {
   auto loader = prefetcher(a, batcher);
@@ -413,7 +465,7 @@ GritLM pretrained(const Args& a, int64_t base_vocab, int64_t vocab, int64_t max_
   return model;
 }
 
-int run(const Args& a) {
+int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   check_args(a);  // a bad flag fails before any data is read
   if (a.plot && !a.data_only) memopt::check_gnuplot();  // before training, not after it
 
@@ -433,27 +485,9 @@ int run(const Args& a) {
   memopt::data::GritBatcher batcher(format, d.train.embed, d.train.gen, batcher_options);
   fs::create_directories(a.output_dir);
   if (a.data_only) return data_only(a, batcher, a.output_dir);
-  if (a.estimate_only) {  // the step's memory at the batcher's maximum lengths (memory/estimator.hpp)
-    const int64_t max_len = std::max({a.query_max_len, a.passage_max_len, a.gen_max_len});
-    auto config = a.init_model.empty()
-                      ? memopt::models::LlamaConfig().hidden_size(a.hidden_size).num_hidden_layers(a.layers)
-                            .num_attention_heads(a.heads).max_position_embeddings(max_len)
-                      : memopt::io::read_llama_config((fs::path(a.init_model) / "config.json").string());
-    config.vocab_size(format->vocab_size());
-    memopt::memory::GritRunDesc run;
-    run.queries = a.batch_size;
-    run.query_len = a.query_max_len;
-    run.group_size = a.group_size;
-    run.passage_len = a.passage_max_len;
-    run.gen_rows = a.gen_batch_size;
-    run.gen_len = a.gen_max_len;
-    run.chunk = a.split_emb ? std::max(a.batch_size * a.group_size, a.gen_batch_size) : a.grad_cache_chunk;
-    const auto policies = memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
-                                                            a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
-    fmt::print("gritlm step at the maximum lengths ({}, {})\n{}", policies.name(),
-               a.grad_cache_chunk > 0 ? fmt::format("GradCache chunks of {}", run.chunk) : "one graph",
-               memopt::memory::estimate_gritlm(memopt::memory::ModelDesc::llama(config), run, policies).table());
-    return 0;
+  if (a.estimate_only || a.policies == "auto" || !a.memory_budget.empty()) {
+    plan_step(a, *format);
+    if (a.estimate_only) return 0;
   }
 
   // padding with and without length bucketing, over the first batches
@@ -541,6 +575,10 @@ int main(int argc, char** argv) {
   app.add_flag("--data_only", a.data_only, "only time the data path (--steps batches)");
   app.add_flag("--estimate_only", a.estimate_only, "print the step's estimated peak tensor memory at the maximum "
                "lengths and stop");
+  app.add_option("--policies", a.policies, "fixed: the flags; auto: the planner picks checkpointing, precision and "
+                 "the GradCache chunk for --memory_budget")->capture_default_str();
+  app.add_option("--memory_budget", a.memory_budget, "peak tensor memory allowed, e.g. 512MiB (fixed policies: the "
+                 "largest GradCache chunk that fits; the batch is never split)");
   app.add_option("--eval_queries", a.eval_queries, "held-out queries for retrieval (0: skip)")->capture_default_str();
   app.add_option("--eval_gen", a.eval_gen, "held-out generative samples for perplexity (0: skip)")->capture_default_str();
   app.add_option("--memory_trace", a.memory_trace, "trace the first N steps' memory into OUTPUT_DIR/memory.trace.json "

@@ -18,7 +18,9 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -177,10 +179,20 @@ struct PlanOptions {
 struct PlanRow {
   memory::PolicyDesc policies;  // accum = effective_batch / micro_batch
   int64_t micro_batch = 0;      // the largest that fits (0: none fits, or it cannot run here)
-  memory::Estimate estimate;    // at micro_batch (at 1 when none fits)
+  int64_t chunk = -1;           // plan_gritlm(): accum::GradCache rows per chunk (0: one graph); -1: not GritLM
+  memory::Estimate estimate;    // at micro_batch (at 1 when none fits), as the estimator predicts it
+  int64_t peak = 0;             // the peak plan() weighed: estimate.peak × PlanOptions::calibration
   double seconds = 0;           // the cost model's step time
   std::string verdict;          // "fits", "over budget: needs 612 MiB at micro-batch 1", "needs CUDA"
   bool fits() const { return micro_batch > 0; }
+  /// "micro 8" or, for GritLM, "chunk 8" / "one graph".
+  std::string shape() const {
+    if (chunk < 0) return fmt::format("micro {:>3}", micro_batch);
+    return chunk == 0 ? std::string("one graph") : fmt::format("chunk {:>3}", chunk);
+  }
+  bool same_choice(const PlanRow& o) const {
+    return policies == o.policies && micro_batch == o.micro_batch && chunk == o.chunk;
+  }
 };
 
 /// plan()'s answer: the chosen row and every row considered.
@@ -188,18 +200,20 @@ struct Plan {
   PlanRow chosen;
   std::vector<PlanRow> rows;
   int64_t budget_bytes = 0;
+  double calibration = 1.0;   // measured / predicted peak the rows were weighed with
+  int64_t measured_peak = 0;  // plan_calibrated(): the chosen row's measured step peak (0: not measured)
+  int measured_steps = 0;     // plan_calibrated(): choices measured
 
   /// Why: the fastest `max_rows` fitting candidates (chosen first, marked *), the count of
   /// the others, then the choice.
   std::string explain(int64_t max_rows = 8) const {
     std::string out = fmt::format("plan: {} candidates, budget {}\n", rows.size(),
-                                  budget_bytes > 0 ? fmt::format("{:.0f} MiB", memory::mib(budget_bytes)) : "none");
+                                  budget_bytes > 0 ? fmt::format("{:.1f} MiB", memory::mib(budget_bytes)) : "none");
     int64_t shown = 0, more_fit = 0, over = 0, elsewhere = 0;
     for (const auto& r : rows) {
       if (r.fits() && shown < max_rows) {
-        out += fmt::format("  {} {:<58} micro {:>3}  peak {:8.1f} MiB  {:7.3f} s/step\n",
-                           &r == &rows.front() ? "*" : " ", r.policies.name(), r.micro_batch,
-                           memory::mib(r.estimate.peak), r.seconds);
+        out += fmt::format("  {} {:<58} {:>9}  peak {:8.1f} MiB  {:7.3f} s/step\n", &r == &rows.front() ? "*" : " ",
+                           r.policies.name(), r.shape(), memory::mib(r.peak), r.seconds);
         ++shown;
       } else if (r.fits()) {
         ++more_fit;
@@ -209,27 +223,29 @@ struct Plan {
         ++elsewhere;
       }
     }
-    out += fmt::format("  ({} more fit, slower; {} over budget even at micro-batch 1; {} cannot run here)\n", more_fit,
-                       over, elsewhere);
-    out += fmt::format("chose {} (micro-batch {}): the fastest by the cost model of those that fit\n",
-                       chosen.policies.name(), chosen.micro_batch);
+    out += fmt::format("  ({} more fit, slower; {} over budget even at the smallest size; {} cannot run here)\n",
+                       more_fit, over, elsewhere);
+    if (measured_steps > 0)
+      out += fmt::format("calibrated: {} choice(s) measured by a real step; the chosen one peaked at {:.1f} MiB "
+                         "(estimate {:.1f} MiB, factor {:.3f})\n",
+                         measured_steps, memory::mib(measured_peak), memory::mib(chosen.estimate.peak), calibration);
+    out += fmt::format("chose {} ({}): the fastest by the cost model of those that fit\n", chosen.policies.name(),
+                       chosen.shape());
     return out;
   }
 };
 
-/// The cost model: a step's time is its matmul FLOPs (forward, backward = 2 × forward, plus
-/// what the checkpoint policy recomputes) at the precision's matmul speed, slowed by small
-/// micro-batches (efficiency rows / (rows + 512): matmuls of few rows run below peak), plus the
-/// optimizer step's memory traffic (AdamW 28 B/param, 8-bit AdamW 40 B/param with its
-/// (de)quantisation, disk: AdamW plus 16 B/param read and written).
-inline double step_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t micro_batch,
-                           const memory::PolicyDesc& p, const MachineModel& machine) {
+namespace detail {
+// The matmul seconds of `tokens` tokens through graphs of `rows` sequences of `seq_len`:
+// `passes` forward passes (the backward counts as two), what the checkpoint policy recomputes,
+// the LM head only when `head`; matmuls of few rows run below peak (efficiency
+// rows × T / (rows × T + 512)).
+inline double matmul_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t rows, double tokens, double passes,
+                             bool head, const memory::PolicyDesc& p, const MachineModel& machine) {
   using memory::CheckpointKind;
   const double T = static_cast<double>(seq_len), C = static_cast<double>(m.hidden_size);
-  const double tokens = static_cast<double>(micro_batch * p.accum) * T;
-  const double fwd = m.forward_flops_per_token(seq_len);
-  const double head = 2 * C * static_cast<double>(m.vocab_size);
-  const double blocks = fwd - head;
+  const double head_flops = 2 * C * static_cast<double>(m.vocab_size);
+  const double blocks = m.forward_flops_per_token(seq_len) - head_flops;
   double recompute = 0;
   switch (p.checkpoint) {
     case CheckpointKind::kEveryBlock: recompute = blocks; break;
@@ -242,83 +258,238 @@ inline double step_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t 
   }
   const bool bf16 = p.precision != memory::PrecisionKind::kFp32;
   const double speed = machine.matmul_flops_per_s() * (bf16 ? machine.bf16_speedup() : 1.0);
-  const double rows = static_cast<double>(micro_batch) * T;
-  const double efficiency = rows / (rows + 512);
-  const double compute = tokens * (3 * fwd + recompute) / (speed * efficiency);
+  const double graph_rows = static_cast<double>(rows) * T;
+  const double efficiency = graph_rows / (graph_rows + 512);
+  return tokens * (passes * (blocks + (head ? head_flops : 0)) + recompute) / (speed * efficiency);
+}
+
+// The optimizer step: AdamW's memory traffic (28 B/param; 8-bit AdamW 40 B/param with its
+// (de)quantisation; disk: AdamW plus 16 B/param read and written).
+inline double optimizer_seconds(const memory::ModelDesc& m, const memory::PolicyDesc& p, const MachineModel& machine) {
   const double P = static_cast<double>(m.num_parameters());
   double opt_bytes = 28 * P, disk_bytes = 0;
   if (p.offload == memory::OffloadKind::kInt8) opt_bytes = 40 * P;
   if (p.offload == memory::OffloadKind::kDisk) disk_bytes = 16 * P;
-  return compute + opt_bytes / machine.memory_bytes_per_s() + disk_bytes / machine.disk_bytes_per_s();
+  return opt_bytes / machine.memory_bytes_per_s() + disk_bytes / machine.disk_bytes_per_s();
 }
 
-/// Picks, among `candidates` (their policy types; accum is chosen here), the fastest
-/// combination whose predicted peak fits options.budget_bytes(), each at the largest
-/// micro-batch that divides the effective batch and fits (accum = effective / micro). Throws,
-/// naming the budget and the smallest need, when none fits.
-///   auto p = memopt::plan(desc, 256, candidates<memopt::StandardTrainers>(),
-///                         memopt::PlanOptions().budget_bytes(4LL << 30).effective_batch(32));
-inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<memory::PolicyDesc>& candidates,
-                 const PlanOptions& options) {
+// A candidate that cannot run on this machine, or "" when it can.
+inline std::string cannot_run(const memory::PolicyDesc& p, const MachineModel& machine) {
+  if (p.precision == memory::PrecisionKind::kFp16Scaled && !machine.fp16()) return "needs CUDA (fp16 autocast)";
+  if (p.offload == memory::OffloadKind::kDisk && !machine.disk_offload()) return "needs CPU parameters (disk offload)";
+  return "";
+}
+
+// Fitting rows first, fastest first; the rest after, smallest need first. The fastest fitting
+// row is chosen; none fitting throws, naming the budget, the smallest need and its candidate.
+inline Plan choose_fastest(std::vector<PlanRow> rows, const PlanOptions& options, std::string_view smallest) {
+  std::stable_sort(rows.begin(), rows.end(), [](const PlanRow& a, const PlanRow& b) {
+    if (a.fits() != b.fits()) return a.fits();
+    if (a.fits()) return a.seconds < b.seconds;
+    return a.peak < b.peak;
+  });
+  const PlanRow* need = nullptr;
+  for (const auto& r : rows)
+    if (!r.fits() && r.verdict.starts_with("over budget") && (need == nullptr || r.peak < need->peak)) need = &r;
+  TORCH_CHECK(!rows.empty() && rows.front().fits(), "memopt::plan: no policy combination fits the memory budget of ",
+              memory::mib(options.budget_bytes()), " MiB: the smallest need is ",
+              need ? memory::mib(need->peak) : 0.0, " MiB (", need ? need->policies.name() : "none", ", ", smallest,
+              "). HINT: raise --memory_budget, shorten the sequences or use a smaller model.");
+  Plan result;
+  result.budget_bytes = options.budget_bytes();
+  result.calibration = options.calibration();
+  result.chosen = rows.front();
+  result.rows = std::move(rows);
+  return result;
+}
+
+inline void check_plan_options(const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options) {
   TORCH_CHECK(!candidates.empty(), "memopt::plan: no candidate policy combinations. HINT: pass "
                                    "memopt::candidates<memopt::StandardTrainers>().");
   TORCH_CHECK(options.effective_batch() >= 1, "memopt::plan: effective_batch must be >= 1 (got ",
               options.effective_batch(), ").");
   TORCH_CHECK(options.budget_bytes() >= 0 && options.calibration() > 0, "memopt::plan: budget_bytes must be >= 0 and "
               "calibration > 0 (got ", options.budget_bytes(), " and ", options.calibration(), ").");
-  const auto& machine = options.machine();
+}
+}  // namespace detail
+
+/// The cost model: a step's time is its matmul FLOPs (forward, backward = 2 × forward, plus
+/// what the checkpoint policy recomputes) at the precision's matmul speed, slowed by small
+/// micro-batches (efficiency rows / (rows + 512): matmuls of few rows run below peak), plus the
+/// optimizer step's memory traffic (AdamW 28 B/param, 8-bit AdamW 40 B/param with its
+/// (de)quantisation, disk: AdamW plus 16 B/param read and written).
+inline double step_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t micro_batch,
+                           const memory::PolicyDesc& p, const MachineModel& machine) {
+  const double tokens = static_cast<double>(micro_batch * p.accum * seq_len);
+  return detail::matmul_seconds(m, seq_len, micro_batch, tokens, 3, true, p, machine) +
+         detail::optimizer_seconds(m, p, machine);
+}
+
+/// Picks, among `candidates` (their policy types; accum is chosen here), the fastest
+/// combination whose predicted peak (× options.calibration()) fits options.budget_bytes(),
+/// each at the largest micro-batch that divides the effective batch and fits (accum =
+/// effective / micro). Throws, naming the budget and the smallest need, when none fits.
+///   auto p = memopt::plan(desc, 256, candidates<memopt::StandardTrainers>(),
+///                         memopt::PlanOptions().budget_bytes(4LL << 30).effective_batch(32));
+inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<memory::PolicyDesc>& candidates,
+                 const PlanOptions& options) {
+  detail::check_plan_options(candidates, options);
   const int64_t E = options.effective_batch();
-  Plan result;
-  result.budget_bytes = options.budget_bytes();
-  int64_t smallest_need = std::numeric_limits<int64_t>::max();
-  std::string smallest_name;
+  std::vector<PlanRow> rows;
   for (auto policies : candidates) {
     PlanRow row;
-    if (policies.precision == memory::PrecisionKind::kFp16Scaled && !machine.fp16()) {
-      row.policies = policies;
-      row.verdict = "needs CUDA (fp16 autocast)";
-      result.rows.push_back(row);
-      continue;
-    }
-    if (policies.offload == memory::OffloadKind::kDisk && !machine.disk_offload()) {
-      row.policies = policies;
-      row.verdict = "needs CPU parameters (disk offload)";
-      result.rows.push_back(row);
+    row.policies = policies;
+    row.verdict = detail::cannot_run(policies, options.machine());
+    if (!row.verdict.empty()) {
+      rows.push_back(row);
       continue;
     }
     for (int64_t micro = E; micro >= 1; --micro) {  // the largest micro-batch dividing E that fits
       if (E % micro != 0) continue;
-      policies.accum = E / micro;
-      auto e = memory::estimate(m, {micro, seq_len}, policies);
-      e.peak = static_cast<int64_t>(static_cast<double>(e.peak) * options.calibration());
-      row.policies = policies;
-      row.estimate = e;
-      if (options.budget_bytes() == 0 || e.peak <= options.budget_bytes()) {
+      row.policies.accum = E / micro;
+      row.estimate = memory::estimate(m, {micro, seq_len}, row.policies);
+      row.peak = static_cast<int64_t>(static_cast<double>(row.estimate.peak) * options.calibration());
+      if (options.budget_bytes() == 0 || row.peak <= options.budget_bytes()) {
         row.micro_batch = micro;
         break;
       }
     }
-    if (row.fits()) {
-      row.seconds = step_seconds(m, seq_len, row.micro_batch, row.policies, machine);
-      row.verdict = "fits";
-    } else {
-      row.verdict = fmt::format("over budget: needs {:.1f} MiB at micro-batch 1", memory::mib(row.estimate.peak));
-      if (row.estimate.peak < smallest_need) smallest_need = row.estimate.peak, smallest_name = row.policies.name();
-    }
-    result.rows.push_back(row);
+    row.seconds = row.fits() ? step_seconds(m, seq_len, row.micro_batch, row.policies, options.machine()) : 0;
+    row.verdict = row.fits() ? "fits" : fmt::format("over budget: needs {:.1f} MiB at micro-batch 1", memory::mib(row.peak));
+    rows.push_back(row);
   }
-  // Fitting rows first, fastest first; the rest after, smallest need first.
-  std::stable_sort(result.rows.begin(), result.rows.end(), [](const PlanRow& a, const PlanRow& b) {
-    if (a.fits() != b.fits()) return a.fits();
-    if (a.fits()) return a.seconds < b.seconds;
-    return a.estimate.peak < b.estimate.peak;
-  });
-  TORCH_CHECK(result.rows.front().fits(), "memopt::plan: no policy combination fits the memory budget of ",
-              memory::mib(options.budget_bytes()), " MiB: the smallest need is ", memory::mib(smallest_need),
-              " MiB (", smallest_name, ", micro-batch 1). HINT: raise --memory_budget, shorten --seq_len or use a "
-              "smaller model.");
-  result.chosen = result.rows.front();
-  return result;
+  return detail::choose_fastest(std::move(rows), options, "micro-batch 1");
+}
+
+/// GritLM's plan: the batch is the loss (in-batch negatives), so it is never split into
+/// micro-batches; the lever is accum::GradCache's chunk. For each candidate's checkpoint and
+/// precision, one graph (chunk 0) or chunks of `chunks` rows (those below the batch's
+/// embedding rows); the fastest that fits by the cost model, where GradCache adds the
+/// embedding parts' first forward pass without a graph and small chunks run matmuls below
+/// peak. `run.chunk` is ignored; `run.queries` etc. are the step's (maximum) shape.
+inline Plan plan_gritlm(const memory::ModelDesc& m, const memory::GritRunDesc& run,
+                        const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options,
+                        std::vector<int64_t> chunks = {1, 2, 4, 8, 16, 32, 64, 128}) {
+  detail::check_plan_options(candidates, options);
+  const int64_t embed_rows = run.queries * run.group_size;
+  chunks.erase(std::remove_if(chunks.begin(), chunks.end(), [&](int64_t c) { return c < 1 || c >= embed_rows; }),
+               chunks.end());
+  chunks.insert(chunks.begin(), 0);  // one graph
+  std::vector<PlanRow> rows;
+  for (const auto& policies : candidates) {
+    for (const int64_t chunk : chunks) {
+      PlanRow row;
+      row.policies = policies;
+      row.chunk = chunk;
+      row.verdict = detail::cannot_run(policies, options.machine());
+      if (row.verdict.empty()) {
+        auto r = run;
+        r.chunk = chunk;
+        row.estimate = memory::estimate_gritlm(m, r, policies);
+        row.peak = static_cast<int64_t>(static_cast<double>(row.estimate.peak) * options.calibration());
+        const bool fits = options.budget_bytes() == 0 || row.peak <= options.budget_bytes();
+        row.micro_batch = fits ? run.queries : 0;
+        row.verdict = fits ? "fits" : fmt::format("over budget: needs {:.1f} MiB", memory::mib(row.peak));
+        const double passes = chunk > 0 ? 4 : 3;  // GradCache: a forward without a graph first
+        auto part = [&](int64_t part_rows, int64_t len, double p, bool head) {
+          const int64_t graph_rows = chunk > 0 ? std::min(chunk, part_rows) : part_rows;
+          return detail::matmul_seconds(m, len, graph_rows, static_cast<double>(part_rows * len), p, head, policies,
+                                        options.machine());
+        };
+        row.seconds = part(run.queries, run.query_len, passes, false) +
+                      part(embed_rows, run.passage_len, passes, false) +
+                      (run.gen_rows > 0 ? part(run.gen_rows, run.gen_len, 3, true) : 0);
+        row.seconds = static_cast<double>(policies.accum) * row.seconds +
+                      detail::optimizer_seconds(m, policies, options.machine());
+      }
+      rows.push_back(row);
+    }
+  }
+  return detail::choose_fastest(std::move(rows), options, "the smallest chunk");
+}
+
+/// Measures a candidate: runs the row's policies at its micro-batch (or chunk) for a real step
+/// and returns the tracker's peak, e.g. through memopt::measure_peak().
+using MeasureStep = std::function<int64_t(const PlanRow&)>;
+
+/// The tracker's peak while fn() runs (the window starts at the bytes live now).
+template <class Fn>
+int64_t measure_peak(Fn&& fn) {
+  auto& tracker = memory::Tracker::instance();
+  tracker.reset_peaks();
+  fn();
+  return tracker.snapshot().peak_bytes;
+}
+
+/// The usual MeasureStep: a real step of the row's Trainer (from `List`) on a throwaway model
+/// of the run's shape (its weights do not change the memory). make_model() builds it,
+/// make_loader(micro_batch) its batches, make_loss(model) the loss function (the run's own
+/// loss type, so each Trainer's step is compiled once); one warm-up step creates the
+/// optimizer state, the next one is measured.
+template <class List, class MakeModel, class MakeLoader, class MakeLoss>
+MeasureStep probe_steps(const TrainerOptions& options, MakeModel make_model, MakeLoader make_loader,
+                        MakeLoss make_loss) {
+  return [=](const PlanRow& row) {
+    return dispatch<List>(row.policies, [&]<class T>(std::type_identity<T>) {
+      auto model = make_model();
+      T trainer(*model, TrainerOptions(options).accum_steps(row.policies.accum));
+      auto loader = make_loader(row.micro_batch);
+      auto loss = make_loss(model);
+      trainer.step(loader, loss);
+      return measure_peak([&] { trainer.step(loader, loss); });
+    });
+  };
+}
+
+/// A plan corrected by measurement: `plan_with(options)` plans (plan() or plan_gritlm() bound
+/// to the model); the choice is measured by a real step, and the plan redone with
+/// calibration = measured / estimated peak until a choice measured to fit stays the choice
+/// (at most `rounds` measured steps). A measured overrun moves to a smaller choice; an
+/// overestimate lets a larger one in. Throws when no measured choice fits.
+template <class PlanWith>
+Plan plan_calibrated(PlanWith&& plan_with, PlanOptions options, const MeasureStep& measure, int rounds = 3) {
+  Plan current = plan_with(options);
+  std::optional<Plan> fitting;  // the last plan whose choice was measured within the budget
+  int64_t last_measured = 0;
+  for (int round = 1; round <= rounds; ++round) {
+    last_measured = measure(current.chosen);
+    TORCH_CHECK(last_measured > 0, "memopt::plan_calibrated: the measured step peak must be > 0 (got ",
+                last_measured, "). HINT: measure with memopt::measure_peak around a real Trainer step.");
+    const double factor = static_cast<double>(last_measured) / static_cast<double>(current.chosen.estimate.peak);
+    current.measured_peak = last_measured;
+    current.measured_steps = round;
+    current.calibration = factor;
+    const bool fits = options.budget_bytes() == 0 || last_measured <= options.budget_bytes();
+    if (fits) fitting = current;
+    Plan next;
+    try {
+      next = plan_with(options.calibration(factor));
+    } catch (const c10::Error&) {  // nothing fits once calibrated: keep a measured fit if there is one
+      break;
+    }
+    if (fits && next.chosen.same_choice(current.chosen)) return current;
+    next.measured_steps = round;
+    current = std::move(next);
+  }
+  TORCH_CHECK(fitting.has_value(), "memopt::plan_calibrated: no measured choice fits the memory budget of ",
+              memory::mib(options.budget_bytes()), " MiB: the last one (", current.chosen.policies.name(), ", ",
+              current.chosen.shape(), ") measured ", memory::mib(last_measured), " MiB. HINT: raise --memory_budget "
+              "or shorten the sequences.");
+  return *fitting;
+}
+
+/// What the examples' --policies / --memory_budget / --calibrate flags ask for: with
+/// `automatic`, the plan over `candidates`; otherwise the micro-batch finder for the `fixed`
+/// policies alone. With a `measure`, calibrated by measured steps. Prints the explanation and
+/// returns the chosen row.
+inline PlanRow choose_policies(const memory::ModelDesc& m, int64_t seq_len, const memory::PolicyDesc& fixed,
+                               bool automatic, const std::vector<memory::PolicyDesc>& candidates,
+                               const PlanOptions& options, const MeasureStep& measure = {}) {
+  const auto considered = automatic ? candidates : std::vector<memory::PolicyDesc>{fixed};
+  auto plan_with = [&](const PlanOptions& o) { return plan(m, seq_len, considered, o); };
+  const Plan p = measure ? plan_calibrated(plan_with, options, measure) : plan_with(options);
+  fmt::print("{}", p.explain());
+  return p.chosen;
 }
 
 /// "4GiB", "512MiB", "1.5G", "800M", "1048576" → bytes; a bad value throws naming it.

@@ -51,6 +51,21 @@ if [ "$rc" -ne 0 ] || [ -z "$predicted" ] || [ -z "$measured" ] || grep -q "retr
 else
   ok "estimate_only: predicted $predicted MiB at the maximum lengths, the GradCache run measured $measured MiB"
 fi
+# --policies auto for a budget between the GradCache estimate and the plain one: a plan over
+# checkpointing, precision and GradCache chunk (the batch is never split: its loss is the
+# in-batch contrastive loss), a run whose measured peak stays within the budget (the estimate
+# is at the maximum lengths: an upper bound).
+plain=$(table_peak "$("$bin" "${tiny[@]}" --output_dir "$tmp/estimate" --estimate_only 2>&1)")
+budget=$(awk -v g="$predicted" -v p="$plain" 'BEGIN { printf "%.1f", (g + p) / 2 }')
+out=$("$bin" "${tiny[@]}" --output_dir "$tmp/auto" --policies auto --memory_budget "${budget}MiB" 2>&1)
+rc=$?
+measured=$(run_peak "$tmp/auto")
+if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
+   || ! ratio_between "$measured" "$budget" 0 1.0; then
+  fail "policies auto under $budget MiB (plain estimate $plain): measured '$measured': $out"
+else
+  ok "policies auto under $budget MiB (plain estimate $plain): $(grep '^chose' <<<"$out" | head -c 110); measured $measured MiB"
+fi
 expect_run split_emb --output_dir "$tmp/split" --grad_cache_chunk 2 --split_emb
 expect_run ckpt_bf16_gradcache --output_dir "$tmp/ckpt" --grad_cache_chunk 3 --gradient_checkpointing --mixed_precision
 expect_run accum_token_loss --output_dir "$tmp/accum" --grad_accum 2 --gen_loss_type token --no_bucket
@@ -147,6 +162,10 @@ expect_error negative_chunk "grad_cache_chunk must be >= 0 \(got -1\)" --grad_ca
 expect_error split_without_chunk "split_emb needs --grad_cache_chunk" --split_emb
 expect_error gen_loss_type "gen_loss_type must be mixed or token \(got 'avg'\)" --gen_loss_type avg
 expect_error temperature "temperature must be a positive number \(got 0\)" --temperature 0
+expect_error bad_policies "policies must be fixed or auto \(got 'best'\)" --policies best
+expect_error bad_budget "memory_budget must be a positive size .*got '12parsecs'" --memory_budget 12parsecs
+expect_error split_emb_auto "split_emb fixes GradCache's layout" --grad_cache_chunk 2 --split_emb --policies auto
+expect_error impossible_budget "no policy combination fits .*smallest chunk" --policies auto --memory_budget 1KiB
 expect_error negative_workers "workers must be >= 0 \(got -1\)" --workers -1
 expect_error missing_jsonl "$tmp/none.jsonl" --embed_jsonl "$tmp/none.jsonl"
 expect_error missing_raw "$tmp/no_raw" --raw "$tmp/no_raw"

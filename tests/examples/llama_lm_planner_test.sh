@@ -3,7 +3,7 @@
 # --estimate_only prints the estimate and trains nothing; explicit policy flags reach the
 # Trainer instantiation they name; --policies auto with a memory budget picks a combination
 # whose measured peak stays within the budget (10% estimator tolerance); an impossible budget
-# is a clear error naming the smallest need.
+# is a clear error naming the smallest need; --calibrate measures the choice before the run.
 # Usage: llama_lm_planner_test.sh path/to/llama_lm path/to/memopt_prepare_corpus
 set -uo pipefail
 bin="$1"
@@ -45,6 +45,25 @@ if [ $? -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
   fail "auto under ${budget} MiB (unconstrained ${full_mib} MiB): measured '${measured}': $out"
 else
   ok "auto under ${budget} MiB of ${full_mib}: $(grep '^chose' <<<"$out" | head -c 120); measured ${measured} MiB"
+fi
+
+# --calibrate: the choice is measured by a real step before the run; the run's measured peak is
+# within the budget with no tolerance (the calibrated choice was measured to fit), and the
+# plan says what it measured. Without a budget, --calibrate is a clear error.
+out=$("$bin" "${tiny[@]}" --policies auto --memory_budget "${budget}MiB" --calibrate 2>&1)
+rc=$?
+measured=$(sed -n 's/^estimated peak .* MiB, measured \([0-9.]*\) MiB.*/\1/p' <<<"$out")
+if [ "$rc" -ne 0 ] || ! grep -q "^calibrated: .* measured by a real step" <<<"$out" || [ -z "$measured" ] \
+   || ! ratio_between "$measured" "$budget" 0 1.0; then
+  fail "calibrated auto under ${budget} MiB: measured '${measured}': $out"
+else
+  ok "calibrated auto under ${budget} MiB: $(grep '^calibrated' <<<"$out" | head -c 140); run measured ${measured} MiB"
+fi
+out=$("$bin" "${tiny[@]}" --calibrate 2>&1)
+if [ $? -ne 1 ] || ! grep -q -- "--calibrate measures the plan for a budget" <<<"$out" || ! grep -q HINT <<<"$out"; then
+  fail "calibrate without a budget: $out"
+else
+  ok "calibrate without a budget: an error"
 fi
 
 # An impossible budget: exit 1, the smallest need, a HINT.

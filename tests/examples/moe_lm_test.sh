@@ -3,7 +3,7 @@
 # memopt_prepare_corpus): every policy combination and both dispatches train, evaluate and
 # log router statistics; the dense equivalent trains; a run stopped at step 2 and resumed
 # ends with the same loss as an uninterrupted one; --estimate_only predicts the plain run's
-# peak within 10%, and --policies auto keeps a run under a budget. Then bad input: each case must exit 1
+# peak within 10%, and --policies auto keeps a run under a budget (--calibrate: strictly). Then bad input: each case must exit 1
 # (not crash) with a message naming the option and the value seen, and a HINT.
 # Usage: moe_lm_test.sh path/to/moe_lm path/to/memopt_prepare_corpus
 set -uo pipefail
@@ -69,6 +69,19 @@ if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$auto_peak" ] \
   fail "policies auto under $budget MiB: measured '$auto_peak': $out"
 else
   ok "policies auto under $budget MiB: $(grep '^chose' <<<"$out" | head -c 100); measured $auto_peak MiB"
+fi
+
+# The same with --calibrate: the choice is measured by a real step first, so the run's peak
+# stays within the budget with no tolerance.
+out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/calibrated" --steps 2 --policies auto \
+      --memory_budget "${budget}MiB" --calibrate 2>&1)
+rc=$?
+auto_peak=$(run_peak "$tmp/calibrated")
+if [ "$rc" -ne 0 ] || ! grep -q "^calibrated: " <<<"$out" || [ -z "$auto_peak" ] \
+   || ! ratio_between "$auto_peak" "$budget" 0 1.0; then
+  fail "calibrated auto under $budget MiB: measured '$auto_peak': $out"
+else
+  ok "calibrated auto under $budget MiB: $(grep '^calibrated' <<<"$out" | head -c 120); measured $auto_peak MiB"
 fi
 
 # ---- resume: 4 steps straight == 2 steps, then resumed to 4 ----
