@@ -207,9 +207,9 @@ def planner(lines):
     summary = next((r for r in lines if r["name"] == "cost_model"), None)
     if not summary:
         return
-    print("\n| budget | fit (measured) | planner's choice | its measured s/step, peak | measured fastest | s/step | "
+    print("\n| shape | budget | fit (measured) | planner's choice | its measured s/step, peak | measured fastest | s/step | "
           "regret |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for b in summary["budgets"]:
         chosen = "—"
         if b["chosen"]:
@@ -217,10 +217,13 @@ def planner(lines):
             chosen = f"{b['chosen_measured_s']:.3f}, {b['chosen_measured_mib']:.0f} MiB{over}"
         fastest = f"{b['fastest_measured_s']:.3f}" if b["fastest"] else "—"
         regret = f"**{b['regret']:.2f}×**" if b["regret"] is not None else "—"
-        print(f"| {b['budget_mib']:g} MiB | {b['fit']} | {b['chosen'] or 'none fits'} | {chosen} | "
+        print(f"| {b.get('shape', 'reference')} | {b['budget_mib']:g} MiB | {b['fit']} | {b['chosen'] or 'none fits'} | {chosen} | "
               f"{b['fastest'] or 'none fits'} | {fastest} | {regret} |")
+    per_shape = "".join(f", {label} {summary[key]:.2f}" for key, label in
+                        (("spearman_reference", "reference shape"), ("spearman_large", "8 × d512 shape"))
+                        if summary.get(key) is not None)
     print(f"\n{summary['configurations']} configurations: Spearman rank correlation of predicted vs measured "
-          f"s/step **{summary['spearman']:.2f}**; predicted / measured median {summary['median_ratio']:.2f}, "
+          f"s/step **{summary['spearman']:.2f}**{per_shape}; predicted / measured median {summary['median_ratio']:.2f}, "
           f"largest deviation from the median {100 * summary['max_ratio_error']:.0f}% "
           f"({summary['max_ratio_error_at']})")
 

@@ -3,7 +3,9 @@
 // stay template parameters, so the chosen loop has no runtime branch on a policy. plan()
 // picks, among the compiled combinations, the fastest one whose estimated peak
 // (memory/estimator.hpp) fits a memory budget, with the largest micro-batch that fits
-// (accumulation adjusted to keep the effective batch).
+// (accumulation adjusted to keep the effective batch). plan_gritlm() does the same for a
+// GritLM step, whose lever is GradCache's chunk; plan_calibrated() corrects either by
+// measuring the choice's real step (probe_steps()) until a choice measured to fit stays.
 //
 //   using Trainers = memopt::StandardTrainers;                      // 4 × 4 × 3 instantiations
 //   auto p = memopt::plan(desc, seq_len, memopt::candidates<Trainers>(),
@@ -146,23 +148,31 @@ decltype(auto) dispatch(const memory::PolicyDesc& choice, Fn&& fn) {
   return visit_type<List>(index_of<List>(choice), std::forward<Fn>(fn));
 }
 
-/// The cost model's machine: how fast it runs matmuls, streams memory and reads the disk.
-/// from_device() fills it for the CPU this runs on (or a CUDA device); the figures only rank
-/// candidates, so their ratios matter more than their absolute values.
+/// The cost model's machine: how fast a training step's matmuls run (elementwise work
+/// included, as seen at the step level), how many rows a matmul needs to run at half that
+/// speed, how fast it streams memory and reads the disk. from_device() fills it for the CPU
+/// this runs on (or a CUDA device); the figures rank candidates, so their ratios matter more
+/// than their absolute values. The CPU figures were fitted to `scripts/bench planner` on this
+/// project's machine (2 cores, avx512_bf16 without AMX, memopt's default allocator settings):
+/// bf16 steps ran 2.0× faster than fp32, micro-batch 1 (256 rows) 1.2× slower than 8.
 struct MachineModel {
-  TORCH_ARG(double, matmul_flops_per_s) = 2e11;  // fp32 matmuls (OpenBLAS on 2 cores: ~300 GFLOP/s peak)
-  TORCH_ARG(double, bf16_speedup) = 0.5;         // bf16 matmul speed / fp32 (AMX: ~5×; avx512_bf16 alone: slower)
-  TORCH_ARG(bool, fp16) = false;                 // fp16 autocast exists (CUDA only)
-  TORCH_ARG(bool, disk_offload) = true;          // offload::Disk runs (CPU parameters only)
-  TORCH_ARG(double, memory_bytes_per_s) = 1e10;  // elementwise work: the optimizer step
-  TORCH_ARG(double, disk_bytes_per_s) = 1e9;     // offload::Disk's state streaming
+  TORCH_ARG(double, matmul_flops_per_s) = 1.2e11;  // fp32, at the step level (OpenBLAS peak on 2 cores: ~300 GFLOP/s)
+  TORCH_ARG(double, bf16_speedup) = 2.0;           // bf16 step speed / fp32 (avx512_bf16: 2.0 measured; AMX: more)
+  TORCH_ARG(double, half_speed_rows) = 64;         // rows (tokens) per matmul at which it runs at half speed
+  TORCH_ARG(bool, fp16) = false;                   // fp16 autocast exists (CUDA only)
+  TORCH_ARG(bool, disk_offload) = true;            // offload::Disk runs (CPU parameters only)
+  TORCH_ARG(double, memory_bytes_per_s) = 1e10;    // elementwise work: the optimizer step
+  TORCH_ARG(double, disk_bytes_per_s) = 1e9;       // offload::Disk's state streaming
 
  public:
   static MachineModel from_device(const c10::Device& device) {
     MachineModel m;
-    if (device.is_cuda()) return m.matmul_flops_per_s(5e13).bf16_speedup(2.0).fp16(true).disk_offload(false)
-                                  .memory_bytes_per_s(1e12);
-    return m.bf16_speedup(cpu_has("amx_bf16") ? 3.0 : cpu_has("avx512_bf16") ? 0.5 : 0.2);
+    if (device.is_cuda()) return m.matmul_flops_per_s(5e13).bf16_speedup(2.0).half_speed_rows(2048).fp16(true)
+                                  .disk_offload(false).memory_bytes_per_s(1e12);
+    // AMX tiles: bf16 matmuls ~5× fp32 (not measured here: 4× at the step level is assumed);
+    // without avx512_bf16 bf16 is emulated: an earlier machine of this project (AVX-512, no
+    // BF16) ran bf16 steps at 0.54× fp32 (README, "Memory levers").
+    return m.bf16_speedup(cpu_has("amx_bf16") ? 4.0 : cpu_has("avx512_bf16") ? 2.0 : 0.5);
   }
 };
 
@@ -212,7 +222,7 @@ struct Plan {
     int64_t shown = 0, more_fit = 0, over = 0, elsewhere = 0;
     for (const auto& r : rows) {
       if (r.fits() && shown < max_rows) {
-        out += fmt::format("  {} {:<58} {:>9}  peak {:8.1f} MiB  {:7.3f} s/step\n", &r == &rows.front() ? "*" : " ",
+        out += fmt::format("  {} {:<62} {:>9}  peak {:8.1f} MiB  {:7.3f} s/step\n", &r == &rows.front() ? "*" : " ",
                            r.policies.name(), r.shape(), memory::mib(r.peak), r.seconds);
         ++shown;
       } else if (r.fits()) {
@@ -239,7 +249,7 @@ namespace detail {
 // The matmul seconds of `tokens` tokens through graphs of `rows` sequences of `seq_len`:
 // `passes` forward passes (the backward counts as two), what the checkpoint policy recomputes,
 // the LM head only when `head`; matmuls of few rows run below peak (efficiency
-// rows × T / (rows × T + 512)).
+// rows × T / (rows × T + machine.half_speed_rows())).
 inline double matmul_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t rows, double tokens, double passes,
                              bool head, const memory::PolicyDesc& p, const MachineModel& machine) {
   using memory::CheckpointKind;
@@ -259,7 +269,7 @@ inline double matmul_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_
   const bool bf16 = p.precision != memory::PrecisionKind::kFp32;
   const double speed = machine.matmul_flops_per_s() * (bf16 ? machine.bf16_speedup() : 1.0);
   const double graph_rows = static_cast<double>(rows) * T;
-  const double efficiency = graph_rows / (graph_rows + 512);
+  const double efficiency = graph_rows / (graph_rows + machine.half_speed_rows());
   return tokens * (passes * (blocks + (head ? head_flops : 0)) + recompute) / (speed * efficiency);
 }
 
@@ -315,7 +325,8 @@ inline void check_plan_options(const std::vector<memory::PolicyDesc>& candidates
 
 /// The cost model: a step's time is its matmul FLOPs (forward, backward = 2 × forward, plus
 /// what the checkpoint policy recomputes) at the precision's matmul speed, slowed by small
-/// micro-batches (efficiency rows / (rows + 512): matmuls of few rows run below peak), plus the
+/// micro-batches (efficiency rows / (rows + half_speed_rows): matmuls of few rows run below
+/// peak), plus the
 /// optimizer step's memory traffic (AdamW 28 B/param, 8-bit AdamW 40 B/param with its
 /// (de)quantisation, disk: AdamW plus 16 B/param read and written).
 inline double step_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t micro_batch,

@@ -58,14 +58,7 @@ fi
 plain=$(table_peak "$("$bin" "${tiny[@]}" --output_dir "$tmp/estimate" --estimate_only 2>&1)")
 budget=$(awk -v g="$predicted" -v p="$plain" 'BEGIN { printf "%.1f", (g + p) / 2 }')
 out=$("$bin" "${tiny[@]}" --output_dir "$tmp/auto" --policies auto --memory_budget "${budget}MiB" 2>&1)
-rc=$?
-measured=$(run_peak "$tmp/auto")
-if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
-   || ! ratio_between "$measured" "$budget" 0 1.0; then
-  fail "policies auto under $budget MiB (plain estimate $plain): measured '$measured': $out"
-else
-  ok "policies auto under $budget MiB (plain estimate $plain): $(grep '^chose' <<<"$out" | head -c 110); measured $measured MiB"
-fi
+within_budget "policies auto (plain estimate $plain MiB)" $? "$out" "$(run_peak "$tmp/auto")" "$budget" 1.0 "^chose "
 expect_run split_emb --output_dir "$tmp/split" --grad_cache_chunk 2 --split_emb
 expect_run ckpt_bf16_gradcache --output_dir "$tmp/ckpt" --grad_cache_chunk 3 --gradient_checkpointing --mixed_precision
 expect_run accum_token_loss --output_dir "$tmp/accum" --grad_accum 2 --gen_loss_type token --no_bucket

@@ -20,6 +20,18 @@ run_peak() { grep -o '"peak_tracked_mib":[0-9.]*' "$1/metrics.jsonl" 2>/dev/null
 # ratio_between X REF LOW HIGH: whether LOW·REF <= X <= HIGH·REF (decimals).
 ratio_between() { awk -v x="$1" -v r="$2" -v lo="$3" -v hi="$4" 'BEGIN { exit !(x >= lo * r && x <= hi * r) }'; }
 
+# within_budget NAME RC OUTPUT MEASURED BUDGET TOLERANCE PATTERN: a planned run — exit 0, a line
+# matching PATTERN ("^chose ", "^calibrated: "), a measured peak (MiB) at most TOLERANCE × BUDGET.
+within_budget() {
+  local name="$1" rc="$2" out="$3" measured="$4" budget="$5" tolerance="$6" pattern="$7"
+  if [ "$rc" -ne 0 ] || ! grep -q "$pattern" <<<"$out" || [ -z "$measured" ] \
+     || ! ratio_between "$measured" "$budget" 0 "$tolerance"; then
+    fail "$name under $budget MiB: measured '$measured': $out"
+  else
+    ok "$name under $budget MiB: $(grep -m1 "$pattern" <<<"$out" | head -c 120); measured $measured MiB"
+  fi
+}
+
 # Writes files c<genre><NN> of tab-indented word/tag sentences; the same arguments give the
 # same bytes.
 #   brown_corpus DIR GENRES DOCS WORDS OFFSET

@@ -15,6 +15,8 @@ if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 5
   echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
   exit 1
 fi
+# The measured peak llama_lm prints at the end ("estimated peak X MiB, measured Y MiB").
+run_measured() { sed -n 's/^estimated peak .* MiB, measured \([0-9.]*\) MiB.*/\1/p' <<<"$1"; }
 tiny=(--data "$tmp/data" --layers 2 --dim 64 --heads 4 --seq_len 32 --max_seq_len 64 --micro_batch 8
       --steps 2 --warmup 1 --eval_batches 1 --sample_tokens 2 --threads 1 --log_interval 1)
 
@@ -39,26 +41,13 @@ fi
 # --policies auto under half the unconstrained estimate: a plan, and a measured peak within budget (+10%).
 budget=$(awk -v m="$full_mib" 'BEGIN { printf "%.1f", m / 2 }')
 out=$("$bin" "${tiny[@]}" --policies auto --memory_budget "${budget}MiB" 2>&1)
-measured=$(sed -n 's/^estimated peak .* MiB, measured \([0-9.]*\) MiB.*/\1/p' <<<"$out")
-if [ $? -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
-   || ! ratio_between "$measured" "$budget" 0 1.1; then
-  fail "auto under ${budget} MiB (unconstrained ${full_mib} MiB): measured '${measured}': $out"
-else
-  ok "auto under ${budget} MiB of ${full_mib}: $(grep '^chose' <<<"$out" | head -c 120); measured ${measured} MiB"
-fi
+within_budget "auto (unconstrained ${full_mib} MiB)" $? "$out" "$(run_measured "$out")" "$budget" 1.1 "^chose "
 
 # --calibrate: the choice is measured by a real step before the run; the run's measured peak is
 # within the budget with no tolerance (the calibrated choice was measured to fit), and the
 # plan says what it measured. Without a budget, --calibrate is a clear error.
 out=$("$bin" "${tiny[@]}" --policies auto --memory_budget "${budget}MiB" --calibrate 2>&1)
-rc=$?
-measured=$(sed -n 's/^estimated peak .* MiB, measured \([0-9.]*\) MiB.*/\1/p' <<<"$out")
-if [ "$rc" -ne 0 ] || ! grep -q "^calibrated: .* measured by a real step" <<<"$out" || [ -z "$measured" ] \
-   || ! ratio_between "$measured" "$budget" 0 1.0; then
-  fail "calibrated auto under ${budget} MiB: measured '${measured}': $out"
-else
-  ok "calibrated auto under ${budget} MiB: $(grep '^calibrated' <<<"$out" | head -c 140); run measured ${measured} MiB"
-fi
+within_budget "calibrated auto" $? "$out" "$(run_measured "$out")" "$budget" 1.0 "^calibrated: .* measured by a real step"
 out=$("$bin" "${tiny[@]}" --calibrate 2>&1)
 if [ $? -ne 1 ] || ! grep -q -- "--calibrate measures the plan for a budget" <<<"$out" || ! grep -q HINT <<<"$out"; then
   fail "calibrate without a budget: $out"

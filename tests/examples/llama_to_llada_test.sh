@@ -61,14 +61,7 @@ predicted=$(table_peak "$out")
 budget=$(awk -v p="$predicted" 'BEGIN { printf "%.2f", p + 0.05 }')
 out=$("$bin" "${tiny[@]}" --teacher_model "$tmp/teacher" --output_dir "$tmp/auto" --strategy comprehensive \
       --kd_top_k 8 --policies auto --memory_budget "${budget}MiB" 2>&1)
-rc=$?
-measured=$(run_peak "$tmp/auto")
-if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$measured" ] \
-   || ! ratio_between "$measured" "$budget" 0 1.1; then
-  fail "policies auto under $budget MiB: measured '$measured': $out"
-else
-  ok "policies auto under $budget MiB: $(grep '^chose' <<<"$out" | head -c 90); measured $measured MiB"
-fi
+within_budget "policies auto" $? "$out" "$(run_peak "$tmp/auto")" "$budget" 1.1 "^chose "
 expect_run comprehensive_sparse_kd --teacher_model "$tmp/teacher" --output_dir "$tmp/comp" \
   --strategy comprehensive --gradient_accumulation_steps 2 --kd_top_k 8 --cfg_scale 1 --temperature 0.5
 expect_run student_from_checkpoint --teacher_model "$tmp/teacher" --output_dir "$tmp/again" \

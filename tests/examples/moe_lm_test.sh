@@ -62,27 +62,13 @@ fi
 budget=$(awk -v p="$predicted" 'BEGIN { printf "%.1f", p + 1 }')
 out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/auto" --steps 2 --policies auto \
       --memory_budget "${budget}MiB" 2>&1)
-rc=$?
-auto_peak=$(run_peak "$tmp/auto")
-if [ "$rc" -ne 0 ] || ! grep -q "^chose " <<<"$out" || [ -z "$auto_peak" ] \
-   || ! ratio_between "$auto_peak" "$budget" 0 1.1; then
-  fail "policies auto under $budget MiB: measured '$auto_peak': $out"
-else
-  ok "policies auto under $budget MiB: $(grep '^chose' <<<"$out" | head -c 100); measured $auto_peak MiB"
-fi
+within_budget "policies auto" $? "$out" "$(run_peak "$tmp/auto")" "$budget" 1.1 "^chose "
 
 # The same with --calibrate: the choice is measured by a real step first, so the run's peak
 # stays within the budget with no tolerance.
 out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/calibrated" --steps 2 --policies auto \
       --memory_budget "${budget}MiB" --calibrate 2>&1)
-rc=$?
-auto_peak=$(run_peak "$tmp/calibrated")
-if [ "$rc" -ne 0 ] || ! grep -q "^calibrated: " <<<"$out" || [ -z "$auto_peak" ] \
-   || ! ratio_between "$auto_peak" "$budget" 0 1.0; then
-  fail "calibrated auto under $budget MiB: measured '$auto_peak': $out"
-else
-  ok "calibrated auto under $budget MiB: $(grep '^calibrated' <<<"$out" | head -c 120); measured $auto_peak MiB"
-fi
+within_budget "calibrated auto" $? "$out" "$(run_peak "$tmp/calibrated")" "$budget" 1.0 "^calibrated: "
 
 # ---- resume: 4 steps straight == 2 steps, then resumed to 4 ----
 expect_run straight --output_dir "$tmp/straight" --steps 4

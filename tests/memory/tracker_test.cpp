@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 
@@ -143,6 +144,21 @@ TEST_CASE("allocator settings: parsed with units, applied by mallopt, bad input 
   CHECK_NOTHROW(o.apply());
   CHECK(AllocatorOptions::parse("").empty());
   CHECK_NOTHROW(AllocatorOptions().apply());  // nothing set: glibc's defaults stay
+  // memopt's default for training: every block from the heap, 1 GB kept at its top; the other keys override it.
+  const auto training = AllocatorOptions::parse("preset:training,trim_threshold:256MB,arena_max:2");
+  CHECK(training.mmap_max() == 0);
+  CHECK(training.trim_threshold() == (int64_t{256} << 20));
+  CHECK(training.arena_max() == 2);
+  CHECK(AllocatorOptions::parse("preset:glibc").empty());
+  const char* env = std::getenv("MEMOPT_ALLOC_CONF");
+  const std::string saved = env ? env : "";
+  ::unsetenv("MEMOPT_ALLOC_CONF");
+  CHECK(AllocatorOptions::from_env().mmap_max() == 0);  // unset: the training preset
+  CHECK(AllocatorOptions::from_env().trim_threshold() == (int64_t{1} << 30));
+  ::setenv("MEMOPT_ALLOC_CONF", "preset:glibc", 1);
+  CHECK(AllocatorOptions::from_env().empty());
+  if (env) ::setenv("MEMOPT_ALLOC_CONF", saved.c_str(), 1);
+  else ::unsetenv("MEMOPT_ALLOC_CONF");
 
   using memopt::test::require_error;
   const std::string prefix = "memopt::memory::AllocatorOptions: MEMOPT_ALLOC_CONF";
@@ -153,6 +169,8 @@ TEST_CASE("allocator settings: parsed with units, applied by mallopt, bad input 
   require_error([] { AllocatorOptions::parse("mmap_threshold:64MB"); }, prefix, {"at most 32MB", "(got 64MB)"});
   require_error([] { AllocatorOptions::parse("arena_max"); }, prefix, {"'arena_max' has no value"});
   require_error([] { AllocatorOptions::parse("arena_max:0"); }, prefix, {"arena_max must be >= 1 (got 0)"});
+  require_error([] { AllocatorOptions::parse("preset:fast"); }, prefix, {"preset must be training or glibc (got 'fast')"});
+  require_error([] { AllocatorOptions::parse("mmap_max:-1"); }, prefix, {"mmap_max", "(got '-1')"});
   memopt::models::Llama model(memopt::models::LlamaConfig().vocab_size(16).hidden_size(8).num_hidden_layers(1)
                                   .num_attention_heads(2).max_position_embeddings(8));
   require_error([&] { memopt::Trainer<> t(*model, memopt::TrainerOptions().alloc_conf("arena:1")); },

@@ -3,6 +3,10 @@
 // thresholds, set by mallopt() before training. One string configures both allocators:
 //   MEMOPT_ALLOC_CONF="arena_max:2,mmap_threshold:1MB,expandable_segments:True"
 // glibc keys go to mallopt(); CUDA caching-allocator keys go to PYTORCH_CUDA_ALLOC_CONF.
+// Unset (or empty), memopt::init() applies preset:training — freed blocks stay in the heap
+// for the next step instead of being unmapped and faulted in again (no mmapped blocks, a 1 GB
+// trim threshold): the CPU counterpart of CUDA's caching allocator. preset:glibc keeps glibc's
+// defaults (dynamic thresholds: every block above ~32 MB is mapped and unmapped each time).
 #pragma once
 
 #include <malloc.h>
@@ -33,6 +37,9 @@ struct AllocatorOptions {
   TORCH_ARG(int64_t, mmap_threshold) = -1;
   /// M_TOP_PAD bytes: extra heap grown (and kept) on each sbrk.
   TORCH_ARG(int64_t, top_pad) = -1;
+  /// M_MMAP_MAX: how many blocks may have their own mapping at once; 0 serves every block
+  /// from the heap (freed ones are reused without page faults).
+  TORCH_ARG(int64_t, mmap_max) = -1;
   /// Keys for the CUDA caching allocator ("expandable_segments:True,max_split_size_mb:128").
   TORCH_ARG(std::string, cuda) = "";
 
@@ -46,7 +53,15 @@ struct AllocatorOptions {
     return keys;
   }
 
+  /// memopt's default for training: every block from the heap (mmap_max 0) and freed memory
+  /// kept up to 1 GB at its top (trim_threshold), so each step reuses the last one's pages.
+  /// On this project's 2-core machine it made a d256 LLaMA step at micro-batch 8 1.7-2x
+  /// faster than glibc's defaults for +3% peak RSS (README, "Allocator settings").
+  static AllocatorOptions training() { return AllocatorOptions().mmap_max(0).trim_threshold(int64_t{1} << 30); }
+
   /// Parses "key:value,key:value". Sizes take B, KB, MB, GB (powers of 1024) or no unit.
+  /// preset:training or preset:glibc starts from that preset (else from glibc's defaults);
+  /// the other keys override it.
   static AllocatorOptions parse(const std::string& conf, const std::string& source = "MEMOPT_ALLOC_CONF") {
     AllocatorOptions o;
     size_t start = 0;
@@ -73,10 +88,19 @@ struct AllocatorOptions {
                     "). HINT: 1MB maps every tensor of a megabyte or more on its own.");
       } else if (key == "top_pad") {
         o.top_pad(size_value(source, key, value, true));
+      } else if (key == "mmap_max") {
+        o.mmap_max(size_value(source, key, value, /*units=*/false));
+      } else if (key == "preset") {
+        TORCH_CHECK(value == "training" || value == "glibc", "memopt::memory::AllocatorOptions: ", source,
+                    ": preset must be training or glibc (got '", value, "'). HINT: training keeps freed blocks for "
+                    "the next step; glibc keeps glibc's defaults.");
+        const std::string cuda = o.cuda();
+        o = value == "training" ? training() : AllocatorOptions();
+        o.cuda(cuda);
       } else if (is_cuda_key(key)) {
         o.cuda(o.cuda().empty() ? item : o.cuda() + "," + item);
       } else {
-        std::string known = "arena_max, trim_threshold, mmap_threshold, top_pad";
+        std::string known = "preset, arena_max, trim_threshold, mmap_threshold, mmap_max, top_pad";
         for (const auto& k : cuda_keys()) known += ", " + k;
         TORCH_CHECK(false, "memopt::memory::AllocatorOptions: ", source, ": unknown key '", key,
                     "'. HINT: the keys are ", known, ".");
@@ -85,14 +109,15 @@ struct AllocatorOptions {
     return o;
   }
 
-  /// Parses $MEMOPT_ALLOC_CONF (empty settings when unset).
+  /// Parses $MEMOPT_ALLOC_CONF; unset or empty: training().
   static AllocatorOptions from_env() {
     const char* env = std::getenv("MEMOPT_ALLOC_CONF");
-    return env ? parse(env) : AllocatorOptions();
+    return env != nullptr && *env != '\0' ? parse(env) : training();
   }
 
   bool empty() const {
-    return arena_max_ < 0 && trim_threshold_ < 0 && mmap_threshold_ < 0 && top_pad_ < 0 && cuda_.empty();
+    return arena_max_ < 0 && trim_threshold_ < 0 && mmap_threshold_ < 0 && top_pad_ < 0 && mmap_max_ < 0 &&
+           cuda_.empty();
   }
 
   /// Applies the settings: mallopt() for glibc's, PYTORCH_CUDA_ALLOC_CONF for CUDA's
@@ -102,6 +127,7 @@ struct AllocatorOptions {
     set(M_TRIM_THRESHOLD, trim_threshold_, "trim_threshold");
     set(M_MMAP_THRESHOLD, mmap_threshold_, "mmap_threshold");
     set(M_TOP_PAD, top_pad_, "top_pad");
+    set(M_MMAP_MAX, mmap_max_, "mmap_max");
 #if MEMOPT_HAS_CUDA
     if (!cuda_.empty()) ::setenv("PYTORCH_CUDA_ALLOC_CONF", cuda_.c_str(), /*overwrite=*/1);
 #endif
