@@ -47,16 +47,6 @@ struct Args {
   bool calibrate = false;
 };
 
-// The Trainer's loss function: the summed next-token loss of `model` (one type for the run
-// and the planner's probes, so each Trainer's step is compiled once).
-struct LmLoss {
-  memopt::models::Llama* model;
-  template <class Checkpoint>
-  torch::Tensor operator()(const memopt::Batch& batch, const Checkpoint& ckpt) const {  // batch (B, T)
-    return (*model)->loss_sum(batch, ckpt);
-  }
-};
-
 // Mean next-token loss over the first `max_batches` sequential held-out batches.
 double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const memopt::data::TokenShard>& shard,
                     const Args& a) {
@@ -117,7 +107,7 @@ int run(const Args& a) {
   const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps
       options, [&] { return memopt::models::Llama(config); },
       [&](int64_t micro) { return memopt::data::RandomWindowLoader(train, memopt::data::LoaderOptions(micro, a.seq_len)); },
-      [](memopt::models::Llama& probe) { return LmLoss{&probe}; });
+      [](memopt::models::Llama& probe) { return memopt::LossSum<memopt::models::Llama>{&probe}; });
   if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder for these policies
     const auto chosen = memopt::choose_policies(
         desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::StandardTrainers>(),
@@ -154,7 +144,7 @@ int run(const Args& a) {
     fmt::print("trainer: {} — effective batch {} x {} x {} tokens, {} threads\n", T::name(), micro_batch,
                policies.accum, a.seq_len, at::get_num_threads());
     std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
-    return trainer.fit(loader, LmLoss{&model});
+    return trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
   });
   const double after = heldout_loss(model, val, a);
   fmt::print("held-out loss after {} steps {:.3f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",

@@ -175,17 +175,6 @@ struct Data {
   int64_t vocab = 0;
 };
 
-// The Trainer's loss function: `model`'s summed loss with its aux terms (one type for the
-// run and the planner's probes, so each Trainer's step is compiled once).
-template <class Model>
-struct SumLoss {
-  Model* model;
-  template <class Checkpoint>
-  torch::Tensor operator()(const memopt::Batch& batch, const Checkpoint& ckpt) const {  // batch (B, T)
-    return (*model)->loss_sum(batch, ckpt);
-  }
-};
-
 template <class Checkpoint, class Precision, class Model>
 int train(const Args& a, const Data& d, Model& model, const std::string& description) {
   using TrainerT = memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime>;
@@ -233,7 +222,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
              a.grad_accum, a.batch_size * a.grad_accum, a.seq_len, at::get_num_threads());
   std::fflush(stdout);
 
-  const auto result = trainer.fit(loader, SumLoss<Model>{&model});
+  const auto result = trainer.fit(loader, memopt::LossSum<Model>{&model});
   if (trainer.steps_taken() > 0) saver->save();
   const double loss = heldout_loss(model, d.val, a);
   fmt::print("held-out loss after {} steps {:.4f} (perplexity {:.1f}); {:.0f} tokens/s over {:.1f} s\n",
@@ -270,8 +259,10 @@ template <class Model, class Config>
 memopt::MeasureStep probe_steps(const Args& a, const Data& d, const Config& cfg) {
   return memopt::probe_steps<memopt::CheckpointPrecisionTrainers>(
       memopt::TrainerOptions().threads(a.threads), [cfg] { return Model(cfg); },
-      [&](int64_t micro) { return memopt::data::RandomWindowLoader(d.train, memopt::data::LoaderOptions(micro, a.seq_len)); },
-      [](Model& probe) { return SumLoss<Model>{&probe}; });
+      [train = d.train, seq_len = a.seq_len](int64_t micro) {
+        return memopt::data::RandomWindowLoader(train, memopt::data::LoaderOptions(micro, seq_len));
+      },
+      [](Model& probe) { return memopt::LossSum<Model>{&probe}; });
 }
 
 // One of the four compiled combinations (memopt::CheckpointPrecisionTrainers; --policies auto

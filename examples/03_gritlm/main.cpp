@@ -364,16 +364,19 @@ int train_accum(const Args& a, const Data& d, std::shared_ptr<const GritFormat> 
   return train<Checkpoint, Precision, memopt::accum::Runtime>(a, d, format, model, batcher, stats);
 }
 
-// The compiled-in policy combinations the flags choose from.
+// The policies the flags name (--gradient_checkpointing, --mixed_precision, --grad_accum).
+memopt::memory::PolicyDesc policies_of(const Args& a) {
+  return memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
+                                           a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+}
+
+// One of the four compiled checkpoint × precision combinations (memopt::CheckpointPrecisionTrainers;
+// --policies auto plans over the same list), reached through memopt::dispatch.
 int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
                      const memopt::data::GritBatcher& batcher, const nlohmann::json& stats) {
-  using memopt::checkpoint::EveryBlock;
-  using memopt::precision::Bf16Autocast;
-  using memopt::precision::Fp32;
-  if (a.gradient_checkpointing && a.mixed_precision) return train_accum<EveryBlock, Bf16Autocast>(a, d, format, model, batcher, stats);
-  if (a.gradient_checkpointing) return train_accum<EveryBlock, Fp32>(a, d, format, model, batcher, stats);
-  if (a.mixed_precision) return train_accum<memopt::checkpoint::None, Bf16Autocast>(a, d, format, model, batcher, stats);
-  return train_accum<memopt::checkpoint::None, Fp32>(a, d, format, model, batcher, stats);
+  return memopt::dispatch<memopt::CheckpointPrecisionTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
+    return train_accum<typename T::checkpoint_type, typename T::precision_type>(a, d, format, model, batcher, stats);
+  });
 }
 
 // The step's memory at the batcher's maximum lengths (memory/estimator.hpp), after the plan
@@ -394,8 +397,7 @@ void plan_step(Args& a, const GritFormat& format) {
   run.passage_len = a.passage_max_len;
   run.gen_rows = a.gen_batch_size;
   run.gen_len = a.gen_max_len;
-  auto policies = memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
-                                                    a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+  auto policies = policies_of(a);
   if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the chunk finder for these policies
     const auto candidates = a.policies == "auto"
                                 ? memopt::candidates<memopt::CheckpointPrecisionTrainers>(a.grad_accum)

@@ -114,6 +114,19 @@ concept LossFunction = requires(F& fn, const B& batch, const Checkpoint& ckpt) {
   { fn(batch, ckpt) } -> std::convertible_to<torch::Tensor>;
 };
 
+/// The usual loss function: `model`'s loss_sum(batch, checkpoint_policy), for models that
+/// have one (models::Llama, models::MoeLM). A named type, so a run and the planner's probes
+/// (planner.hpp's probe_steps) share each Trainer's compiled step.
+///   trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
+template <class ModelHolder>
+struct LossSum {
+  ModelHolder* model;
+  template <class Checkpoint>
+  torch::Tensor operator()(const Batch& batch, const Checkpoint& ckpt) const {  // batch (B, T)
+    return (*model)->loss_sum(batch, ckpt);
+  }
+};
+
 /// What fit() returns.
 struct FitResult {
   int64_t steps = 0;
