@@ -7,7 +7,9 @@
 // Either way the choice runs as a compiled instantiation (memopt::dispatch over
 // memopt::StandardTrainers). --estimate_only prints the memory estimate and stops. It
 // evaluates held-out perplexity before and after, prints a memory report (with the estimate
-// next to the measured peak) and a generated sample.
+// next to the measured peak) and a generated sample. Never loses a run: --save_every N
+// checkpoints to OUTPUT_DIR/checkpoints, SIGTERM/SIGINT save and exit 0, --resume latest
+// continues bit for bit (scripts/killtest proves it with kill -9).
 //   Run: scripts/demo   (or build/examples/00_llama_lm/llama_lm --help)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -18,6 +20,8 @@
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
 #include <memopt/planner.hpp>
+
+#include "common/checkpoint_flags.hpp"
 
 namespace {
 
@@ -45,6 +49,8 @@ struct Args {
   int64_t accum = 4;
   bool estimate_only = false;
   bool calibrate = false;
+  std::string output_dir = "out/llama_lm";
+  examples::CheckpointFlags checkpoints;
 };
 
 // Mean next-token loss over the first `max_batches` sequential held-out batches.
@@ -83,7 +89,8 @@ int run(const Args& a) {
                            .max_steps(a.steps)
                            .log_interval(a.log_interval)
                            .threads(a.threads);
-  options.validate();
+  options = a.checkpoints.apply(options, a.output_dir).memory_budget(budget);  // the run adapts if the plan misses
+  options.validate();  // --save_every, --keep_checkpoints, --max_skips too
 
   // ---- data ----
   const auto train = memopt::data::TokenShard::open(a.data + "/train.bin");
@@ -140,12 +147,19 @@ int run(const Args& a) {
   // The run-time choice becomes a compiled Trainer: no runtime branch on a policy in the loop.
   const auto result = memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
     T trainer(*model, options);
+    trainer.set_run_config({{"vocab", config.vocab_size()}, {"layers", a.layers}, {"dim", a.dim},
+                            {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"max_seq_len", a.max_seq_len},
+                            {"dropout", a.dropout}, {"seed", a.seed}});
+    a.checkpoints.resume_if_asked(trainer, loader, "llama_lm");
     trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
     fmt::print("trainer: {} — effective batch {} x {} x {} tokens, {} threads\n", T::name(), micro_batch,
                policies.accum, a.seq_len, at::get_num_threads());
     std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
-    return trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
+    auto fit = trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
+    fit.steps = trainer.steps_taken();  // the run's step, a resumed one's included
+    return fit;
   });
+  if (examples::stopped_by_signal(result, result.steps, "llama_lm")) return 0;
   const double after = heldout_loss(model, val, a);
   fmt::print("held-out loss after {} steps {:.3f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",
              result.steps, after, std::exp(after), result.tokens_per_s, result.seconds);
@@ -172,6 +186,7 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Train a LLaMA-style LM on the Brown corpus with memopt's Trainer"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
   app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (--accum per step)")->capture_default_str();
@@ -203,6 +218,8 @@ int main(int argc, char** argv) {
                "(on a throwaway model) and re-plan with measured / estimated peak until a choice measured to fit "
                "stays the choice");
   app.add_flag("--estimate_only", a.estimate_only, "print the memory estimate (and the plan) and stop");
+  app.add_option("--output_dir", a.output_dir, "where checkpoints go (OUTPUT_DIR/checkpoints)")->capture_default_str();
+  a.checkpoints.add_to(app);
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor

@@ -9,7 +9,9 @@
 // It trains the teacher first with --train_teacher (or loads a HuggingFace-style safetensors
 // checkpoint), distils, evaluates masked-token cross-entropy at mask ratios 0.15/0.5/0.85 on
 // the held-out split, prints samples from LLaDA's low-confidence remasking sampler, and saves
-// the student (model.safetensors + config.json) and a metrics JSONL.
+// the student (model.safetensors + config.json) and a metrics JSONL. Both trainings write
+// checkpoints (OUT/teacher/checkpoints, OUT/checkpoints; --save_every, and on SIGTERM/SIGINT,
+// which then exit 0); --resume latest continues where they stopped.
 //   Run: scripts/demo   (or build-release/examples/01_llama_to_llada/llama_to_llada --help)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -26,6 +28,8 @@
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
 #include <memopt/planner.hpp>
+
+#include "common/checkpoint_flags.hpp"
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
 
@@ -69,6 +73,7 @@ struct Args {
   // evaluation and samples
   int64_t eval_batches = 8;
   int64_t memory_trace = 0;  // distillation steps traced into OUT/memory.trace.json (0: off)
+  examples::CheckpointFlags checkpoints;
   int64_t samples = 3, prompt_tokens = 16, gen_length = 32, sample_steps = 32, block_length = 16;
   double temperature = 0.8, cfg_scale = 0.0;
   int64_t log_interval = 10;
@@ -259,9 +264,11 @@ LlamaConfig teacher_config(const Args& a, const Data& d) {
   return config;
 }
 
-Llama train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& metrics) {
+// Trains the teacher (checkpoints in OUT/teacher/checkpoints; --resume latest continues them).
+// Returns false when a signal stopped it (its checkpoint is written).
+bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& metrics, Llama& teacher) {
   torch::manual_seed(static_cast<int64_t>(a.seed));
-  Llama teacher(teacher_config(a, d));
+  teacher = Llama(teacher_config(a, d));
   fmt::print("teacher: training a causal LLaMA ({} layers, d{}) for {} steps (fp32, checkpoint {})\n", a.layers, a.dim,
              a.teacher_steps, p.checkpoint);
   std::fflush(stdout);
@@ -270,20 +277,25 @@ Llama train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& m
     // machine) bf16 matmuls are ~2x slower than fp32, and the teacher is not what is measured.
     Plan fp32 = p;
     fp32.precision = "fp32";
-    with_policies(fp32, [&](auto ckpt, auto prec) {
+    const int stopped = with_policies(fp32, [&](auto ckpt, auto prec) {
       memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
-          *teacher, trainer_options(a, p, a.teacher_lr, a.teacher_steps));
+          *teacher, a.checkpoints.apply(trainer_options(a, p, a.teacher_lr, a.teacher_steps), a.output_dir + "/teacher"));
+      trainer.set_run_config({{"role", "teacher"}, {"config", memopt::io::to_json(teacher_config(a, d))}, {"seed", a.seed},
+                              {"batch_size", a.batch_size}, {"seq_len", a.seq_len}});
+      memopt::data::RandomWindowLoader loader(d.train, memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
+      if (a.checkpoints.resume == "latest") a.checkpoints.resume_if_asked(trainer, loader, "teacher");
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>())
           .add_callback(std::make_shared<MetricsJsonl>(a.output_dir + "/metrics.jsonl", nullptr));
-      memopt::data::RandomWindowLoader loader(d.train, memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
       const auto r = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return teacher->loss_sum(b, c); });
+      if (examples::stopped_by_signal(r, trainer.steps_taken(), "llama_to_llada (teacher)")) return 1;
       metrics.write({{"event", "teacher_done"}, {"steps", r.steps}, {"seconds", r.seconds}, {"loss", r.final_loss}});
       return 0;
     });
+    if (stopped) return false;
   }
   memopt::io::save_pretrained(*teacher, teacher->config, a.teacher_model);
   fmt::print("teacher: saved to {}/\n", a.teacher_model);
-  return teacher;
+  return true;
 }
 
 Llama load_teacher(const Args& a, const Data& d) {
@@ -451,14 +463,20 @@ int run(const Args& a, const CLI::App& app) {
     if (a.estimate_only) return 0;
   }
   fs::create_directories(a.output_dir);
-  std::ofstream(a.output_dir + "/metrics.jsonl", std::ios::trunc);  // this run's log starts empty
+  std::ofstream(a.output_dir + "/metrics.jsonl",  // a new run's log starts empty; a resumed one appends
+                a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
   MetricsJsonl metrics(a.output_dir + "/metrics.jsonl", nullptr);
   metrics.write({{"event", "start"}, {"strategy", plan.strategy}, {"checkpoint", plan.checkpoint},
                  {"precision", plan.precision}, {"data_format", plan.data_format}, {"accum", plan.accum},
                  {"batch_size", micro_batch}, {"seq_len", a.seq_len}, {"teacher_dtype", plan.teacher_dtype},
                  {"teacher_autograd", plan.teacher_autograd}, {"kd_top_k", plan.kd_top_k}, {"alpha", a.alpha}});
 
-  Llama teacher = a.train_teacher ? train_teacher(a, plan, data, metrics) : load_teacher(a, data);
+  Llama teacher(nullptr);
+  if (!a.train_teacher) {
+    teacher = load_teacher(a, data);
+  } else if (!train_teacher(a, plan, data, metrics, teacher)) {
+    return 0;  // stopped by a signal, checkpointed
+  }
   if (plan.teacher_dtype == "bf16") teacher->to(torch::kBFloat16);
   memopt::memory::Tracker::instance().reset_peaks();
   memopt::memory::reset_peak_rss();
@@ -485,9 +503,13 @@ int run(const Args& a, const CLI::App& app) {
   // ---- distillation ----
   memopt::FitResult result;
   if (a.max_steps > 0) {
-    with_policies(plan, [&](auto ckpt, auto prec) {
+    const int stopped = with_policies(plan, [&](auto ckpt, auto prec) {
       memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
-          *student, trainer_options(a, plan, a.lr, a.max_steps));
+          *student, a.checkpoints.apply(trainer_options(a, plan, a.lr, a.max_steps), a.output_dir));
+      trainer.set_run_config({{"role", "student"}, {"strategy", plan.strategy}, {"data_format", plan.data_format},
+                              {"teacher", memopt::io::to_json(teacher->config)}, {"alpha", a.alpha}, {"kd_top_k", plan.kd_top_k},
+                              {"kd_temperature", a.kd_temperature}, {"teacher_dtype", plan.teacher_dtype},
+                              {"seed", a.seed}, {"seq_len", a.seq_len}});
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>()).add_callback(distill_metrics);
       if (plan.teacher_autograd) trainer.add_callback(std::make_shared<ClearTeacherGrads>(distill));
       if (plan.release_cache_every > 0)
@@ -497,9 +519,11 @@ int run(const Args& a, const CLI::App& app) {
                                                                               a.memory_trace));
       memopt::data::RandomWindowLoader loader(data.train,
                                               memopt::data::LoaderOptions(micro_batch, a.seq_len).seed(a.seed + 1));
+      a.checkpoints.resume_if_asked(trainer, loader, "llama_to_llada");
       result = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return distill.loss_sum(b, c); });
-      return 0;
+      return examples::stopped_by_signal(result, trainer.steps_taken(), "llama_to_llada") ? 1 : 0;
     });
+    if (stopped) return 0;  // checkpointed: --resume latest continues
     fmt::print("distilled {} steps in {:.0f} s, {:.0f} tokens/s\n{}", result.steps, result.seconds,
                result.tokens_per_s, result.memory.table());
   }
@@ -553,7 +577,9 @@ int main(int argc, char** argv) {
                  "student config.json or folder (default: the teacher's shape, bidirectional, + mask token)");
   app.add_option("--data_path", a.data_path, "folder: tokenizer.model, {train,val}.bin and/or .txt")
       ->capture_default_str();
-  app.add_option("--output_dir", a.output_dir, "where the student and metrics.jsonl go")->capture_default_str();
+  app.add_option("--output_dir", a.output_dir, "where the student, metrics.jsonl and checkpoints/ go")
+      ->capture_default_str();
+  a.checkpoints.add_to(app);
   app.add_option("--strategy", a.strategy, "preset: none | simple | comprehensive")
       ->check(one_of({"none", "simple", "comprehensive"}))
       ->capture_default_str();

@@ -4,7 +4,8 @@
 // --mixed_precision (precision::Bf16Autocast), --grad_accum N (accum::Runtime); the seed
 // project's "original" is --dispatch dense with none of them. It logs loss, aux loss,
 // z-loss, dropped assignments and per-expert load, evaluates held-out perplexity, writes
-// OUT/metrics.jsonl (a summary line last) and a resumable state (--save_every, --resume);
+// OUT/metrics.jsonl (a summary line last) and checkpoints (--save_every, --resume latest;
+// SIGTERM/SIGINT save and exit 0);
 // --plot draws OUT/metrics.png (loss and memory over steps; scripts/plot does the same).
 //   build/examples/02_moe/moe_lm --config moe-nano --gradient_checkpointing --mixed_precision
 //   build/examples/02_moe/moe_lm --dense     # the dense LLaMA with the same active parameters
@@ -22,12 +23,13 @@
 #include <memopt/data/loader.hpp>
 #include <memopt/data/shard.hpp>
 #include <memopt/data/tokenizer.hpp>
-#include <memopt/io/train_state.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
 #include <memopt/planner.hpp>
 #include <memopt/models/moe.hpp>
 #include <memopt/plot.hpp>
+
+#include "common/checkpoint_flags.hpp"
 
 namespace {
 
@@ -61,8 +63,7 @@ struct Args {
   bool dense = false;
   bool monitor_memory = false;
   bool plot = false;
-  std::string resume;
-  int64_t save_every = 0;
+  examples::CheckpointFlags checkpoints;
   double lr = 1e-3;
   int64_t warmup = 6;
   int64_t eval_batches = 16;
@@ -71,7 +72,7 @@ struct Args {
   uint64_t seed = 1234;
 };
 
-// The run's settings that a resumed run must share (what meta.json records).
+// The run's settings that a resumed run must share (each checkpoint records them).
 nlohmann::json run_settings(const Args& a) {
   return {{"config", a.config},         {"dense", a.dense},           {"num_experts", a.num_experts},
           {"top_k", a.top_k},           {"capacity_factor", a.capacity_factor},
@@ -125,31 +126,6 @@ memopt::callbacks::JsonlMetrics::Extra router_stats(MoeLM* moe) {
   };
 }
 
-// Saves the resumable state every `every` steps (and when training ends).
-template <class TrainerT, class Model>
-class SaveState : public memopt::Callback {
- public:
-  SaveState(std::string dir, int64_t every, Model& model, TrainerT& trainer,
-            const memopt::data::RandomWindowLoader& loader, nlohmann::json settings)
-      : dir_(std::move(dir)), every_(every), model_(model), trainer_(trainer), loader_(loader),
-        settings_(std::move(settings)) {}
-  void on_step_end(const memopt::StepStats& s) override {
-    if (every_ > 0 && s.step % every_ == 0) save();
-  }
-  void save() {
-    memopt::io::save_train_state(dir_, *model_, trainer_,
-                                 {{"settings", settings_}, {"batches_drawn", loader_.batches_drawn()}});
-  }
-
- private:
-  std::string dir_;
-  int64_t every_;
-  Model& model_;
-  TrainerT& trainer_;
-  const memopt::data::RandomWindowLoader& loader_;
-  nlohmann::json settings_;
-};
-
 // Mean next-token cross-entropy (no aux terms) over the first held-out batches.
 template <class Model>
 double heldout_loss(Model& model, const std::shared_ptr<const memopt::data::TokenShard>& shard, const Args& a) {
@@ -185,26 +161,17 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
                            .accum_steps(a.grad_accum)
                            .log_interval(a.log_interval)
                            .threads(a.threads);
-  TrainerT trainer(*model, options);
+  TrainerT trainer(*model, a.checkpoints.apply(options, a.output_dir)
+                               .memory_budget(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget)));
+  trainer.set_run_config(run_settings(a));
   memopt::data::RandomWindowLoader loader(d.train,
                                           memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
   auto log = std::make_shared<memopt::callbacks::JsonlMetrics>(a.output_dir + "/metrics.jsonl", /*append=*/true,
                                                                  router_stats(as_moe(model)));
-  auto saver = std::make_shared<SaveState<TrainerT, Model>>(a.output_dir + "/state", a.save_every, model, trainer,
-                                                            loader, run_settings(a));
-  if (!a.resume.empty()) {
-    const auto meta = memopt::io::load_train_state(a.resume, *model, trainer);
-    TORCH_CHECK(meta.contains("settings") && meta["settings"] == run_settings(a), "moe_lm: --resume '", a.resume,
-                "' was saved with other settings (", meta.value("settings", nlohmann::json()).dump(), "; now ",
-                run_settings(a).dump(), "). HINT: resume with the flags of the run that saved it.");
-    loader.skip(meta.at("batches_drawn").template get<int64_t>());
-    fmt::print("resumed from '{}' at step {} ({} batches drawn)\n", a.resume, trainer.steps_taken(),
-               loader.batches_drawn());
-  }
+  a.checkpoints.resume_if_asked(trainer, loader, "moe_lm");
   if (a.monitor_memory) trainer.add_callback(std::make_shared<memopt::callbacks::MemoryMonitor>());
   trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
   trainer.add_callback(log);
-  trainer.add_callback(saver);
 
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
@@ -223,7 +190,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   std::fflush(stdout);
 
   const auto result = trainer.fit(loader, memopt::LossSum<Model>{&model});
-  if (trainer.steps_taken() > 0) saver->save();
+  if (examples::stopped_by_signal(result, trainer.steps_taken(), "moe_lm")) return 0;
   const double loss = heldout_loss(model, d.val, a);
   fmt::print("held-out loss after {} steps {:.4f} (perplexity {:.1f}); {:.0f} tokens/s over {:.1f} s\n",
              trainer.steps_taken(), loss, std::exp(loss), result.tokens_per_s, result.seconds);
@@ -279,7 +246,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   TORCH_CHECK(a.batch_size >= 1, "moe_lm: --batch_size must be >= 1 (got ", a.batch_size, "). HINT: try 8.");
   TORCH_CHECK(a.grad_accum >= 1, "moe_lm: --grad_accum must be >= 1 (got ", a.grad_accum, "). HINT: 1 turns it off.");
   TORCH_CHECK(a.seq_len >= 2, "moe_lm: --seq_len must be >= 2 (got ", a.seq_len, "). HINT: try 256.");
-  TORCH_CHECK(a.save_every >= 0, "moe_lm: --save_every must be >= 0 (got ", a.save_every, "). HINT: 0 saves at the end only.");
+  a.checkpoints.apply(memopt::TrainerOptions(), a.output_dir).validate();  // --save_every, --keep_checkpoints, --max_skips
   TORCH_CHECK(!a.calibrate || !a.memory_budget.empty(), "moe_lm: --calibrate measures the plan for a budget (got no "
               "--memory_budget). HINT: add --memory_budget 512MiB (with --policies auto or your flags).");
   (void)model_config(a, /*vocab=*/2);  // checks the preset and the MoE flags
@@ -293,7 +260,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   d.train->check_vocab(d.vocab);
   d.val->check_vocab(d.vocab);
   fs::create_directories(a.output_dir);
-  std::ofstream(a.output_dir + "/metrics.jsonl", a.resume.empty() ? std::ios::trunc : std::ios::app);
+  std::ofstream(a.output_dir + "/metrics.jsonl", a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
 
   // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
@@ -376,9 +343,7 @@ int main(int argc, char** argv) {
   app.add_flag("--dense", a.dense, "train the dense LLaMA with the same active parameters instead");
   app.add_flag("--monitor_memory", a.monitor_memory, "print a memory line every step (tracked by phase, RSS)");
   app.add_flag("--plot", a.plot, "draw OUTPUT_DIR/metrics.png after training (loss, memory over steps; gnuplot)");
-  app.add_option("--resume", a.resume, "continue from a state folder (OUT/state of an earlier run)");
-  app.add_option("--save_every", a.save_every, "save OUT/state every N steps (0: at the end only)")
-      ->capture_default_str();
+  a.checkpoints.add_to(app);
   app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str();
   app.add_option("--eval_batches", a.eval_batches, "held-out batches to evaluate (0: none)")->capture_default_str();

@@ -11,7 +11,8 @@
 // the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl and
 // the trained model to OUT/model. --init_model starts from a pretrained LLaMA (its vocabulary
 // grown by the format symbols), as GritLM starts from Mistral. --plot draws OUT/metrics.png
-// (loss and memory over steps; scripts/plot does the same).
+// (loss and memory over steps; scripts/plot does the same). Checkpoints go to OUT/checkpoints
+// (--save_every; SIGTERM/SIGINT save and exit 0); --resume latest continues bit for bit.
 //   build/examples/03_gritlm/gritlm --steps 60 --batch_size 32 --grad_cache_chunk 8
 //   build/examples/03_gritlm/gritlm --embed_jsonl my_pairs.jsonl --gen_jsonl my_sft.jsonl
 //   build/examples/03_gritlm/gritlm --data_only --workers 2    # the data path's speed alone
@@ -37,6 +38,8 @@
 #include <memopt/memory/estimator.hpp>
 #include <memopt/models/gritlm.hpp>
 #include <memopt/planner.hpp>
+
+#include "common/checkpoint_flags.hpp"
 #include <memopt/plot.hpp>
 
 namespace {
@@ -85,6 +88,7 @@ struct Args {
   int64_t eval_gen = 64;
   int64_t memory_trace = 0;  // steps traced into OUT/memory.trace.json (0: off)
   bool plot = false;         // OUT/metrics.png after training
+  examples::CheckpointFlags checkpoints;
   double lr = 1e-3;
   int64_t warmup = 6;
   int64_t log_interval = 5;
@@ -298,14 +302,26 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   const auto options =
       memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval).threads(
           a.threads);
-  TrainerT trainer(*model, options, make_accum<Accum>(a));
+  TrainerT trainer(*model, a.checkpoints.apply(options, a.output_dir), make_accum<Accum>(a));
+  trainer.set_run_config({{"model", memopt::io::to_json(model->config)},
+                          {"embed_records", data_stats["embed_records"]}, {"gen_records", data_stats["gen_records"]},
+                          {"batch_size", a.batch_size}, {"gen_batch_size", a.gen_batch_size},
+                          {"group_size", a.group_size}, {"grad_accum", a.grad_accum}, {"seed", a.seed},
+                          {"grad_cache_chunk", a.grad_cache_chunk}, {"split_emb", a.split_emb},
+                          {"temperature", a.temperature}, {"gen_loss", a.gen_loss_type},
+                          {"gen_loss_factor", a.gen_loss_factor}, {"query_max_len", a.query_max_len},
+                          {"passage_max_len", a.passage_max_len}, {"gen_max_len", a.gen_max_len}});
   memopt::log_performance_info<TrainerT>();
-  auto log = std::make_shared<memopt::callbacks::JsonlMetrics>(a.output_dir + "/metrics.jsonl");
+  auto log = std::make_shared<memopt::callbacks::JsonlMetrics>(a.output_dir + "/metrics.jsonl",
+                                                                 /*append=*/!a.checkpoints.resume.empty());
   trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
   trainer.add_callback(log);
   if (a.memory_trace > 0)
     trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>(a.output_dir + "/memory.trace.json",
                                                                           a.memory_trace));
+
+  auto loader = prefetcher(a, batcher);
+  a.checkpoints.resume_if_asked(trainer, loader, "gritlm");  // before the evaluation: it reports these weights
 
   const HeldoutSet heldout = encode_heldout(*format, d.heldout, a);
   const auto queries = static_cast<int64_t>(heldout.queries.size());
@@ -320,8 +336,8 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
              before.retrieval_top1, before.retrieval_mrr, queries, tfidf_top1, tfidf_mrr, before.perplexity);
   std::fflush(stdout);
 
-  auto loader = prefetcher(a, batcher);
   const auto result = trainer.fit(loader, *model);
+  if (examples::stopped_by_signal(result, trainer.steps_taken(), "gritlm")) return 0;
 
   const Eval after = evaluate(model, heldout);
   fmt::print("after {} steps: held-out retrieval top-1 {:.3f} (was {:.3f}), MRR {:.3f} (was {:.3f}), generative "
@@ -549,7 +565,9 @@ int main(int argc, char** argv) {
   app.add_option("--heldout_embed_jsonl", a.heldout_embed_jsonl, "held-out contrastive records (evaluation)");
   app.add_option("--heldout_gen_jsonl", a.heldout_gen_jsonl, "held-out generative records (evaluation)");
   app.add_option("--on_bad_line", a.on_bad_line, "malformed JSONL lines: skip (counted) or fatal")->capture_default_str();
-  app.add_option("--output_dir", a.output_dir, "metrics.jsonl and the trained model/ go here")->capture_default_str();
+  app.add_option("--output_dir", a.output_dir, "metrics.jsonl, checkpoints/ and the trained model/ go here")
+      ->capture_default_str();
+  a.checkpoints.add_to(app);
   app.add_option("--init_model", a.init_model, "start from this pretrained LLaMA folder (config.json + "
                  "model.safetensors, same tokenizer); its shape replaces --hidden_size/--layers/--heads");
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();

@@ -3,6 +3,8 @@
 // over, so gradient accumulation can normalise by the whole effective batch).
 #pragma once
 
+#include <vector>
+
 #include <torch/torch.h>
 
 namespace memopt {
@@ -22,6 +24,17 @@ struct Batch {
   int64_t num_tokens() const { return inputs.numel(); }
   /// Both tensors on `device` (no copy when they are there already).
   Batch to(const c10::Device& device) const { return {inputs.to(device), targets.to(device)}; }
+  /// `n` batches of consecutive rows (sizes differ by at most one; views, no copy); what the
+  /// Trainer runs when a micro-batch does not fit its memory budget.
+  std::vector<Batch> split(int64_t n) const {
+    auto in = torch::tensor_split(inputs, n, 0);
+    auto tg = torch::tensor_split(targets, n, 0);
+    std::vector<Batch> out;
+    for (size_t i = 0; i < in.size(); ++i) out.push_back({in[i], tg[i]});
+    return out;
+  }
+  /// Rows (sequences) in the batch.
+  int64_t rows() const { return inputs.size(0); }
 };
 
 /// What a loss function hands the Trainer: the *sum* of per-target losses and the

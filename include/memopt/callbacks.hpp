@@ -64,6 +64,10 @@ struct Callback {
   virtual void on_step_begin(int64_t /*step*/) {}
   virtual void on_step_end(const StepStats& /*stats*/) {}
   virtual void on_log(const LogLine& /*line*/) {}
+  /// After a checkpoint of the state after `step` was written to `path` ("interval", "end", "SIGTERM", ...).
+  virtual void on_checkpoint(int64_t /*step*/, const std::string& /*path*/, const std::string& /*reason*/) {}
+  /// Something the user should know that is not an error (the Trainer cut its micro-batches).
+  virtual void on_notice(const std::string& /*text*/) {}
   virtual void on_train_end(const memory::Report& /*report*/) {}
 };
 
@@ -88,9 +92,19 @@ class ProgressBar : public Callback {
  public:
   explicit ProgressBar(std::FILE* out = stderr) : out_(out), tty_(isatty(fileno(out)) != 0) {}
 
-  void on_step_end(const StepStats& /*stats*/) override {
+  void on_step_end(const StepStats& stats) override {
     run_peak_ = std::max(run_peak_, memory::Tracker::instance().peak_bytes());  // an atomic load
+    if (!stats.stepped)  // rare: reading the loss and norm back costs nothing that matters
+      note(fmt::format("step {} skipped: loss {:.4f}, gradient norm {:.4f} (inf/nan: weights and optimizer state "
+                       "left as they were)",
+                       stats.step, stats.loss.item<double>(), stats.grad_norm.item<double>()));
   }
+
+  void on_checkpoint(int64_t step, const std::string& path, const std::string& reason) override {
+    note(fmt::format("checkpoint: the state after step {} saved to {} ({})", step, path, reason));
+  }
+
+  void on_notice(const std::string& text) override { note(text); }
 
   void on_log(const LogLine& l) override {
     using memory::mib;
@@ -118,6 +132,12 @@ class ProgressBar : public Callback {
   }
 
  private:
+  // A line of its own (on a terminal, below the bar, which the next log redraws).
+  void note(const std::string& text) {
+    fmt::print(out_, "{}{}\n", tty_ ? "\r\x1b[K" : "", text);
+    std::fflush(out_);
+  }
+
   std::FILE* out_;
   bool tty_;
   int64_t run_peak_ = 0;

@@ -9,7 +9,7 @@
 #include "memopt/error.hpp"
 #include "memopt/io/pretrained.hpp"
 #include "memopt/io/safetensors.hpp"
-#include "memopt/io/train_state.hpp"
+#include "memopt/io/checkpoint.hpp"
 #include "memopt/memory/allocator.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/rss.hpp"

@@ -1,6 +1,9 @@
 // memopt/trainer.hpp — Trainer<Checkpoint, Precision, Accum, Offload>: the training loop
 // with the chosen memory optimizations compiled in and the others costing nothing.
 // The step reads top to bottom; policies are types, so there is no runtime branch on one.
+// It never loses more than the work since its last checkpoint: checkpoints every N steps,
+// on SIGTERM/SIGINT and when it stops on non-finite values, and resume() restores one
+// exactly (io/checkpoint.hpp). A step with an inf/nan loss or gradient norm is skipped.
 #pragma once
 
 #include <chrono>
@@ -16,6 +19,7 @@
 #include "memopt/batch.hpp"
 #include "memopt/callbacks.hpp"
 #include "memopt/concepts.hpp"
+#include "memopt/io/checkpoint.hpp"
 #include "memopt/memory/allocator.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/tracker.hpp"
@@ -27,6 +31,7 @@
 #include "memopt/policies/offload.hpp"
 #include "memopt/policies/precision.hpp"
 #include "memopt/runtime.hpp"
+#include "memopt/signals.hpp"
 
 namespace memopt {
 
@@ -56,6 +61,27 @@ struct TrainerOptions {
   /// Allocator settings applied when the Trainer is built, "key:value,..." (see
   /// memory/allocator.hpp; memopt::init() applies $MEMOPT_ALLOC_CONF already); "" changes nothing.
   TORCH_ARG(std::string, alloc_conf) = "";
+  /// Where fit() writes training-state checkpoints (DIR/step-N/, io/checkpoint.hpp); "": none.
+  TORCH_ARG(std::string, checkpoint_dir) = "";
+  /// Steps between checkpoints; 0: only at the end, on SIGTERM/SIGINT and on a non-finite stop.
+  TORCH_ARG(int64_t, save_every) = 0;
+  /// Checkpoints kept (the newest ones).
+  TORCH_ARG(int64_t, keep_checkpoints) = 3;
+  /// Skip a step whose loss or gradient norm is inf/nan, leaving weights and optimizer state
+  /// untouched (one host sync a step). offload::StepInBackward updates inside backward: unchecked.
+  TORCH_ARG(bool, skip_nonfinite) = true;
+  /// Stop with an error (after a checkpoint) once this many steps in a row were skipped; 0: never.
+  /// fp16 loss scaling skips a few steps in a row while its scale backs off from 2^16.
+  TORCH_ARG(int64_t, max_consecutive_skips) = 25;
+  /// During fit(), the first SIGTERM/SIGINT finishes the step, writes a checkpoint and returns
+  /// (FitResult::stop_signal); a second SIGINT exits at once (signals.hpp).
+  TORCH_ARG(bool, handle_signals) = true;
+  /// Tracked tensor bytes forward and backward may use (0: no limit). An allocation that would
+  /// go over it (or one that fails) makes the Trainer redo the step with each micro-batch cut
+  /// in two halves (accumulation doubled: the effective batch and the loss are unchanged), and
+  /// keep that split; below one sequence it stops with an error naming the need. Needs the
+  /// tracker (memopt::init()) on the CPU and a batch type with split().
+  TORCH_ARG(int64_t, memory_budget) = 0;
 
 
  public:
@@ -83,6 +109,31 @@ struct TrainerOptions {
                 "). HINT: 0 uses every available CPU.");
     TORCH_CHECK(accum_steps_ >= 1, "memopt::TrainerOptions: accum_steps must be >= 1 (got ", accum_steps_,
                 "). HINT: pass --accum 1 or more.");
+    TORCH_CHECK(save_every_ >= 0, "memopt::TrainerOptions: save_every must be >= 0 (got ", save_every_,
+                "). HINT: 0 saves only at the end and on a stop; 100 every hundredth step.");
+    TORCH_CHECK(keep_checkpoints_ >= 1, "memopt::TrainerOptions: keep_checkpoints must be >= 1 (got ",
+                keep_checkpoints_, "). HINT: 3 keeps the last three.");
+    TORCH_CHECK(memory_budget_ >= 0, "memopt::TrainerOptions: memory_budget must be >= 0 bytes (got ", memory_budget_,
+                "). HINT: 0 sets no limit; memopt::parse_bytes(\"4GiB\") reads a size.");
+    TORCH_CHECK(max_consecutive_skips_ >= 0, "memopt::TrainerOptions: max_consecutive_skips must be >= 0 (got ",
+                max_consecutive_skips_, "). HINT: 0 never stops; 25 is the default.");
+  }
+
+  /// The options that shape the result, as a checkpoint records them: a resume must match
+  /// them (io::setting_differences). Logging, threads, checkpointing and stop settings may change.
+  nlohmann::json resume_settings() const {
+    return {{"lr", lr_},
+            {"beta1", beta1_},
+            {"beta2", beta2_},
+            {"eps", eps_},
+            {"weight_decay", weight_decay_},
+            {"param_specific_decay", param_specific_decay_},
+            {"warmup_steps", warmup_steps_},
+            {"decay", static_cast<int>(decay_)},
+            {"min_lr_ratio", min_lr_ratio_},
+            {"grad_clip", grad_clip_},
+            {"max_steps", max_steps_},
+            {"accum_steps", accum_steps_}};
   }
 };
 
@@ -106,6 +157,13 @@ concept BatchSource = requires(L& loader) {
 template <class L>
 using batch_of = std::remove_cvref_t<decltype(std::declval<L&>().next())>;
 
+/// A batch the Trainer can cut into smaller ones when a step goes over its memory budget.
+template <class B>
+concept SplittableBatch = requires(const B& b, int64_t n) {
+  { b.split(n) } -> std::convertible_to<std::vector<B>>;
+  { b.rows() } -> std::convertible_to<int64_t>;
+};
+
 /// What a loss function computes: `loss_fn(batch, checkpoint_policy)` returns the SUM of
 /// the per-target losses of the batch (the Trainer divides by the effective batch's
 /// num_targets()).
@@ -127,6 +185,14 @@ struct LossSum {
   }
 };
 
+/// A loader whose position a checkpoint can hold: state() as JSON, load_state() restores it
+/// so a resumed run draws exactly the batches it would have drawn.
+template <class L>
+concept ResumableSource = requires(L& loader, const L& cloader, const nlohmann::json& state) {
+  { cloader.state() } -> std::convertible_to<nlohmann::json>;
+  loader.load_state(state);
+};
+
 /// What fit() returns.
 struct FitResult {
   int64_t steps = 0;
@@ -134,6 +200,10 @@ struct FitResult {
   double tokens_per_s = 0;
   double seconds = 0;
   memory::Report memory;
+  int64_t skipped_steps = 0;  // steps skipped on an inf/nan loss or gradient norm
+  int stop_signal = 0;        // SIGTERM/SIGINT that stopped fit() early (after a checkpoint), else 0
+  std::string checkpoint;     // the last checkpoint written, "" if none
+  int64_t micro_splits = 1;   // pieces each micro-batch is cut into to stay within memory_budget
 };
 
 /// The training loop. Policies are chosen at compile time; everything else at run time.
@@ -165,7 +235,7 @@ class Trainer {
       : Trainer(model, options, std::move(accum), Offload{}) {}
   /// With configured policy values: Trainer(model, options, accum::Runtime(4), offload::Disk(disk_options)).
   Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum, Offload offload)
-      : options_(validated(options)), accum_(std::move(accum)), offload_(std::move(offload)) {
+      : options_(validated(options)), accum_(std::move(accum)), offload_(std::move(offload)), model_(&model) {
     memory::AllocatorOptions::parse(options_.alloc_conf(), "TrainerOptions::alloc_conf").apply();
     const int threads = options_.threads() > 0 ? options_.threads() : available_cpus();
     at::set_num_threads(threads);  // usually already done by memopt::init()
@@ -184,6 +254,9 @@ class Trainer {
     for (auto& group : optimizer_->param_groups())
       for (auto& p : group.params()) step_params_.push_back(p);
     check_steps_in_backward();
+    TORCH_CHECK(options_.memory_budget() == 0 || device_.is_cuda() || memory::Tracker::instance().installed(),
+                "memopt::Trainer: memory_budget ", options_.memory_budget(), " needs the memory tracker, which is "
+                "not installed. HINT: call memopt::init() first in main()");
   }
 
   /// Adds a callback (called in the order added).
@@ -205,19 +278,21 @@ class Trainer {
     auto micro_batches = next_micro_batches(loader);           // accum_.micro_steps() × (B, T)
     torch::Tensor num_targets = count_targets(micro_batches);  // 0-dim, no host sync
 
-    // ---- forward + backward per micro-batch; gradients accumulate with += ----
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
-    for (const auto& batch : micro_batches) {
-      loss_sum += forward_backward(batch, loss_fn, num_targets);  // 0-dim, this micro-batch's share
-    }
+    // ---- forward + backward per micro-batch (cut smaller if over memory_budget); grads accumulate ----
+    torch::Tensor loss_sum = accumulate(micro_batches, loss_fn, num_targets);  // 0-dim, the step's mean loss
 
     // ---- optimizer step ----
     tracker.set_phase(memory::Phase::kOptimizer);
     prepare_grads();                                       // Scaled: ÷ loss scale; Bf16Pure: → fp32 masters
     torch::Tensor grad_norm = optim::clip_grad_norm_(step_params_, options_.grad_clip());  // 0: steps in backward
-    offload_.before_step(*optimizer_);
-    const bool stepped = precision_.step(*optimizer_);    // false: inf/nan gradient, step skipped
-    offload_.after_step(*optimizer_);
+    bool stepped = false;
+    if (finite(loss_sum, grad_norm)) {                     // one host sync; inf/nan: weights and state untouched
+      offload_.before_step(*optimizer_);
+      stepped = precision_.step(*optimizer_);              // false: the loss scaler found inf/nan
+      offload_.after_step(*optimizer_);
+    } else {
+      skip_step();                                         // Scaled: the loss scale backs off
+    }
     zero_grad();
     tracker.set_phase(memory::Phase::kIdle);
 
@@ -230,6 +305,7 @@ class Trainer {
   /// Runs steps until options.max_steps(), logging every options.log_interval() steps.
   template <BatchSource Loader, LossFunction<Checkpoint, batch_of<Loader>> LossFn>
   FitResult fit(Loader& loader, LossFn&& loss_fn) {
+    StopSignals stop(options_.handle_signals());  // SIGTERM/SIGINT: finish the step, checkpoint, return
     FitResult result;
     int64_t total_tokens = 0;
     int64_t tokens_since_log = 0, steps_since_log = 0;
@@ -260,14 +336,101 @@ class Trainer {
         steps_since_log = 0;
         seconds_since_log = 0;
       }
+      stop_if_diverged(s, loader);  // throws after max_consecutive_skips skipped steps in a row (checkpointed)
+      if (checkpointing() && options_.save_every() > 0 && s.step % options_.save_every() == 0)
+        save_checkpoint(loader, "interval");
+      if ((result.stop_signal = stop.requested()) != 0) {
+        if (checkpointing()) save_checkpoint(loader, signal_name(result.stop_signal));
+        break;
+      }
     }
+    if (checkpointing() && last_saved_step_ != step_) save_checkpoint(loader, "end");
+    result.skipped_steps = skipped_steps;
+    result.micro_splits = micro_splits_;
+    result.checkpoint = last_checkpoint_;
     result.tokens_per_s = static_cast<double>(total_tokens) / std::max(result.seconds, 1e-9);
     result.memory = memory::Report::now();
     for (auto& cb : callbacks_) cb->on_train_end(result.memory);
     return result;
   }
 
+  /// Settings of the run a resume must match besides the options (model shape, data, flags):
+  /// stored in each checkpoint, compared by resume().
+  ///   trainer.set_run_config({{"layers", 4}, {"dim", 256}, {"data", "data/brown"}});
+  Trainer& set_run_config(nlohmann::json config) {
+    run_config_ = std::move(config);
+    return *this;
+  }
+
+  /// Writes a checkpoint of the state after step steps_taken() into options().checkpoint_dir():
+  /// weights, Trainer state, random states, `loader`'s position (when it is a ResumableSource),
+  /// the options and run config. `reason` is recorded ("interval", "SIGTERM", "end", ...).
+  template <class Loader>
+  std::string save_checkpoint(const Loader& loader, const std::string& reason) {
+    TORCH_CHECK(checkpointing(), "memopt::Trainer::save_checkpoint: no checkpoint directory is set. "
+                "HINT: TrainerOptions().checkpoint_dir(\"runs/a/checkpoints\")");
+    nlohmann::json state = {{"reason", reason},
+                            {"trainer", name()},
+                            {"options", options_.resume_settings()},
+                            {"config", run_config_},
+                            {"consecutive_skips", consecutive_skips_},
+                            {"micro_splits", micro_splits_}};
+    if constexpr (ResumableSource<Loader>) state["loader"] = loader.state();
+    last_checkpoint_ = manager().save(step_, [&](const std::string& tmp) {
+      io::write_checkpoint(tmp, *model_, *this, state);
+    });
+    last_saved_step_ = step_;
+    for (auto& cb : callbacks_) cb->on_checkpoint(step_, last_checkpoint_, reason);
+    return last_checkpoint_;
+  }
+
+  /// Continues from a checkpoint: "latest" (the newest in options().checkpoint_dir() that passes
+  /// its checksums; refused ones are reported on stderr) or a step-N directory. Refuses one
+  /// written by other policies, options or run config, naming each difference (max_steps may
+  /// change). Restores weights, optimizer and precision state, step, random states and
+  /// `loader`'s position. Returns false, changing nothing, when "latest" finds no checkpoint.
+  ///   if (!trainer.resume("latest", loader)) fmt::print("starting a new run\n");
+  template <class Loader>
+  bool resume(const std::string& spec, Loader& loader) {
+    const std::string who = "memopt::Trainer::resume('" + spec + "')";
+    TORCH_CHECK(spec != "latest" || checkpointing(), who, ": 'latest' needs a checkpoint directory. "
+                "HINT: set TrainerOptions().checkpoint_dir(...), or pass a step-N directory");
+    const io::CheckpointManager checkpoints =
+        checkpointing() ? manager() : io::CheckpointManager(std::filesystem::path(spec).parent_path().string() + "/.", 1);
+    std::vector<std::string> refused;
+    const std::string dir = checkpoints.resolve(spec, &refused);
+    for (const auto& reason : refused) fmt::print(stderr, "memopt: refused a checkpoint, using an older one: {}\n", reason);
+    if (dir.empty()) return false;
+
+    const nlohmann::json state = io::read_checkpoint_state(dir);
+    TORCH_CHECK(state.value("trainer", "") == name(), who, ": '", dir, "' was written by ", state.value("trainer", "?"),
+                ", this is ", name(), ". HINT: resume with the policies of the run that wrote it");
+    auto differences = io::setting_differences(state.value("options", nlohmann::json()), options_.resume_settings(),
+                                               {"max_steps"});
+    const auto config = io::setting_differences(state.value("config", nlohmann::json()), run_config_, {}, "config");
+    differences.insert(differences.end(), config.begin(), config.end());
+    std::string listed;
+    for (const auto& d : differences) listed += "\n  " + d;
+    TORCH_CHECK(differences.empty(), who, ": '", dir, "' was written with other settings:", listed,
+                "\nHINT: resume with the settings of the run that wrote it, or start a new run elsewhere");
+    if constexpr (ResumableSource<Loader>) {
+      TORCH_CHECK(state.contains("loader"), who, ": '", dir, "' holds no data-loader position. "
+                  "HINT: it was written with a loader that has no state()");
+      loader.load_state(state["loader"]);
+    }
+    io::read_checkpoint(dir, *model_, *this, /*verify=*/false);  // resolve() verified it
+    consecutive_skips_ = state.value("consecutive_skips", int64_t{0});
+    micro_splits_ = options_.memory_budget() > 0 ? state.value("micro_splits", int64_t{1}) : 1;
+    last_saved_step_ = step_;
+    last_checkpoint_ = dir;
+    return true;
+  }
+
   int64_t steps_taken() const { return step_; }
+  /// Pieces each micro-batch is cut into to stay within memory_budget (1: none).
+  int64_t micro_splits() const { return micro_splits_; }
+  /// The checkpoint last written or resumed from ("" if none).
+  const std::string& last_checkpoint() const { return last_checkpoint_; }
   const TrainerOptions& options() const { return options_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   Precision& precision() { return precision_; }
@@ -354,6 +517,77 @@ class Trainer {
     return n;
   }
 
+  // Every micro-batch's forward and backward, each cut into micro_splits_ pieces. With a
+  // memory_budget, the tracker refuses allocations over it during forward and backward; on
+  // that (or any out-of-memory error) the gradients are dropped, the split doubles, and the
+  // step runs again on the same micro-batches and random state: same effective batch, same
+  // target count, the dropout masks a run that started with this split would draw.
+  template <class B, class LossFn>
+  torch::Tensor accumulate(const std::vector<B>& micro_batches, LossFn& loss_fn, const torch::Tensor& num_targets) {
+    const auto rng = options_.memory_budget() > 0 ? detail::RngState::capture() : detail::RngState{};
+    while (true) {
+      try {
+        LimitScope limit(options_.memory_budget());
+        torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
+        for (const auto& batch : micro_batches)
+          for (const auto& piece : pieces(batch)) loss_sum += forward_backward(piece, loss_fn, num_targets);
+        return loss_sum;
+      } catch (const c10::OutOfMemoryError& e) {
+        if (options_.memory_budget() == 0) throw;
+        zero_grad();
+        split_further(micro_batches.front(), e);
+        rng.restore();
+      }
+    }
+  }
+
+  template <class B>
+  std::vector<B> pieces(const B& batch) const {
+    if constexpr (SplittableBatch<B>) {
+      return micro_splits_ == 1 ? std::vector<B>{batch} : batch.split(micro_splits_);
+    } else {
+      return {batch};
+    }
+  }
+
+  // Doubles micro_splits_, or throws when a piece is one sequence already (or cannot be cut).
+  template <class B>
+  void split_further(const B& batch, const c10::OutOfMemoryError& e) {
+    using memory::mib;
+    const int64_t budget = options_.memory_budget();
+    const int64_t need = memory::Tracker::instance().last_refused_need();
+    if constexpr (SplittableBatch<B>) {
+      const int64_t rows = batch.rows();
+      TORCH_CHECK(rows / micro_splits_ > 1, "memopt::Trainer: memory_budget ", fmt::format("{:.1f}", mib(budget)),
+                  " MiB is too small: step ", step_ + 1, " with micro-batches of ", (rows + micro_splits_ - 1) / micro_splits_,
+                  " sequence(s) needs at least ", fmt::format("{:.1f}", mib(need)), " MiB (", e.what_without_backtrace(),
+                  "). HINT: raise the budget, shorten the sequences, or pick lighter policies "
+                  "(checkpoint::EveryBlock, precision::Bf16Autocast; memopt::plan() finds them)");
+      micro_splits_ *= 2;
+      const std::string note = fmt::format(
+          "memopt: step {} went over the memory budget ({:.1f} MiB; it needed {:.1f} MiB): micro-batches of {} "
+          "sequences are now run as {} pieces of about {} (accumulation x{}; the effective batch is unchanged)",
+          step_ + 1, mib(budget), mib(need), rows, micro_splits_, (rows + micro_splits_ - 1) / micro_splits_,
+          micro_splits_);
+      for (auto& cb : callbacks_) cb->on_notice(note);
+    } else {
+      TORCH_CHECK(false, "memopt::Trainer: step ", step_ + 1, " went over memory_budget ",
+                  fmt::format("{:.1f}", mib(budget)), " MiB (", e.what_without_backtrace(), ") and its batch type cannot be "
+                  "cut smaller (no split()). HINT: raise the budget or use a smaller batch (GradCache: a smaller chunk)");
+    }
+  }
+
+  // The tracker's limit for a scope (0: none).
+  struct LimitScope {
+    explicit LimitScope(int64_t bytes) : active(bytes > 0) {
+      if (active) memory::Tracker::instance().set_limit(bytes);
+    }
+    ~LimitScope() {
+      if (active) memory::Tracker::instance().set_limit(0);
+    }
+    bool active;
+  };
+
   // One micro-batch's forward and backward; returns its share of the step's loss, detached.
   // accum::GradCache runs both itself (chunks, cached representation gradients).
   template <class B, class LossFn>
@@ -410,6 +644,43 @@ class Trainer {
     return loss_fn(batch, checkpoint_).to(torch::kFloat);
   }
 
+  bool checkpointing() const { return !options_.checkpoint_dir().empty(); }
+  io::CheckpointManager manager() const {
+    return io::CheckpointManager(options_.checkpoint_dir(), options_.keep_checkpoints());
+  }
+
+  // Whether the step may update: loss and gradient norm finite (one host sync). Not checked
+  // when updates happen inside backward (offload::StepInBackward) or skip_nonfinite is off.
+  bool finite(const torch::Tensor& loss_sum, const torch::Tensor& grad_norm) const {
+    if constexpr (hooks::StepsInBackward<Offload>) {
+      return true;
+    } else {
+      if (!options_.skip_nonfinite()) return true;
+      return (loss_sum.isfinite() & grad_norm.isfinite()).item<bool>();
+    }
+  }
+
+  void skip_step() {
+    if constexpr (requires { precision_.skip_step(); }) precision_.skip_step();
+  }
+
+  // Counts skipped steps in a row; at max_consecutive_skips, checkpoints (the weights are
+  // those of the last good step: skipped steps change nothing) and throws.
+  template <class Loader>
+  void stop_if_diverged(const StepStats& s, const Loader& loader) {
+    consecutive_skips_ = s.stepped ? 0 : consecutive_skips_ + 1;
+    const int64_t limit = options_.max_consecutive_skips();
+    if (limit == 0 || consecutive_skips_ < limit) return;
+    const std::string saved = checkpointing() ? "the last good state is saved in '" +
+                                                    save_checkpoint(loader, "nonfinite") + "'"
+                                              : std::string("no checkpoint_dir is set, so nothing was saved");
+    TORCH_CHECK(false, "memopt::Trainer: ", consecutive_skips_, " steps in a row (", s.step - consecutive_skips_ + 1,
+                " to ", s.step, ") had a non-finite loss or gradient norm (max_consecutive_skips ", limit,
+                "), so the run stops; ", saved, " (the weights after step ", s.step - consecutive_skips_,
+                "). HINT: lower the learning rate or warm up longer, check the data of these steps, "
+                "or raise TrainerOptions::max_consecutive_skips");
+  }
+
   double set_learning_rate(int64_t step) {
     const double lr = optim::scheduled_lr(step, options_.lr(), options_.warmup_steps(), options_.max_steps(),
                                           options_.decay(), options_.min_lr_ratio());
@@ -432,7 +703,13 @@ class Trainer {
   c10::Device device_ = torch::kCPU;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
+  torch::nn::Module* model_;   // what checkpoints save and resume() restores
+  nlohmann::json run_config_ = nlohmann::json::object();
   int64_t step_ = 0;
+  int64_t consecutive_skips_ = 0;
+  int64_t last_saved_step_ = -1;
+  int64_t micro_splits_ = 1;  // pieces per micro-batch (memory_budget)
+  std::string last_checkpoint_;
 };
 
 }  // namespace memopt

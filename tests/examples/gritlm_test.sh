@@ -2,7 +2,8 @@
 # examples/03_gritlm end to end on a tiny generated Brown-format corpus (3 genres, prepared by
 # memopt_prepare_corpus): plain, GradCache, split_emb and checkpointed bf16 runs train and
 # evaluate; the number of data workers does not change the result; the data-path timer runs;
-# --memory_trace writes a Chrome trace; the saved model loads with --init_model and evaluates as it ended; users' JSONL data trains,
+# --memory_trace writes a Chrome trace; a run resumed from a checkpoint ends bit for bit as the
+# one that wrote it; the saved model loads with --init_model and evaluates as it ended; users' JSONL data trains,
 # with malformed lines skipped (counted) or fatal (file:line). Then
 # bad input: each case must exit 1 (not crash) with a message naming the flag and the value
 # seen, and a HINT.
@@ -39,6 +40,17 @@ final_loss() { grep -o '"final_loss":[^,]*' "$1/metrics.jsonl" | tail -1; }
 
 expect_run plain --output_dir "$tmp/plain"
 expect_run gradcache --output_dir "$tmp/gc" --grad_cache_chunk 2
+
+# ---- checkpoints: a GradCache run resumed from another run's step-1 checkpoint ends as that run did ----
+expect_run gc_saving --output_dir "$tmp/gc_saving" --grad_cache_chunk 2 --save_every 1
+out=$("$bin" "${tiny[@]}" --output_dir "$tmp/gc_resumed" --grad_cache_chunk 2 \
+      --resume "$tmp/gc_saving/checkpoints/step-00000001" 2>&1)
+if [ $? -eq 0 ] && grep -q "gritlm: resumed at step 1" <<<"$out" \
+   && cmp -s "$tmp/gc_saving/checkpoints/step-00000002/model.safetensors" "$tmp/gc_resumed/checkpoints/step-00000002/model.safetensors"; then
+  ok "resume from step 1 (GradCache, prefetched batches): step 2's weights byte for byte the uninterrupted run's"
+else
+  fail "resume: $out"
+fi
 # --estimate_only: the table at the maximum lengths, no training; an upper bound of the
 # GradCache run's measured peak (its texts are shorter than the maxima), within 2x of it.
 out=$("$bin" "${tiny[@]}" --output_dir "$tmp/estimate" --grad_cache_chunk 2 --estimate_only 2>&1)

@@ -52,3 +52,14 @@ brown_corpus() {
     done
   done
 }
+
+# tiny_data PREPARE DIR: brown_corpus's 30 documents of genre a, prepared by PREPARE
+# (memopt_prepare_corpus) into DIR (token shards + a 120-piece tokenizer); the test stops
+# with a FAIL line when that fails.
+tiny_data() {
+  brown_corpus "$tmp/raw" a 30 8 0
+  if ! "$1" --raw "$tmp/raw" --out "$2" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
+    echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
+    exit 1
+  fi
+}

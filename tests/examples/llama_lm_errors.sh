@@ -4,9 +4,7 @@
 # Usage: llama_lm_errors.sh path/to/llama_lm
 set -uo pipefail
 bin="$1"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
+source "$(dirname "$0")/lib.sh"
 
 expect_error() {  # expect_error NAME REGEX ARGS...
   local name="$1" regex="$2"
@@ -15,13 +13,11 @@ expect_error() {  # expect_error NAME REGEX ARGS...
   out=$("$bin" "$@" 2>&1)
   rc=$?
   if [ "$rc" -ne 1 ]; then
-    echo "FAIL $name: exit code $rc (want 1). Output: $out"
-    failures=$((failures + 1))
+    fail "$name: exit code $rc (want 1). Output: $out"
   elif ! grep -Eq "$regex" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
-    echo "FAIL $name: output does not match /$regex/ and HINT: $out"
-    failures=$((failures + 1))
+    fail "$name: output does not match /$regex/ and HINT: $out"
   else
-    echo "ok   $name: $(head -c 160 <<<"$out")"
+    ok "$name: $(head -c 160 <<<"$out")"
   fi
 }
 
@@ -53,6 +49,8 @@ expect_error bad_precision "precision.*fp8" --precision fp8 --data "$tmp/nowhere
 expect_error bad_offload "offload.*nvme" --offload nvme --data "$tmp/nowhere"
 expect_error bad_memory_budget "memory_budget.*4XB" --memory_budget 4XB --data "$tmp/nowhere"
 expect_error bad_policies "policies.*sometimes" --policies sometimes --data "$tmp/nowhere"
+expect_error negative_save_every "save_every must be >= 0 \(got -2\)" --save_every -2 --data "$tmp/nowhere"
+expect_error zero_keep_checkpoints "keep_checkpoints must be >= 1 \(got 0\)" --keep_checkpoints 0 --data "$tmp/nowhere"
+expect_error negative_max_skips "max_consecutive_skips must be >= 0 \(got -1\)" --max_skips -1 --data "$tmp/nowhere"
 
-echo "$((9 - failures)) passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -10,11 +10,7 @@ bin="$1"
 prepare="$2"
 source "$(dirname "$0")/lib.sh"
 
-brown_corpus "$tmp/raw" a 30 8 0
-if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
-  echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
-  exit 1
-fi
+tiny_data "$prepare" "$tmp/data"
 # The measured peak llama_lm prints at the end ("estimated peak X MiB, measured Y MiB").
 run_measured() { sed -n 's/^estimated peak .* MiB, measured \([0-9.]*\) MiB.*/\1/p' <<<"$1"; }
 tiny=(--data "$tmp/data" --layers 2 --dim 64 --heads 4 --seq_len 32 --max_seq_len 64 --micro_batch 8

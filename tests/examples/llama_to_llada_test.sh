@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # examples/01_llama_to_llada end to end on a tiny generated corpus (a SentencePiece BPE
 # model trained here, text tokenized on the fly): every strategy trains, evaluates, samples
-# and saves; a saved student loads back as --student_model. Then bad input: each case must
+# and saves; a saved student loads back as --student_model; a run of 2 steps resumed to 4
+# (--resume latest) ends with the student of 4 steps in one go. Then bad input: each case must
 # exit 1 (not crash) with a message naming the file/option and the value seen, and a HINT.
 # Usage: llama_to_llada_test.sh path/to/llama_to_llada
 set -uo pipefail
@@ -49,6 +50,22 @@ else
   fail "metrics.jsonl lacks log or summary lines: $(cat "$tmp/simple/metrics.jsonl")"
 fi
 expect_run none --teacher_model "$tmp/teacher" --output_dir "$tmp/none" --strategy none
+
+# ---- checkpoints: 4 distillation steps straight == 2, then --resume latest to 4 (both phases;
+# strategy simple: a constant learning rate, so --max_steps 2 and 4 share their first steps) ----
+expect_run straight_4 --train_teacher --teacher_model "$tmp/t4" --output_dir "$tmp/d4" --strategy simple \
+  --max_steps 4
+expect_run first_2 --train_teacher --teacher_model "$tmp/t2" --output_dir "$tmp/d2" --strategy simple \
+  --max_steps 2
+out=$("$bin" "${tiny[@]}" --train_teacher --teacher_model "$tmp/t2" --output_dir "$tmp/d2" --strategy simple \
+      --max_steps 4 --resume latest 2>&1)
+if [ $? -eq 0 ] && grep -q "teacher: resumed at step 2" <<<"$out" && grep -q "llama_to_llada: resumed at step 2" <<<"$out" \
+   && cmp -s "$tmp/d4/checkpoints/step-00000004/model.safetensors" "$tmp/d2/checkpoints/step-00000004/model.safetensors" \
+   && cmp -s "$tmp/d4/student/model.safetensors" "$tmp/d2/student/model.safetensors"; then
+  ok "resume latest: the teacher's and the student's trainings resumed at step 2; the student byte for byte the straight run's"
+else
+  fail "resume latest: $out"
+fi
 out=$("$bin" "${tiny[@]}" --teacher_model "$tmp/teacher" --output_dir "$tmp/estimate" --strategy comprehensive \
       --kd_top_k 8 --estimate_only 2>&1)
 if [ $? -ne 0 ] || ! grep -q "teacher + targets" <<<"$out" || ! grep -q "^  peak " <<<"$out" \

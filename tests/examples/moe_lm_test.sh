@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # examples/02_moe end to end on a tiny generated Brown-format corpus (prepared by
 # memopt_prepare_corpus): every policy combination and both dispatches train, evaluate and
-# log router statistics; the dense equivalent trains; a run stopped at step 2 and resumed
+# log router statistics; the dense equivalent trains; a run stopped at step 2 and resumed (latest)
 # ends with the same loss as an uninterrupted one; --estimate_only predicts the plain run's
 # peak within 10%, and --policies auto keeps a run under a budget (--calibrate: strictly). Then bad input: each case must exit 1
 # (not crash) with a message naming the option and the value seen, and a HINT.
@@ -12,11 +12,7 @@ prepare="$2"
 source "$(dirname "$0")/lib.sh"
 
 # ---- a tiny corpus: 30 documents of word/tag lines, a 120-piece BPE model ----
-brown_corpus "$tmp/raw" a 30 8 0
-if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
-  echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
-  exit 1
-fi
+tiny_data "$prepare" "$tmp/data"
 
 tiny=(--seq_len 32 --batch_size 2 --eval_batches 1 --log_interval 1 --threads 1 --warmup 1)
 
@@ -35,10 +31,10 @@ final_loss() { grep -o '"final_loss":[^,]*' "$1/metrics.jsonl" | tail -1; }
 
 expect_run sorted_plain --output_dir "$tmp/plain" --steps 2
 if grep -q '"expert_load"' "$tmp/plain/metrics.jsonl" && grep -q '"event":"summary"' "$tmp/plain/metrics.jsonl" &&
-   [ -s "$tmp/plain/state/model.safetensors" ] && [ -s "$tmp/plain/state/meta.json" ]; then
-  ok "metrics.jsonl has router statistics and a summary; state/ saved"
+   [ -s "$tmp/plain/checkpoints/step-00000002/model.safetensors" ] && [ -s "$tmp/plain/checkpoints/step-00000002/manifest.json" ]; then
+  ok "metrics.jsonl has router statistics and a summary; the final checkpoint saved"
 else
-  fail "metrics.jsonl or state/ incomplete: $(cat "$tmp/plain/metrics.jsonl"; ls "$tmp/plain/state")"
+  fail "metrics.jsonl or checkpoints/ incomplete: $(cat "$tmp/plain/metrics.jsonl"; ls -R "$tmp/plain/checkpoints")"
 fi
 expect_run sorted_all_levers --output_dir "$tmp/levers" --steps 2 --gradient_checkpointing --mixed_precision \
   --grad_accum 2 --checkpoint_experts --router_jitter 0.01 --monitor_memory
@@ -73,7 +69,7 @@ within_budget "calibrated auto" $? "$out" "$(run_peak "$tmp/calibrated")" "$budg
 # ---- resume: 4 steps straight == 2 steps, then resumed to 4 ----
 expect_run straight --output_dir "$tmp/straight" --steps 4
 expect_run first_half --output_dir "$tmp/halves" --steps 2
-expect_run resumed --output_dir "$tmp/halves" --steps 4 --resume "$tmp/halves/state"
+expect_run resumed --output_dir "$tmp/halves" --steps 4 --resume latest
 if [ -n "$(final_loss "$tmp/straight")" ] && [ "$(final_loss "$tmp/straight")" = "$(final_loss "$tmp/halves")" ]; then
   ok "resumed run ends with the uninterrupted run's loss ($(final_loss "$tmp/halves"))"
 else
@@ -104,7 +100,7 @@ expect_error bad_dispatch "dispatch must be sorted or dense \(got 'scatter'\)" -
 expect_error jitter_range "router_jitter must lie in \[0, 1\) \(got 1.5\)" --router_jitter 1.5
 expect_error negative_aux "aux_loss_coef and z_loss_coef.*got -1" --aux_loss_coef -1
 expect_error missing_state "$tmp/nowhere" --resume "$tmp/nowhere"
-expect_error resume_other_settings "saved with other settings" --resume "$tmp/halves/state" --top_k 1
+expect_error resume_other_settings "config.top_k: 0 in the checkpoint, 1 now" --resume "$tmp/halves/checkpoints/step-00000004" --top_k 1
 expect_error missing_corpus "$tmp/none/train.bin" --data "$tmp/none"
 
 finish

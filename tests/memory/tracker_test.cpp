@@ -353,7 +353,8 @@ TEST_CASE("JsonlMetrics lines parse and carry skipped steps, peaks, step time an
   for (int c = std::fgetc(progress); c != EOF; c = std::fgetc(progress)) text += static_cast<char>(c);
   std::fclose(progress);
   INFO(text);
-  CHECK(std::count(text.begin(), text.end(), '\n') == 3);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 4);  // 3 log lines and the skipped step's
+  CHECK_THAT(text, Catch::Contains("step 3 skipped: loss inf") && Catch::Contains("weights and optimizer state left"));
   CHECK_THAT(text, Catch::Contains("step     4/6") && Catch::Contains("skipped 1 | ETA ") &&
                        Catch::Contains("| ETA 0s\n"));
 }

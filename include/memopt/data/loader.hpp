@@ -10,7 +10,10 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 
@@ -101,6 +104,36 @@ class RandomWindowLoader {
       detail::uniform_below(rng_, num_starts_);
     }
     batches_drawn_ += n;
+  }
+
+  /// The position, for a training checkpoint (Trainer::save_checkpoint): the generator's
+  /// exact state, the batches drawn, and what must match on load_state().
+  nlohmann::json state() const {
+    std::ostringstream rng;
+    rng << rng_;
+    return {{"kind", "RandomWindowLoader"}, {"shard", shard_->path()}, {"shard_tokens", shard_->size()},
+            {"batch_size", options_.batch_size()}, {"seq_len", options_.seq_len()},
+            {"seed", options_.seed()}, {"batches_drawn", batches_drawn_}, {"rng", rng.str()}};
+  }
+
+  /// Continues from state(): the next batch is the one the saving loader would have drawn.
+  /// Refuses a state of another shard size, batch shape or seed, naming the field.
+  void load_state(const nlohmann::json& state) {
+    const auto now = this->state();
+    for (const char* key : {"kind", "shard_tokens", "batch_size", "seq_len", "seed"}) {
+      TORCH_CHECK(state.is_object() && state.contains(key) && state[key] == now[key],
+                  "memopt::data: RandomWindowLoader::load_state on shard '", shard_->path(), "': \"", key, "\" is ",
+                  state.is_object() && state.contains(key) ? state[key].dump() : std::string("missing"),
+                  " in the checkpoint, ", now[key].dump(), " now. HINT: resume with the data and batch shape "
+                  "of the run that saved it");
+    }
+    std::istringstream rng(state.value("rng", std::string()));
+    std::mt19937_64 restored;
+    rng >> restored;
+    TORCH_CHECK(!rng.fail(), "memopt::data: RandomWindowLoader::load_state on shard '", shard_->path(),
+                "': \"rng\" is not a generator state. HINT: the checkpoint's state.json is damaged");
+    rng_ = restored;
+    batches_drawn_ = state.value("batches_drawn", int64_t{0});
   }
 
   /// Batches drawn (or skipped) since construction.

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 namespace memopt::data {
@@ -127,6 +128,22 @@ class Prefetcher {
       ready_.erase(ready_.begin(), ready_.lower_bound(consumed_));
     }
     can_claim_.notify_all();
+  }
+
+  /// The position, for a training checkpoint (Trainer::save_checkpoint): the index next() returns.
+  nlohmann::json state() const { return {{"kind", "Prefetcher"}, {"index", index()}}; }
+
+  /// Continues from state(): moves forward to its index (items are a function of their index,
+  /// so the next one is the item the saving run would have drawn).
+  void load_state(const nlohmann::json& state) {
+    const bool ok = state.is_object() && state.value("kind", "") == "Prefetcher" && state.contains("index") &&
+                    state["index"].is_number_integer();
+    TORCH_CHECK(ok, "memopt::data::Prefetcher::load_state: expected {\"kind\": \"Prefetcher\", \"index\": N} (got ",
+                state.dump(), "). HINT: resume with the loader type of the run that saved the checkpoint");
+    const int64_t target = state["index"].get<int64_t>();
+    TORCH_CHECK(target >= index(), "memopt::data::Prefetcher::load_state: the checkpoint is at item ", target,
+                ", this prefetcher is past it (", index(), "). HINT: load the state into a new prefetcher");
+    skip(target - index());
   }
 
   /// The index of the item next() returns.

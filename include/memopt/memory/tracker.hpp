@@ -3,7 +3,9 @@
 // (oneDNN scratchpads included, OpenBLAS's own buffers not): live bytes, peak bytes,
 // the peak of each training phase (forward, backward, optimizer) and allocation counts; on
 // request, a timeline of every allocation, free and phase change in a bounded ring buffer
-// (memory/timeline.hpp writes it as a Chrome trace).
+// (memory/timeline.hpp writes it as a Chrome trace). With a limit set, an allocation that
+// would take the live bytes over it fails with c10::OutOfMemoryError, as a full GPU does
+// (the Trainer's memory_budget).
 #pragma once
 
 #include <algorithm>
@@ -138,6 +140,13 @@ class Tracker {
     phase_peak_[phase_.load()].store(live);
   }
 
+  /// Makes every allocation that would take the live bytes over `bytes` fail with
+  /// c10::OutOfMemoryError (0: no limit). The Trainer sets it around forward and backward.
+  void set_limit(int64_t bytes) { limit_.store(bytes, std::memory_order_relaxed); }
+  int64_t limit() const { return limit_.load(std::memory_order_relaxed); }
+  /// Live bytes plus the request of the last allocation the limit refused (what it would have needed).
+  int64_t last_refused_need() const { return refused_need_.load(std::memory_order_relaxed); }
+
   /// Marks the phase that later allocations belong to (one relaxed store).
   void set_phase(Phase p) {
     phase_.store(static_cast<int>(p), std::memory_order_relaxed);
@@ -179,6 +188,17 @@ class Tracker {
     }
   }
 
+  void check_limit(int64_t n) {
+    const int64_t limit = limit_.load(std::memory_order_relaxed);
+    if (limit <= 0) return;
+    const int64_t need = live_.load(std::memory_order_relaxed) + n;
+    if (need <= limit) return;
+    refused_need_.store(need, std::memory_order_relaxed);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "memopt::memory: an allocation of ", n, " bytes would take the tracked "
+                     "tensor memory to ", need, " bytes, over the limit of ", limit, " bytes (the memory budget). HINT: "
+                     "the Trainer lowers the micro-batch on this error when TrainerOptions::memory_budget is set");
+  }
+
   void on_alloc(int64_t n) {
     const int64_t live = live_.fetch_add(n, std::memory_order_relaxed) + n;
     allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -211,7 +231,14 @@ class Tracker {
 
    private:
     c10::DataPtr allocate_tracked(size_t n) const {
-      auto* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+      instance().check_limit(static_cast<int64_t>(n));
+      char* base = nullptr;
+      try {
+        base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+      } catch (const c10::Error& e) {  // the system's memory is full: the same error as over the limit
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "memopt::memory: allocating ", n, " bytes failed (",
+                         e.what_without_backtrace(), "). HINT: set a memory budget or use less memory per step");
+      }
       *reinterpret_cast<size_t*>(base) = n;
       instance().on_alloc(static_cast<int64_t>(n));
       void* data = base + kHeader;
@@ -232,6 +259,8 @@ class Tracker {
   std::atomic<int64_t> allocations_{0};
   std::atomic<int64_t> frees_{0};
   std::atomic<int> phase_{0};
+  std::atomic<int64_t> limit_{0};
+  std::atomic<int64_t> refused_need_{0};
   std::atomic<detail::TimelineRing*> recording_{nullptr};
   mutable std::mutex timeline_mutex_;
   std::vector<std::unique_ptr<detail::TimelineRing>> rings_;  // kept: a thread may still hold an older one

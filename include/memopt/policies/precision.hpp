@@ -168,6 +168,12 @@ class LossScaler {
     return !last_found_inf_;
   }
 
+  /// The Trainer skipped the step (a non-finite loss or gradient norm): back off as update() does.
+  void skip() {
+    last_found_inf_ = true;
+    update();
+  }
+
   /// Backs off after a skipped step, grows after growth_interval clean ones.
   void update() {
     if (last_found_inf_) {
@@ -241,6 +247,9 @@ struct Scaled {
     scaler_.update();
     return stepped;
   }
+
+  /// The Trainer skipped the step on a non-finite loss or gradient norm: the scale backs off.
+  void skip_step() { scaler_.skip(); }
 
   LossScaler& scaler() { return scaler_; }
   const LossScaler& scaler() const { return scaler_; }

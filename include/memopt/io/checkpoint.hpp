@@ -1,0 +1,478 @@
+// memopt/io/checkpoint.hpp — training-state checkpoints: everything a run needs to go on as
+// if it had never stopped, written so that a crash at any moment leaves the previous one
+// loadable. One checkpoint is a directory step-NNNNNNNN/ holding model.safetensors (every
+// parameter and buffer), trainer.pt (Trainer::save_state: optimizer state of any offload
+// policy, step, loss scale, fp32 masters; the CPU/CUDA random states), state.json (the
+// options and run settings a resume must match, the data loader's position, the caller's
+// fields) and manifest.json (size and XXH3-64 checksum of each file, written last).
+// CheckpointManager writes each one in step-N.tmp/, fsyncs it, renames it into place, keeps
+// the last K, and resolves "latest" to the newest one whose checksums hold.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "memopt/detail/checkpoint_function.hpp"
+#include "memopt/io/safetensors.hpp"
+
+namespace memopt::io {
+
+/// manifest.json's "format" and "version".
+inline constexpr const char* kCheckpointFormat = "memopt-checkpoint";
+inline constexpr int kCheckpointVersion = 2;
+/// The files every checkpoint holds besides manifest.json.
+inline const std::vector<std::string>& checkpoint_files() {
+  static const std::vector<std::string> files = {"model.safetensors", "trainer.pt", "state.json"};
+  return files;
+}
+
+/// A file's size and XXH3-64 checksum (16 hex digits).
+struct FileDigest {
+  int64_t bytes = 0;
+  std::string xxh3;
+  bool operator==(const FileDigest&) const = default;
+};
+inline std::ostream& operator<<(std::ostream& out, const FileDigest& d) {
+  return out << d.bytes << " bytes, xxh3 " << d.xxh3;
+}
+
+namespace detail {
+
+/// Flushes `path` (a file or a directory) to the disk.
+inline void fsync_path(const std::string& path, const std::string& who) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  TORCH_CHECK(fd >= 0, who, ": cannot open '", path, "' to sync it (", std::strerror(errno),
+              "). HINT: check that the checkpoint directory is writable");
+  const int rc = ::fsync(fd);
+  const int sync_errno = errno;
+  ::close(fd);
+  TORCH_CHECK(rc == 0, who, ": fsync of '", path, "' failed (", std::strerror(sync_errno),
+              "). HINT: check free disk space");
+}
+
+/// The model's parameters then its buffers, by LibTorch's names.
+inline std::vector<std::pair<std::string, torch::Tensor>> named_state(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers()) tensors.emplace_back(item.key(), item.value());
+  return tensors;
+}
+
+inline void write_text(const std::string& path, const std::string& text, const std::string& who) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  TORCH_CHECK(out.good(), who, ": writing '", path, "' failed. HINT: check free disk space");
+}
+
+inline std::string read_text(const std::string& path, const std::string& who) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), who, ": cannot read '", path, "'. HINT: check that it exists and is readable");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+/// "step-00000120" → 120; anything else (a .tmp, another file) → -1.
+inline int64_t step_of(const std::string& name) {
+  constexpr std::string_view kPrefix = "step-";
+  if (name.size() <= kPrefix.size() || name.compare(0, kPrefix.size(), kPrefix) != 0) return -1;
+  int64_t step = 0;
+  for (size_t i = kPrefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (INT64_MAX - 9) / 10) return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+}  // namespace detail
+
+/// The size and XXH3-64 checksum of a file, read in 1 MiB pieces.
+inline FileDigest digest_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "memopt::io: cannot read '", path, "' to checksum it. HINT: check that it exists");
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> buffer(size_t{1} << 20);
+  int64_t bytes = 0;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto got = in.gcount();
+    XXH3_64bits_update(state, buffer.data(), static_cast<size_t>(got));
+    bytes += got;
+  }
+  const XXH64_hash_t hash = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return {bytes, fmt::format("{:016x}", hash)};
+}
+
+/// manifest.json: which checkpoint this is and what each of its files must be.
+///   {"format": "memopt-checkpoint", "version": 2, "step": 120,
+///    "files": {"model.safetensors": {"bytes": 21300000, "xxh3": "9c0f..."}, ...}}
+struct Manifest {
+  int64_t step = 0;
+  std::map<std::string, FileDigest> files;
+
+  std::string dump() const {
+    nlohmann::json j = {{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", step}};
+    j["files"] = nlohmann::json::object();
+    for (const auto& [name, d] : files) j["files"][name] = {{"bytes", d.bytes}, {"xxh3", d.xxh3}};
+    return j.dump(2) + "\n";
+  }
+
+  /// Parses manifest.json's text; `path` names it in errors. Each malformed field is refused
+  /// naming the field and the value seen, with a HINT (the fuzz target's entry point).
+  static Manifest parse(const std::string& text, const std::string& path) {
+    const std::string who = "memopt::io: checkpoint manifest '" + path + "'";
+    const std::string hint = "HINT: the checkpoint is corrupt or was not written by memopt; resume from another one";
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      TORCH_CHECK(false, who, " is not valid JSON (", e.what(), "). ", hint);
+    }
+    TORCH_CHECK(j.is_object(), who, ": must be a JSON object (got ", io::detail::snippet(j), "). ", hint);
+    auto field = [&](const nlohmann::json& obj, const char* key) -> const nlohmann::json& {
+      TORCH_CHECK(obj.contains(key), who, ": the field \"", key, "\" is missing. ", hint);
+      return obj.at(key);
+    };
+    TORCH_CHECK(field(j, "format") == kCheckpointFormat, who, ": \"format\" is ", io::detail::snippet(j["format"]),
+                ", expected \"", kCheckpointFormat, "\". ", hint);
+    TORCH_CHECK(field(j, "version") == kCheckpointVersion, who, ": \"version\" is ",
+                io::detail::snippet(j["version"]), ", this memopt reads version ", kCheckpointVersion,
+                ". HINT: resume with the memopt that wrote it");
+    const auto& step = field(j, "step");
+    TORCH_CHECK(step.is_number_integer() && step.get<int64_t>() >= 0, who,
+                ": \"step\" must be an integer >= 0 (got ", io::detail::snippet(step), "). ", hint);
+    Manifest m;
+    m.step = step.get<int64_t>();
+    const auto& files = field(j, "files");
+    TORCH_CHECK(files.is_object(), who, ": \"files\" must be an object (got ", io::detail::snippet(files), "). ", hint);
+    for (const auto& [name, entry] : files.items()) {
+      TORCH_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", who,
+                  ": file name ", io::detail::snippet(nlohmann::json(name)), " is not a plain file name. ", hint);
+      TORCH_CHECK(entry.is_object(), who, ": \"files\".\"", name, "\" must be an object (got ",
+                  io::detail::snippet(entry), "). ", hint);
+      const auto& bytes = field(entry, "bytes");
+      TORCH_CHECK(bytes.is_number_integer() && bytes.get<int64_t>() >= 0, who, ": \"files\".\"", name,
+                  "\".\"bytes\" must be an integer >= 0 (got ", io::detail::snippet(bytes), "). ", hint);
+      const auto& hash = field(entry, "xxh3");
+      TORCH_CHECK(hash.is_string() && hash.get<std::string>().size() == 16 &&
+                      hash.get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos,
+                  who, ": \"files\".\"", name, "\".\"xxh3\" must be 16 lowercase hex digits (got ",
+                  io::detail::snippet(hash), "). ", hint);
+      m.files[name] = {bytes.get<int64_t>(), hash.get<std::string>()};
+    }
+    for (const auto& name : checkpoint_files())
+      TORCH_CHECK(m.files.count(name), who, ": \"files\" does not list \"", name, "\". ", hint);
+    return m;
+  }
+};
+
+/// Checks a checkpoint directory against its manifest: every listed file present, of the
+/// listed size and checksum. Returns the manifest; throws naming the file that fails.
+inline Manifest verify_checkpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string who = "memopt::io: checkpoint '" + dir + "'";
+  TORCH_CHECK(fs::is_directory(dir), who, " is not a directory. HINT: pass a step-N directory written by "
+              "memopt (OUTPUT_DIR/checkpoints/step-N) or 'latest'");
+  const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
+  TORCH_CHECK(fs::is_regular_file(manifest_path), who, ": manifest.json is missing. HINT: the save was "
+              "interrupted or the directory was not written by memopt; resume from another checkpoint");
+  Manifest m = Manifest::parse(detail::read_text(manifest_path, who), manifest_path);
+  for (const auto& [name, expected] : m.files) {
+    const std::string path = (fs::path(dir) / name).string();
+    TORCH_CHECK(fs::is_regular_file(path), who, ": '", name, "' is missing. HINT: the checkpoint is incomplete; "
+                "resume from another one");
+    const FileDigest got = digest_file(path);
+    TORCH_CHECK(got.bytes == expected.bytes, who, ": '", name, "' has ", got.bytes, " bytes, the manifest says ",
+                expected.bytes, ". HINT: the file was truncated or changed; resume from another checkpoint");
+    TORCH_CHECK(got.xxh3 == expected.xxh3, who, ": '", name, "' fails its checksum (xxh3 ", got.xxh3,
+                ", the manifest says ", expected.xxh3, "). HINT: the file is corrupt; resume from another checkpoint");
+  }
+  return m;
+}
+
+/// Writes a checkpoint's files into the (new, empty) directory `dir`: model.safetensors,
+/// trainer.pt (the Trainer's state and the random states), state.json (`state`, plus
+/// "step"), then manifest.json with their sizes and checksums; each file is fsync'ed.
+/// Not atomic by itself: CheckpointManager::save writes into a temporary directory.
+template <class TrainerT>
+void write_checkpoint(const std::string& dir, torch::nn::Module& model, const TrainerT& trainer,
+                      nlohmann::json state) {
+  namespace fs = std::filesystem;
+  const std::string who = "memopt::io: write_checkpoint('" + dir + "')";
+  const fs::path root(dir);
+  save_safetensors((root / "model.safetensors").string(), detail::named_state(model), {{"format", "pt"}});
+
+  torch::serialize::OutputArchive archive;
+  trainer.save_state(archive);
+  const auto rng = memopt::detail::RngState::capture();  // the CPU generator, read under its mutex
+  archive.write("rng_cpu", rng.cpu);
+#if MEMOPT_HAS_CUDA
+  if (rng.cuda.defined()) archive.write("rng_cuda", rng.cuda);
+#endif
+  archive.save_to((root / "trainer.pt").string());
+
+  state["step"] = trainer.steps_taken();
+  detail::write_text((root / "state.json").string(), state.dump(2) + "\n", who);
+
+  Manifest manifest;
+  manifest.step = trainer.steps_taken();
+  for (const auto& name : checkpoint_files()) {
+    detail::fsync_path((root / name).string(), who);
+    manifest.files[name] = digest_file((root / name).string());
+  }
+  detail::write_text((root / "manifest.json").string(), manifest.dump(), who);
+  detail::fsync_path((root / "manifest.json").string(), who);
+  detail::fsync_path(root.string(), who);
+}
+
+/// state.json of a checkpoint directory (not verified: see verify_checkpoint).
+inline nlohmann::json read_checkpoint_state(const std::string& dir) {
+  const std::string who = "memopt::io: checkpoint '" + dir + "'";
+  const std::string state_path = (std::filesystem::path(dir) / "state.json").string();
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(detail::read_text(state_path, who));
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, who, ": '", state_path, "' is not valid JSON (", e.what(),
+                "). HINT: the file is corrupt; resume from another checkpoint");
+  }
+  TORCH_CHECK(state.is_object(), who, ": '", state_path, "' must hold a JSON object (got ",
+              io::detail::snippet(state), "). HINT: resume from another checkpoint");
+  return state;
+}
+
+/// Reads a checkpoint into `model` (weights copied by name, converted to each parameter's
+/// dtype and device) and `trainer` (built over `model` with the policies of the saving run);
+/// restores the random states last. Verifies the checksums first unless `verify` is false
+/// (the caller just did); checks every tensor's name and shape and reads trainer.pt whole
+/// before changing anything. Returns state.json.
+template <class TrainerT>
+nlohmann::json read_checkpoint(const std::string& dir, torch::nn::Module& model, TrainerT& trainer,
+                               bool verify = true) {
+  namespace fs = std::filesystem;
+  const std::string who = "memopt::io: checkpoint '" + dir + "'";
+  if (verify) verify_checkpoint(dir);
+  const fs::path root(dir);
+  nlohmann::json state = read_checkpoint_state(dir);
+
+  // ---- model.safetensors: the same names and shapes as the model, checked before any copy ----
+  auto file = SafetensorsFile::open((root / "model.safetensors").string());
+  auto targets = detail::named_state(model);
+  std::set<std::string> known;
+  for (const auto& [name, tensor] : targets) {
+    known.insert(name);
+    TORCH_CHECK(file->contains(name), who, ": '", file->path(), "' has no tensor '", name,
+                "', which the model has. HINT: build the model with the configuration of the run that saved it");
+    const auto& shape = file->info(name).shape;
+    TORCH_CHECK(tensor.sizes() == torch::IntArrayRef(shape), who, ": tensor '", name, "' has shape ",
+                torch::IntArrayRef(shape), " in '", file->path(), "' but ", tensor.sizes(),
+                " in the model. HINT: build the model with the configuration of the run that saved it");
+  }
+  for (const auto& name : file->names())
+    TORCH_CHECK(known.count(name), who, ": '", file->path(), "' holds tensor '", name,
+                "', which the model lacks. HINT: build the model with the configuration of the run that saved it");
+
+  // ---- trainer.pt: read whole before any copy ----
+  const std::string trainer_path = (root / "trainer.pt").string();
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(trainer_path);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, who, ": cannot read '", trainer_path, "' (", e.what_without_backtrace(),
+                "). HINT: the file is corrupt; resume from another checkpoint");
+  }
+  memopt::detail::RngState rng;
+  TORCH_CHECK(archive.try_read("rng_cpu", rng.cpu), who, ": '", trainer_path,
+              "' has no \"rng_cpu\" entry. HINT: the file is incomplete; resume from another checkpoint");
+#if MEMOPT_HAS_CUDA
+  archive.try_read("rng_cuda", rng.cuda);
+#endif
+
+  // ---- restore: weights, trainer state, then the random state ----
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, tensor] : targets) tensor.copy_(file->get(name));  // dtype/device converting
+  }
+  trainer.load_state(archive);
+  rng.restore();
+  return state;
+}
+
+/// The checkpoints of one run: DIR/step-NNNNNNNN/, the last `keep_last` kept.
+///   memopt::io::CheckpointManager ckpts("runs/a/checkpoints", 3);
+///   ckpts.save(step, [&](const std::string& tmp) { memopt::io::write_checkpoint(tmp, model, trainer, state); });
+///   std::string dir = ckpts.resolve("latest");   // "" when there is none yet
+class CheckpointManager {
+ public:
+  CheckpointManager(std::string dir, int64_t keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {
+    TORCH_CHECK(!dir_.empty(), "memopt::io::CheckpointManager: the directory is empty. HINT: pass where the "
+                "checkpoints go, e.g. OUTPUT_DIR/checkpoints");
+    TORCH_CHECK(keep_last_ >= 1, "memopt::io::CheckpointManager: keep_last must be >= 1 (got ", keep_last_,
+                "). HINT: 3 keeps the last three checkpoints");
+  }
+
+  const std::string& dir() const { return dir_; }
+
+  /// The directory of step `step`'s checkpoint.
+  std::string path_of(int64_t step) const {
+    return (std::filesystem::path(dir_) / fmt::format("step-{:08d}", step)).string();
+  }
+
+  /// Writes step `step`'s checkpoint: `write(tmp_dir)` fills step-N.tmp/, which is synced and
+  /// renamed to step-N/ (an older step-N/ is replaced: it moves aside first and goes last);
+  /// then all but the newest keep_last checkpoints are removed. Returns step-N/'s path.
+  template <class Write>
+  std::string save(int64_t step, Write&& write) const {
+    namespace fs = std::filesystem;
+    const std::string final_dir = path_of(step);
+    const std::string who = "memopt::io: saving checkpoint '" + final_dir + "'";
+    const fs::path tmp(final_dir + ".tmp"), old(final_dir + ".old");
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    TORCH_CHECK(!ec, who, ": cannot create '", dir_, "' (", ec.message(), "). HINT: check that it is writable");
+    fs::remove_all(tmp, ec);  // one left by an interrupted save
+    fs::create_directories(tmp, ec);
+    TORCH_CHECK(!ec, who, ": cannot create '", tmp.string(), "' (", ec.message(), "). HINT: check permissions");
+    write(tmp.string());
+    const bool replacing = fs::exists(final_dir);
+    if (replacing) {
+      fs::remove_all(old, ec);
+      fs::rename(final_dir, old, ec);
+      TORCH_CHECK(!ec, who, ": cannot move the previous '", final_dir, "' aside (", ec.message(),
+                  "). HINT: check permissions");
+    }
+    fs::rename(tmp, final_dir, ec);
+    TORCH_CHECK(!ec, who, ": cannot rename '", tmp.string(), "' (", ec.message(), "). HINT: check permissions");
+    detail::fsync_path(dir_, who);
+    fs::remove_all(old, ec);
+    prune();
+    return final_dir;
+  }
+
+  /// Complete checkpoints (step-N directories; not .tmp/.old), newest first.
+  std::vector<std::pair<int64_t, std::string>> list() const {
+    namespace fs = std::filesystem;
+    std::vector<std::pair<int64_t, std::string>> found;
+    std::error_code ec;
+    if (!fs::is_directory(dir_, ec)) return found;
+    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+      const int64_t step = detail::step_of(entry.path().filename().string());
+      if (step >= 0 && entry.is_directory()) found.emplace_back(step, entry.path().string());
+    }
+    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    return found;
+  }
+
+  /// "latest": the newest checkpoint that verifies; ones that fail are skipped, each with its
+  /// reason appended to `refused`; "" when the directory holds none yet. Throws when some exist
+  /// and none verifies. Any other spec is a checkpoint directory, verified (refused with the
+  /// reason and the newest good one as a HINT).
+  std::string resolve(const std::string& spec, std::vector<std::string>* refused = nullptr) const {
+    if (spec == "latest") {
+      const auto all = list();
+      std::vector<std::string> reasons;
+      for (const auto& [step, path] : all) {
+        try {
+          verify_checkpoint(path);
+          if (refused) refused->insert(refused->end(), reasons.begin(), reasons.end());
+          return path;
+        } catch (const c10::Error& e) {
+          reasons.push_back(e.what_without_backtrace());
+        }
+      }
+      std::string why;
+      for (const auto& r : reasons) why += "\n  " + r;
+      TORCH_CHECK(all.empty(), "memopt::io: no checkpoint in '", dir_, "' passes its checks:", why,
+                  "\nHINT: start a new run (in another output directory), or resume from a copy of a good checkpoint");
+      return "";
+    }
+    try {
+      verify_checkpoint(spec);
+    } catch (const c10::Error& e) {
+      std::string good;
+      for (const auto& [step, path] : list()) {
+        if (good.empty() && path != spec && ok(path)) good = path;
+      }
+      TORCH_CHECK(false, e.what_without_backtrace(),
+                  good.empty() ? std::string() : "\nHINT: the newest checkpoint that passes is '" + good +
+                                                     "' (--resume latest picks it)");
+    }
+    return spec;
+  }
+
+ private:
+  static bool ok(const std::string& path) {
+    try {
+      verify_checkpoint(path);
+      return true;
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }
+
+  void prune() const {
+    std::error_code ec;
+    const auto all = list();
+    for (size_t i = static_cast<size_t>(keep_last_); i < all.size(); ++i) std::filesystem::remove_all(all[i].second, ec);
+  }
+
+  std::string dir_;
+  int64_t keep_last_;
+};
+
+/// The differences between the settings a checkpoint was written with and the current ones,
+/// key by key ("lr: 0.001 in the checkpoint, 0.002 now"); keys in `ignore` may differ.
+inline std::vector<std::string> setting_differences(const nlohmann::json& saved, const nlohmann::json& now,
+                                                    const std::set<std::string>& ignore = {},
+                                                    const std::string& prefix = "") {
+  std::vector<std::string> out;
+  if (!saved.is_object() || !now.is_object()) {
+    if (saved != now)
+      out.push_back(fmt::format("{}: {} in the checkpoint, {} now", prefix.empty() ? "settings" : prefix,
+                                saved.dump(), now.dump()));
+    return out;
+  }
+  std::set<std::string> keys;
+  for (const auto& [k, v] : saved.items()) keys.insert(k);
+  for (const auto& [k, v] : now.items()) keys.insert(k);
+  for (const auto& key : keys) {
+    if (ignore.count(key)) continue;
+    const std::string name = prefix.empty() ? key : prefix + "." + key;
+    const nlohmann::json a = saved.contains(key) ? saved[key] : nlohmann::json("(absent)");
+    const nlohmann::json b = now.contains(key) ? now[key] : nlohmann::json("(absent)");
+    if (a.is_object() && b.is_object()) {
+      auto nested = setting_differences(a, b, {}, name);
+      out.insert(out.end(), nested.begin(), nested.end());
+    } else if (a != b) {
+      out.push_back(fmt::format("{}: {} in the checkpoint, {} now", name, a.dump(), b.dump()));
+    }
+  }
+  return out;
+}
+
+}  // namespace memopt::io
