@@ -371,6 +371,7 @@ TEST_CASE("manifest.json: each malformed field is refused, naming it and the val
       {manifest(fmt, "2", "7", R"({"model.safetensors": {"bytes": 4, "xxh3": "XYZ"}})"),
        {"\"xxh3\" must be 16 lowercase hex digits", "(got \"XYZ\")"}},
       {manifest(fmt, "2", "7", R"({"../x": )" + good_file + "}"), {"\"../x\" is not a plain file name"}},
+      {manifest(fmt, "2", "7", R"({"trainer.pt\u0000x": )" + good_file + "}"), {"is not a plain file name"}},
       {manifest(fmt, "2", "7", R"({"model.safetensors": )" + good_file + "}"), {"does not list \"trainer.pt\""}},
   };
   for (const auto& c : cases) {

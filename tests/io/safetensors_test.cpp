@@ -66,7 +66,8 @@ void require_error(const std::function<void()>& fn, const std::vector<std::strin
 bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   auto x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+  // An empty tensor's data_ptr() may be null, and memcmp(null, …, 0) is undefined (UBSan).
+  return x.nbytes() == 0 || std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 /// The tensors of tests/io/safetensors_check.py's RECIPE, in its order (keep them equal).
@@ -313,6 +314,36 @@ TEST_CASE("SafetensorsFile rejects malformed files with the field and value seen
     auto file = SafetensorsFile::open(path);
     CHECK(file->names() == std::vector<std::string>{"z"});
     CHECK(file->get("z").numel() == 0);
+  }
+}
+
+TEST_CASE("SafetensorsFile refuses what fuzz/safetensors_header_fuzz found with a message, not a crash",
+          "[io][safetensors]") {
+  // A number beyond a double's range made nlohmann::json throw out_of_range, which escaped
+  // open() as a non-c10 exception; a deeply nested header overflowed the stack while its
+  // error message was written (snippet() dumped the whole value, one recursion per level).
+  TempDir dir;
+  const std::string path = dir.file("bad.safetensors");
+  auto rejects = [&](const std::vector<std::string>& parts) {
+    require_error([&] { SafetensorsFile::open(path); }, parts);
+  };
+  SECTION("a number too large for a double") {
+    write_raw(path, R"({"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 4]}})", 4);
+    rejects({path, "not valid JSON", "number overflow parsing '1e400'"});
+  }
+  SECTION("a header of arrays nested 10^6 deep") {
+    const size_t depth = 1'000'000;
+    write_raw(path, std::string(depth, '[') + std::string(depth, ']'));
+    rejects({path, "must be a JSON object (got " + std::string(80, '[') + "…)"});
+    write_raw(path, "{\"a\": " + std::string(depth, '[') + std::string(depth, ']') + "}");
+    rejects({path, "tensor 'a' must be an object", "(got " + std::string(80, '[') + "…)"});
+  }
+  SECTION("snippet() writes what dump() writes, cut at max_chars") {
+    using memopt::io::detail::snippet;
+    const auto value = nlohmann::json::parse(R"({"b": [1, 2.5, "x\u00e9"], "a": {"k": null, "t": true}})");
+    const std::string full = value.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+    CHECK(snippet(value) == full);
+    for (size_t n : {0, 1, 7, 20}) CHECK(snippet(value, n) == full.substr(0, n) + "…");
   }
 }
 

@@ -171,7 +171,9 @@ struct Manifest {
     const auto& files = field(j, "files");
     TORCH_CHECK(files.is_object(), who, ": \"files\" must be an object (got ", io::detail::snippet(files), "). ", hint);
     for (const auto& [name, entry] : files.items()) {
-      TORCH_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", who,
+      TORCH_CHECK(!name.empty() && name.find_first_of(std::string("/\0", 2)) == std::string::npos && name != "." &&
+                      name != "..",
+                  who,
                   ": file name ", io::detail::snippet(nlohmann::json(name)), " is not a plain file name. ", hint);
       TORCH_CHECK(entry.is_object(), who, ": \"files\".\"", name, "\" must be an object (got ",
                   io::detail::snippet(entry), "). ", hint);

@@ -42,6 +42,14 @@ struct TensorInfo {
 /// The largest JSON header accepted, as in the reference implementation (100 MB).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
+/// What a validated safetensors header says (SafetensorsFile::parse_header).
+struct SafetensorsHeader {
+  uint64_t header_bytes = 0;                    // N, the JSON's length
+  std::map<std::string, TensorInfo> infos;      // by name
+  std::vector<std::string> names;               // by data offset
+  std::map<std::string, std::string> metadata;  // "__metadata__"
+};
+
 namespace detail {
 
 struct SafetensorsDtype {
@@ -75,9 +83,34 @@ inline std::string supported_dtypes() {
   return out;
 }
 
-/// A JSON value as at most `max_chars` characters of text, for error messages.
+/// Appends `value` as compact JSON (as dump() writes it) to `out`, stopping once `out` holds
+/// `limit` characters: each level of nesting writes a bracket before it descends, so the
+/// recursion is at most `limit` deep however deeply the value nests.
+inline void append_json(std::string& out, const nlohmann::json& value, size_t limit) {
+  const auto dump = [](const nlohmann::json& v) {
+    return v.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+  };
+  if (out.size() >= limit) return;
+  if (value.is_array() || value.is_object()) {
+    out += value.is_array() ? '[' : '{';
+    bool first = true;
+    for (auto it = value.begin(); it != value.end() && out.size() < limit; ++it, first = false) {
+      if (!first) out += ',';
+      if (value.is_object()) out += dump(it.key()) + ':';
+      append_json(out, it.value(), limit);
+    }
+    out += value.is_array() ? ']' : '}';
+  } else {
+    out += dump(value);
+  }
+}
+
+/// A JSON value as at most `max_chars` characters of text, for error messages. Only what is
+/// shown is rendered: a header of 10^7 nested arrays costs no more than a short one (a
+/// plain dump() would recurse once per level and overflow the stack).
 inline std::string snippet(const nlohmann::json& value, size_t max_chars = 80) {
-  std::string text = value.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+  std::string text;
+  append_json(text, value, max_chars + 1);
   if (text.size() > max_chars) text = text.substr(0, max_chars) + "…";
   return text;
 }
@@ -229,16 +262,24 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
     return std::make_shared<const SafetensorsFile>(Key{}, path);
   }
 
+  /// Validates the `size` bytes of a whole safetensors file at `bytes` (see validate() for
+  /// what is checked) as open() does; `path` names it in errors. The fuzz target's entry point.
+  ///   auto header = memopt::io::SafetensorsFile::parse_header(bytes, size, "model.safetensors");
+  static SafetensorsHeader parse_header(const unsigned char* bytes, uint64_t size, const std::string& path) {
+    TORCH_CHECK(size >= 8, where(path), " holds ", size, " bytes, fewer than the 8-byte header length. HINT: ",
+                kCorruptHint);
+    SafetensorsHeader header;
+    validate(header, bytes, size, path);
+    return header;
+  }
+
   /// Use open(): views from get() need the file to be held by a shared_ptr.
   SafetensorsFile(Key, std::string path)
       : path_(std::move(path)),
         file_(path_, "memopt::io: ", "safetensors file",
               "check the path of the .safetensors file") {
-    bytes_ = static_cast<uint64_t>(file_.size());
-    TORCH_CHECK(bytes_ >= 8, where(), " holds ", bytes_, " bytes, fewer than the 8-byte header length. HINT: ",
-                kCorruptHint);
     map_ = file_.data();
-    validate();
+    header_ = parse_header(map_, static_cast<uint64_t>(file_.size()), path_);
   }
 
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -249,21 +290,22 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
 
   /// Tensor names in file order (by data offset; zero-size tensors at one offset by name).
   ///   for (const auto& name : file->names()) std::cout << name << "\n";
-  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<std::string>& names() const { return header_.names; }
 
   /// Whether the file holds a tensor called `name`.   if (file->contains("lm_head.weight")) …
-  bool contains(const std::string& name) const { return infos_.count(name) != 0; }
+  bool contains(const std::string& name) const { return header_.infos.count(name) != 0; }
 
   /// The "__metadata__" strings (empty when the file has none).
   ///   std::string format = file->metadata().at("format");
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
 
   /// Dtype, shape and byte range of `name`; an error naming the file when it is absent.
   ///   auto shape = file->info("lm_head.weight").shape;
   const TensorInfo& info(const std::string& name) const {
-    auto it = infos_.find(name);
-    TORCH_CHECK(it != infos_.end(), where(), " has no tensor named '", name, "' (it holds ", names_.size(),
-                " tensors: ", detail::name_list(names_), "). HINT: list the names with names()");
+    auto it = header_.infos.find(name);
+    TORCH_CHECK(it != header_.infos.end(), where(), " has no tensor named '", name, "' (it holds ",
+                header_.names.size(), " tensors: ", detail::name_list(header_.names),
+                "). HINT: list the names with names()");
     return it->second;
   }
 
@@ -292,54 +334,57 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
       "the file is truncated, corrupt or not safetensors; save it again (memopt::io::save_safetensors, "
       "or safetensors.torch.save_file in Python)";
 
-  std::string where() const { return "memopt::io: safetensors file '" + path_ + "'"; }
-  const unsigned char* data() const { return map_ + 8 + header_bytes_; }
+  static std::string where(const std::string& path) { return "memopt::io: safetensors file '" + path + "'"; }
+  std::string where() const { return where(path_); }
+  const unsigned char* data() const { return map_ + 8 + header_.header_bytes; }
 
-  /// Header length, JSON, each entry's fields and the layout of the data section.
-  void validate() {
+  /// Header length, JSON, each entry's fields and the layout of the data section, of the
+  /// `size` (>= 8) bytes at `bytes`; fills `out`.
+  static void validate(SafetensorsHeader& out, const unsigned char* bytes, uint64_t size, const std::string& path) {
     uint64_t header_bytes = 0;
-    std::memcpy(&header_bytes, map_, 8);  // little-endian host
-    TORCH_CHECK(header_bytes > 0, where(), " has a header length of 0. HINT: ", kCorruptHint);
-    TORCH_CHECK(header_bytes <= kMaxSafetensorsHeaderBytes, where(), " claims a header of ", header_bytes,
+    std::memcpy(&header_bytes, bytes, 8);  // little-endian host
+    TORCH_CHECK(header_bytes > 0, where(path), " has a header length of 0. HINT: ", kCorruptHint);
+    TORCH_CHECK(header_bytes <= kMaxSafetensorsHeaderBytes, where(path), " claims a header of ", header_bytes,
                 " bytes, more than the ", kMaxSafetensorsHeaderBytes, "-byte limit. HINT: ", kCorruptHint);
-    TORCH_CHECK(header_bytes <= bytes_ - 8, where(), " claims a header of ", header_bytes, " bytes but holds only ",
-                bytes_ - 8, " after the length field. HINT: ", kCorruptHint);
-    header_bytes_ = header_bytes;
-    const uint64_t data_bytes = bytes_ - 8 - header_bytes;
+    TORCH_CHECK(header_bytes <= size - 8, where(path), " claims a header of ", header_bytes,
+                " bytes but holds only ", size - 8, " after the length field. HINT: ", kCorruptHint);
+    out.header_bytes = header_bytes;
+    const uint64_t data_bytes = size - 8 - header_bytes;
 
     nlohmann::json header;
-    const char* text = reinterpret_cast<const char*>(map_ + 8);
+    const char* text = reinterpret_cast<const char*>(bytes + 8);
     try {
       header = nlohmann::json::parse(text, text + header_bytes);
-    } catch (const nlohmann::json::parse_error& e) {
-      TORCH_CHECK(false, where(), ": the header is not valid JSON (", e.what(), "). HINT: ", kCorruptHint);
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e400
+      TORCH_CHECK(false, where(path), ": the header is not valid JSON (", e.what(), "). HINT: ", kCorruptHint);
     }
-    TORCH_CHECK(header.is_object(), where(), ": the header must be a JSON object (got ", detail::snippet(header),
-                "). HINT: ", kCorruptHint);
+    TORCH_CHECK(header.is_object(), where(path), ": the header must be a JSON object (got ",
+                detail::snippet(header), "). HINT: ", kCorruptHint);
 
     for (const auto& [name, entry] : header.items()) {
       if (name == "__metadata__") {
-        read_metadata(entry);
+        read_metadata(out, entry, path);
       } else {
-        infos_.emplace(name, read_entry(name, entry, data_bytes));
+        out.infos.emplace(name, read_entry(name, entry, data_bytes, path));
       }
     }
-    check_layout(data_bytes);
+    check_layout(out, data_bytes, path);
   }
 
-  void read_metadata(const nlohmann::json& entry) {
+  static void read_metadata(SafetensorsHeader& out, const nlohmann::json& entry, const std::string& path) {
     if (entry.is_null()) return;
-    TORCH_CHECK(entry.is_object(), where(), ": \"__metadata__\" must be an object of strings (got ",
+    TORCH_CHECK(entry.is_object(), where(path), ": \"__metadata__\" must be an object of strings (got ",
                 detail::snippet(entry), "). HINT: ", kCorruptHint);
     for (const auto& [key, value] : entry.items()) {
-      TORCH_CHECK(value.is_string(), where(), ": \"__metadata__\" entry '", key, "' must be a string (got ",
+      TORCH_CHECK(value.is_string(), where(path), ": \"__metadata__\" entry '", key, "' must be a string (got ",
                   detail::snippet(value), "). HINT: metadata maps strings to strings");
-      metadata_.emplace(key, value.get<std::string>());
+      out.metadata.emplace(key, value.get<std::string>());
     }
   }
 
-  TensorInfo read_entry(const std::string& name, const nlohmann::json& entry, uint64_t data_bytes) const {
-    const std::string at = where() + ": tensor '" + name + "'";
+  static TensorInfo read_entry(const std::string& name, const nlohmann::json& entry, uint64_t data_bytes,
+                               const std::string& path) {
+    const std::string at = where(path) + ": tensor '" + name + "'";
     TORCH_CHECK(entry.is_object(), at, " must be an object with dtype, shape and data_offsets (got ",
                 detail::snippet(entry), "). HINT: ", kCorruptHint);
     auto field = [&](const char* key) -> const nlohmann::json& {
@@ -399,23 +444,24 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
   }
 
   /// The tensors must tile the data section: no overlap, no hole, nothing left over.
-  void check_layout(uint64_t data_bytes) {
-    for (const auto& item : infos_) names_.push_back(item.first);
-    std::stable_sort(names_.begin(), names_.end(), [&](const std::string& a, const std::string& b) {
-      const auto &x = infos_.at(a), &y = infos_.at(b);
+  static void check_layout(SafetensorsHeader& out, uint64_t data_bytes, const std::string& path) {
+    auto& names = out.names;
+    for (const auto& item : out.infos) names.push_back(item.first);
+    std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
+      const auto &x = out.infos.at(a), &y = out.infos.at(b);
       return std::pair(x.begin, x.end) < std::pair(y.begin, y.end);
     });
     int64_t covered = 0;  // bytes [0, covered) belong to the tensors so far
-    for (size_t i = 0; i < names_.size(); ++i) {
-      const TensorInfo& t = infos_.at(names_[i]);
-      TORCH_CHECK(t.begin >= covered, where(), ": tensors '", names_[i - 1], "' and '", names_[i],
+    for (size_t i = 0; i < names.size(); ++i) {
+      const TensorInfo& t = out.infos.at(names[i]);
+      TORCH_CHECK(t.begin >= covered, where(path), ": tensors '", names[i - 1], "' and '", names[i],
                   "' overlap (bytes ", t.begin, "..", covered, " of the data section). HINT: ", kCorruptHint);
-      TORCH_CHECK(t.begin == covered, where(), ": bytes ", covered, "..", t.begin,
-                  " of the data section belong to no tensor (a hole before '", names_[i],
+      TORCH_CHECK(t.begin == covered, where(path), ": bytes ", covered, "..", t.begin,
+                  " of the data section belong to no tensor (a hole before '", names[i],
                   "'). HINT: ", kCorruptHint);
       covered = t.end;
     }
-    TORCH_CHECK(static_cast<uint64_t>(covered) == data_bytes, where(), ": bytes ", covered, "..", data_bytes,
+    TORCH_CHECK(static_cast<uint64_t>(covered) == data_bytes, where(path), ": bytes ", covered, "..", data_bytes,
                 " of the data section belong to no tensor (trailing bytes after the last tensor). HINT: ",
                 kCorruptHint);
   }
@@ -423,11 +469,7 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
   std::string path_;
   memopt::detail::MappedFile file_;
   const unsigned char* map_ = nullptr;
-  uint64_t bytes_ = 0;         // file size
-  uint64_t header_bytes_ = 0;  // N
-  std::map<std::string, TensorInfo> infos_;
-  std::vector<std::string> names_;  // by data offset
-  std::map<std::string, std::string> metadata_;
+  SafetensorsHeader header_;
 };
 
 /// Every tensor of `path`, copied (writable, independent of the file).

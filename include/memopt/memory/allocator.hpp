@@ -22,6 +22,19 @@
 
 #include "memopt/detail/version.hpp"
 
+// AddressSanitizer replaces glibc's malloc with its own: its mallopt() does nothing and
+// returns 0, so under ASan (scripts/sanitize) the glibc settings are checked, not applied.
+#if defined(__SANITIZE_ADDRESS__)
+#define MEMOPT_GLIBC_MALLOC 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MEMOPT_GLIBC_MALLOC 0
+#endif
+#endif
+#ifndef MEMOPT_GLIBC_MALLOC
+#define MEMOPT_GLIBC_MALLOC 1
+#endif
+
 namespace memopt::memory {
 
 /// The parsed settings; -1 leaves glibc's default (dynamic thresholds, 8 arenas per core).
@@ -122,6 +135,7 @@ struct AllocatorOptions {
 
   /// Applies the settings: mallopt() for glibc's, PYTORCH_CUDA_ALLOC_CONF for CUDA's
   /// (which takes effect if no CUDA memory was allocated yet: call memopt::init() first).
+  /// Under AddressSanitizer, whose allocator replaces glibc's, the glibc keys are only checked.
   void apply() const {
     set(M_ARENA_MAX, arena_max_, "arena_max");
     set(M_TRIM_THRESHOLD, trim_threshold_, "trim_threshold");
@@ -166,7 +180,7 @@ struct AllocatorOptions {
 
   static void set(int param, int64_t value, const char* key) {
     if (value < 0) return;
-    TORCH_CHECK(value <= INT32_MAX && ::mallopt(param, static_cast<int>(value)) == 1,
+    TORCH_CHECK(value <= INT32_MAX && (!MEMOPT_GLIBC_MALLOC || ::mallopt(param, static_cast<int>(value)) == 1),
                 "memopt::memory::AllocatorOptions: mallopt rejected ", key, " = ", value,
                 ". HINT: thresholds below 2GB (mmap_threshold at most 32MB).");
   }
