@@ -123,13 +123,6 @@ void check_resume_is_exact(MakeTrainer make_trainer) {
   check_same_weights(straight, resumed);
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 void flip_byte(const std::string& path, std::streamoff offset) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(offset);

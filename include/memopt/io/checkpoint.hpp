@@ -399,13 +399,12 @@ class CheckpointManager {
       const auto all = list();
       std::vector<std::string> reasons;
       for (const auto& [step, path] : all) {
-        try {
-          verify_checkpoint(path);
+        std::string why = failure(path);
+        if (why.empty()) {
           if (refused) refused->insert(refused->end(), reasons.begin(), reasons.end());
           return path;
-        } catch (const c10::Error& e) {
-          reasons.push_back(e.what_without_backtrace());
         }
+        reasons.push_back(std::move(why));
       }
       std::string why;
       for (const auto& r : reasons) why += "\n  " + r;
@@ -413,14 +412,13 @@ class CheckpointManager {
                   "\nHINT: start a new run (in another output directory), or resume from a copy of a good checkpoint");
       return "";
     }
-    try {
-      verify_checkpoint(spec);
-    } catch (const c10::Error& e) {
+    const std::string why = failure(spec);
+    if (!why.empty()) {
       std::string good;
       for (const auto& [step, path] : list()) {
-        if (good.empty() && path != spec && ok(path)) good = path;
+        if (good.empty() && path != spec && failure(path).empty()) good = path;
       }
-      TORCH_CHECK(false, e.what_without_backtrace(),
+      TORCH_CHECK(false, why,
                   good.empty() ? std::string() : "\nHINT: the newest checkpoint that passes is '" + good +
                                                      "' (--resume latest picks it)");
     }
@@ -428,12 +426,13 @@ class CheckpointManager {
   }
 
  private:
-  static bool ok(const std::string& path) {
+  // Why verify_checkpoint(path) refuses it; "" when it passes.
+  static std::string failure(const std::string& path) {
     try {
       verify_checkpoint(path);
-      return true;
-    } catch (const c10::Error&) {
-      return false;
+      return "";
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
     }
   }
 
