@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include <torch/torch.h>
@@ -100,6 +101,18 @@ inline std::string pb_float(int field, float f) {
   std::string out = pb_varint(static_cast<uint64_t>(field) << 3 | 5);
   for (int b = 0; b < 4; ++b) out += static_cast<char>(bits >> (8 * b));
   return out;
+}
+
+/// A BPE ModelProto with identity normalization; type 1 normal, 2 unknown, 3 control.
+inline std::string make_model(const std::vector<std::tuple<std::string, float, int>>& pieces,
+                       const std::string& extra_trainer_spec = "") {
+  std::string model;
+  for (const auto& [text, score, type] : pieces) {
+    model += pb_bytes(1, pb_bytes(1, text) + pb_float(2, score) + pb_int(3, static_cast<uint64_t>(type)));
+  }
+  model += pb_bytes(2, pb_int(3, 2) + extra_trainer_spec);  // model_type BPE
+  model += pb_bytes(3, pb_bytes(1, "identity"));
+  return model;
 }
 
 }  // namespace memopt::test

@@ -193,6 +193,13 @@ concept ResumableSource = requires(L& loader, const L& cloader, const nlohmann::
   loader.load_state(state);
 };
 
+/// A loader that can run out (data::StreamLoader with finite epochs): has_next(n) says
+/// whether n more batches come; fit() ends before a step it could not fill.
+template <class L>
+concept FiniteSource = requires(L& loader, int64_t n) {
+  { loader.has_next(n) } -> std::convertible_to<bool>;
+};
+
 /// What fit() returns.
 struct FitResult {
   int64_t steps = 0;
@@ -204,6 +211,7 @@ struct FitResult {
   int stop_signal = 0;        // SIGTERM/SIGINT that stopped fit() early (after a checkpoint), else 0
   std::string checkpoint;     // the last checkpoint written, "" if none
   int64_t micro_splits = 1;   // pieces each micro-batch is cut into to stay within memory_budget
+  bool data_exhausted = false;  // a FiniteSource ran out before max_steps
 };
 
 /// The training loop. Policies are chosen at compile time; everything else at run time.
@@ -313,6 +321,9 @@ class Trainer {
     double seconds_since_log = 0;
     const auto fit_start = std::chrono::steady_clock::now();  // the ETA: mean wall time per step since here
     while (step_ < options_.max_steps()) {
+      if constexpr (FiniteSource<Loader>) {
+        if ((result.data_exhausted = !loader.has_next(accum_.micro_steps()))) break;
+      }
       StepStats s = step(loader, loss_fn);
       tokens_since_log += s.tokens;
       seconds_since_log += s.seconds;

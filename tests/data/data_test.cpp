@@ -350,17 +350,7 @@ using memopt::test::pb_float;
 using memopt::test::pb_int;
 using memopt::test::pb_varint;
 
-/// A BPE ModelProto with identity normalization; type 1 normal, 2 unknown, 3 control.
-std::string make_model(const std::vector<std::tuple<std::string, float, int>>& pieces,
-                       const std::string& extra_trainer_spec = "") {
-  std::string model;
-  for (const auto& [text, score, type] : pieces) {
-    model += pb_bytes(1, pb_bytes(1, text) + pb_float(2, score) + pb_int(3, static_cast<uint64_t>(type)));
-  }
-  model += pb_bytes(2, pb_int(3, 2) + extra_trainer_spec);  // model_type BPE
-  model += pb_bytes(3, pb_bytes(1, "identity"));
-  return model;
-}
+using memopt::test::make_model;
 
 const std::string kWs = "\xe2\x96\x81";  // "▁"
 

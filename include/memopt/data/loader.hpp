@@ -19,6 +19,7 @@
 
 #include <memopt/batch.hpp>
 #include <memopt/data/shard.hpp>
+#include <memopt/data/source.hpp>
 
 namespace memopt::data {
 
@@ -52,16 +53,6 @@ inline void check_loader(const char* who, const std::shared_ptr<const TokenShard
               shard->path(), "' holds ", shard->size(), " tokens, fewer than seq_len + 1 = ",
               options.seq_len() + 1, " (seq_len ", options.seq_len(),
               "). HINT: use a smaller seq_len or a larger shard");
-}
-
-/// Uniform integer in [0, n) from 64-bit draws by rejection: the same on every platform
-/// (std::uniform_int_distribution's algorithm is implementation-defined).
-inline uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
-  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-  const uint64_t limit = kMax - kMax % n;  // [0, limit) holds a whole number of blocks of n
-  uint64_t x = rng();
-  while (x >= limit) x = rng();
-  return x % n;
 }
 
 }  // namespace detail

@@ -145,6 +145,45 @@ inline void write_shard(const std::string& path, const std::vector<int32_t>& tok
               "). HINT: check that '", path, "' is not a directory and is writable");
 }
 
+/// What a shard's 64-byte header says.
+struct ShardHeader {
+  int64_t bytes_per_token = 0;  // 2 or 4
+  int64_t tokens = 0;           // ids after the header
+  int64_t vocab_size = 0;       // every id is < vocab_size
+};
+
+/// Parses and checks the header of a shard of `file_bytes` bytes whose first
+/// min(file_bytes, 64) bytes are at `bytes`: magic, version, width, a token count that
+/// matches the file size exactly, vocab_size in [1, 2^32]. Each failure names `name`, the
+/// value seen and how to rebuild. A pure function (the fuzz target fuzz/shard_header.cpp).
+///   auto header = memopt::data::parse_shard_header(first64, file_size, "train.bin");
+inline ShardHeader parse_shard_header(const unsigned char* bytes, int64_t file_bytes, const std::string& name) {
+  TORCH_CHECK(file_bytes >= kShardHeaderBytes, "memopt::data: token shard '", name, "' holds ", file_bytes,
+              " bytes, fewer than its ", kShardHeaderBytes, "-byte header. HINT: ", detail::kRebuildShardHint);
+  TORCH_CHECK(std::memcmp(bytes, kShardMagic, sizeof(kShardMagic)) == 0,
+              "memopt::data: '", name, "' is not a memopt token shard (magic '",
+              detail::printable(bytes, sizeof(kShardMagic)), "', expected 'MEMOPTTK'). HINT: ",
+              detail::kRebuildShardHint);
+  const uint32_t version = detail::load_le<uint32_t>(bytes + 8);
+  TORCH_CHECK(version == kShardVersion, "memopt::data: token shard '", name,
+              "' has format version ", version, ", this memopt reads version ", kShardVersion,
+              ". HINT: ", detail::kRebuildShardHint, " with this version of memopt");
+  const uint32_t width = detail::load_le<uint32_t>(bytes + 12);
+  TORCH_CHECK(width == 2 || width == 4, "memopt::data: token shard '", name,
+              "' has bytes_per_token ", width, " (expected 2 or 4). HINT: ", detail::kRebuildShardHint);
+  const uint64_t count = detail::load_le<uint64_t>(bytes + 16);
+  const uint64_t body_bytes = static_cast<uint64_t>(file_bytes - kShardHeaderBytes);
+  TORCH_CHECK(count <= body_bytes / width && count * width == body_bytes,
+              "memopt::data: token shard '", name, "' is ", file_bytes,
+              " bytes but its header promises ", count, " tokens of ", width, " bytes (",
+              kShardHeaderBytes, " + ", count, " * ", width,
+              " bytes): the file is truncated or corrupt. HINT: ", detail::kRebuildShardHint);
+  const uint64_t vocab = detail::load_le<uint64_t>(bytes + 24);
+  TORCH_CHECK(vocab >= 1 && vocab <= (uint64_t{1} << 32), "memopt::data: token shard '", name,
+              "' has vocab_size ", vocab, " (expected 1 .. 2^32). HINT: ", detail::kRebuildShardHint);
+  return {static_cast<int64_t>(width), static_cast<int64_t>(count), static_cast<int64_t>(vocab)};
+}
+
 /// A read-only, memory-mapped token shard, validated on open. Share it between loaders.
 ///   auto shard = memopt::data::TokenShard::open("data/brown/train.bin");
 ///   torch::Tensor ids = shard->window(0, 129);   // (129,) int64
@@ -253,32 +292,10 @@ class TokenShard {
   }
 
   void validate() {
-    TORCH_CHECK(std::memcmp(map_, kShardMagic, sizeof(kShardMagic)) == 0,
-                "memopt::data: '", path_, "' is not a memopt token shard (magic '",
-                detail::printable(map_, sizeof(kShardMagic)), "', expected 'MEMOPTTK'). HINT: ",
-                detail::kRebuildShardHint);
-    const uint32_t version = detail::load_le<uint32_t>(map_ + 8);
-    TORCH_CHECK(version == kShardVersion, "memopt::data: token shard '", path_,
-                "' has format version ", version, ", this memopt reads version ", kShardVersion,
-                ". HINT: ", detail::kRebuildShardHint, " with this version of memopt");
-    const uint32_t width = detail::load_le<uint32_t>(map_ + 12);
-    TORCH_CHECK(width == 2 || width == 4, "memopt::data: token shard '", path_,
-                "' has bytes_per_token ", width, " (expected 2 or 4). HINT: ",
-                detail::kRebuildShardHint);
-    width_ = width;
-    const uint64_t count = detail::load_le<uint64_t>(map_ + 16);
-    const uint64_t body_bytes = static_cast<uint64_t>(bytes_ - kShardHeaderBytes);
-    TORCH_CHECK(count <= body_bytes / width && count * width == body_bytes,
-                "memopt::data: token shard '", path_, "' is ", bytes_,
-                " bytes but its header promises ", count, " tokens of ", width, " bytes (",
-                kShardHeaderBytes, " + ", count, " * ", width,
-                " bytes): the file is truncated or corrupt. HINT: ", detail::kRebuildShardHint);
-    size_ = static_cast<int64_t>(count);
-    const uint64_t vocab = detail::load_le<uint64_t>(map_ + 24);
-    TORCH_CHECK(vocab >= 1 && vocab <= (uint64_t{1} << 32), "memopt::data: token shard '", path_,
-                "' has vocab_size ", vocab, " (expected 1 .. 2^32). HINT: ",
-                detail::kRebuildShardHint);
-    vocab_size_ = static_cast<int64_t>(vocab);
+    const ShardHeader header = parse_shard_header(map_, bytes_, path_);
+    width_ = header.bytes_per_token;
+    size_ = header.tokens;
+    vocab_size_ = header.vocab_size;
 
     // One pass over the ids: the first one >= vocab_size is an error, the largest is kept.
     int64_t max_id = -1;
