@@ -10,12 +10,17 @@
 // next to the measured peak) and a generated sample. Never loses a run: --save_every N
 // checkpoints to OUTPUT_DIR/checkpoints, SIGTERM/SIGINT save and exit 0, --resume latest
 // continues bit for bit (scripts/killtest proves it with kill -9).
+// Other data: --dataset PATH|GLOB (text, JSONL, token shards or a memopt-pretokenize index)
+// is loaded whole, or streamed in constant memory with --use-streaming (--shuffle-buffer-size,
+// --max-examples, --stride, --epochs; memopt/data/stream.hpp). --target-params 25M sizes the
+// model (layers, width, heads) to about that many parameters.
 //   Run: scripts/demo   (or build/examples/00_llama_lm/llama_lm --help)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <memopt/data/loader.hpp>
 #include <memopt/data/shard.hpp>
+#include <memopt/data/stream.hpp>
 #include <memopt/data/tokenizer.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
@@ -51,7 +56,26 @@ struct Args {
   bool calibrate = false;
   std::string output_dir = "out/llama_lm";
   examples::CheckpointFlags checkpoints;
+  // other data, streamed or loaded whole
+  std::vector<std::string> dataset;
+  std::string tokenizer;  // empty: DATA/tokenizer.model
+  bool use_streaming = false;
+  int64_t shuffle_buffer = 1000, max_examples = 0, stride = 0, epochs = 0, data_workers = 1;
+  std::string text_field = "text", split = "line";
+  double target_params = 0;
 };
+
+// The --dataset documents' reading options.
+memopt::data::SourceOptions source_options(const Args& a) {
+  TORCH_CHECK(a.split == "line" || a.split == "paragraph", "llama_lm: --split must be line or paragraph (got '",
+              a.split, "'). HINT: line: a document a line; paragraph: documents end at a blank line.");
+  return memopt::data::SourceOptions()
+      .text_field(a.text_field)
+      .split(a.split == "line" ? memopt::data::Split::kLine : memopt::data::Split::kParagraph)
+      .max_examples(a.max_examples)
+      .epochs(a.epochs)
+      .seed(a.seed);
+}
 
 // Mean next-token loss over the first `max_batches` sequential held-out batches.
 double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const memopt::data::TokenShard>& shard,
@@ -92,28 +116,52 @@ int run(const Args& a) {
   options = a.checkpoints.apply(options, a.output_dir).memory_budget(budget);  // the run adapts if the plan misses
   options.validate();  // --save_every, --keep_checkpoints, --max_skips too
 
-  // ---- data ----
-  const auto train = memopt::data::TokenShard::open(a.data + "/train.bin");
+  TORCH_CHECK(a.use_streaming || a.dataset.empty() || (a.epochs == 0 && a.stride == 0),
+              "llama_lm: --epochs and --stride shape a stream (got --epochs ", a.epochs, ", --stride ", a.stride,
+              " without --use-streaming). HINT: add --use-streaming; a dataset loaded whole is sampled at random.");
+  TORCH_CHECK(!a.use_streaming || !a.dataset.empty(), "llama_lm: --use-streaming streams --dataset (got none). "
+              "HINT: --dataset 'corpus/*.jsonl' --use-streaming");
+
+  // ---- data: DATA's shards, or --dataset loaded whole, or --dataset streamed ----
+  const auto tokenizer = std::make_shared<const memopt::data::Tokenizer>(
+      a.tokenizer.empty() ? a.data + "/tokenizer.model" : a.tokenizer);
   const auto val = memopt::data::TokenShard::open(a.data + "/val.bin");
-  const memopt::data::Tokenizer tokenizer(a.data + "/tokenizer.model");
+  std::shared_ptr<const memopt::data::TokenShard> train;  // null when streaming
+  if (a.dataset.empty()) {
+    train = memopt::data::TokenShard::open(a.data + "/train.bin");
+  } else if (!a.use_streaming) {
+    const auto ids = memopt::data::load_tokens(memopt::data::resolve_sources(a.dataset), tokenizer.get(), source_options(a));
+    fmt::print("llama_lm: --dataset loaded whole: {} tokens ({:.1f} MiB as int32; --use-streaming holds a few MiB)\n",
+               ids.size(), static_cast<double>(ids.size()) * 4 / (1 << 20));
+    train = memopt::data::TokenShard::from_tokens(a.dataset.front(), ids, tokenizer->vocab_size());
+  }
 
   // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
   auto config = memopt::models::LlamaConfig()
-                    .vocab_size(tokenizer.vocab_size())
+                    .vocab_size(tokenizer->vocab_size())
                     .hidden_size(a.dim)
                     .num_hidden_layers(a.layers)
                     .num_attention_heads(a.heads)
                     .num_key_value_heads(a.kv_heads)
                     .max_position_embeddings(a.max_seq_len)
                     .dropout(a.dropout);
+  if (a.target_params > 0) {  // --target-params: the shape nearest that many parameters
+    config = memopt::memory::shape_for_params(static_cast<int64_t>(a.target_params), config);
+    fmt::print("llama_lm: --target-params {:.3g} -> {} layers, d{}, {} heads: {:.2f} M parameters\n", a.target_params,
+               config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(),
+               static_cast<double>(memopt::memory::ModelDesc::llama(config).num_parameters()) / 1e6);
+  }
+  config.validate();
 
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
   const auto desc = memopt::memory::ModelDesc::llama(config);
   int64_t micro_batch = a.micro_batch;
   const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps
       options, [&] { return memopt::models::Llama(config); },
-      [&](int64_t micro) { return memopt::data::RandomWindowLoader(train, memopt::data::LoaderOptions(micro, a.seq_len)); },
+      [&](int64_t micro) {  // the probe's data only needs the right shape: held-out windows when streaming
+        return memopt::data::RandomWindowLoader(train ? train : val, memopt::data::LoaderOptions(micro, a.seq_len));
+      },
       [](memopt::models::Llama& probe) { return memopt::LossSum<memopt::models::Llama>{&probe}; });
   if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder for these policies
     const auto chosen = memopt::choose_policies(
@@ -132,33 +180,62 @@ int run(const Args& a) {
   options.accum_steps(policies.accum);
 
   memopt::models::Llama model(config);
-  train->check_vocab(config.vocab_size());
+  if (train) train->check_vocab(config.vocab_size());
   val->check_vocab(config.vocab_size());
-
-  memopt::data::RandomWindowLoader loader(train, memopt::data::LoaderOptions(micro_batch, a.seq_len).seed(a.seed));
 
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
-  fmt::print("llama_lm: {:.2f} M parameters ({} layers, d{}, {} heads), vocab {}, {} train / {} held-out tokens\n",
-             params / 1e6, a.layers, a.dim, a.heads, config.vocab_size(), train->size(), val->size());
+  fmt::print("llama_lm: {:.2f} M parameters ({} layers, d{}, {} heads), vocab {}, {} held-out tokens, training on {}\n",
+             params / 1e6, config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(),
+             config.vocab_size(), val->size(),
+             train ? fmt::format("{} tokens in memory", train->size()) : fmt::format("a stream of {}", fmt::join(a.dataset, " ")));
   const double before = heldout_loss(model, val, a);
   fmt::print("held-out loss before training {:.3f} (perplexity {:.1f})\n", before, std::exp(before));
 
   // The run-time choice becomes a compiled Trainer: no runtime branch on a policy in the loop.
-  const auto result = memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
-    T trainer(*model, options);
-    trainer.set_run_config({{"vocab", config.vocab_size()}, {"layers", a.layers}, {"dim", a.dim},
-                            {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"max_seq_len", a.max_seq_len},
-                            {"dropout", a.dropout}, {"seed", a.seed}});
-    a.checkpoints.resume_if_asked(trainer, loader, "llama_lm");
-    trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
-    fmt::print("trainer: {} — effective batch {} x {} x {} tokens, {} threads\n", T::name(), micro_batch,
-               policies.accum, a.seq_len, at::get_num_threads());
-    std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
-    auto fit = trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
-    fit.steps = trainer.steps_taken();  // the run's step, a resumed one's included
-    return fit;
-  });
+  const auto train_on = [&](auto& loader) {
+    return memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
+      T trainer(*model, options);
+      trainer.set_run_config({{"vocab", config.vocab_size()}, {"layers", config.num_hidden_layers()},
+                              {"dim", config.hidden_size()}, {"heads", config.num_attention_heads()},
+                              {"kv_heads", a.kv_heads}, {"max_seq_len", a.max_seq_len}, {"dropout", a.dropout},
+                              {"seed", a.seed}, {"dataset", a.dataset}, {"streaming", a.use_streaming}});
+      a.checkpoints.resume_if_asked(trainer, loader, "llama_lm");
+      trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+      fmt::print("trainer: {} — effective batch {} x {} x {} tokens, {} threads\n", T::name(), micro_batch,
+                 policies.accum, a.seq_len, at::get_num_threads());
+      std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
+      auto fit = trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
+      fit.steps = trainer.steps_taken();  // the run's step, a resumed one's included
+      return fit;
+    });
+  };
+  memopt::FitResult result;
+  if (a.use_streaming) {
+    auto stream = memopt::data::StreamOptions(micro_batch, a.seq_len)
+                      .stride(a.stride)
+                      .shuffle_buffer(a.shuffle_buffer)
+                      .seed(a.seed)
+                      .workers(a.data_workers)
+                      .vocab_size(config.vocab_size())
+                      .source(source_options(a));
+    memopt::data::StreamLoader loader(a.dataset, tokenizer, stream);
+    int64_t bytes = 0;
+    for (const auto& f : loader.files()) bytes += f.bytes;
+    const auto data_memory = memopt::data::estimate_memory_usage(bytes / 4 / a.seq_len, a.seq_len, micro_batch,
+                                                                 a.shuffle_buffer, stream.prefetch());
+    fmt::print("llama_lm: streaming {} file(s), {:.1f} MiB: data held ~{:.1f} MiB, ~{:.1f} MiB to load it whole "
+               "(estimate_memory_usage at ~4 bytes a token)\n", loader.files().size(), bytes / 1048576.0,
+               memopt::memory::mib(data_memory.streaming_bytes), memopt::memory::mib(data_memory.full_load_bytes));
+    result = train_on(loader);
+  } else {
+    memopt::data::RandomWindowLoader loader(train, memopt::data::LoaderOptions(micro_batch, a.seq_len).seed(a.seed));
+    result = train_on(loader);
+  }
+  if (result.data_exhausted) {
+    fmt::print("llama_lm: the data ran out at step {} of --steps {} (--epochs {}); the learning-rate schedule "
+               "assumed {} steps\n", result.steps, a.steps, a.epochs, a.steps);
+  }
   if (examples::stopped_by_signal(result, result.steps, "llama_lm")) return 0;
   const double after = heldout_loss(model, val, a);
   fmt::print("held-out loss after {} steps {:.3f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",
@@ -168,16 +245,16 @@ int run(const Args& a) {
              memopt::memory::mib(result.memory.tensors.peak_bytes),
              100.0 * (static_cast<double>(estimate.peak) / static_cast<double>(result.memory.tensors.peak_bytes) - 1));
 
-  std::vector<int32_t> prompt_ids = tokenizer.encode(a.prompt);
-  prompt_ids.insert(prompt_ids.begin(), tokenizer.bos_id());
+  std::vector<int32_t> prompt_ids = tokenizer->encode(a.prompt);
+  prompt_ids.insert(prompt_ids.begin(), tokenizer->bos_id());
   auto prompt = torch::tensor(std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()));
   auto sample = model->generate(prompt, memopt::models::SampleOptions()
                                             .max_new_tokens(a.sample_tokens)
                                             .temperature(a.temperature)
                                             .top_k(50)
                                             .seed(a.seed)
-                                            .eos_id(tokenizer.eos_id()));
-  fmt::print("sample: {}\n", tokenizer.decode(sample));
+                                            .eos_id(tokenizer->eos_id()));
+  fmt::print("sample: {}\n", tokenizer->decode(sample));
   return 0;
 }
 
@@ -190,7 +267,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
   app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (--accum per step)")->capture_default_str();
-  app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option("--seq_len,--seq-len", a.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--max_seq_len", a.max_seq_len, "the model's maximum sequence length")->capture_default_str();
   app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str();
   app.add_option("--dim", a.dim, "hidden size")->capture_default_str();
@@ -220,6 +297,29 @@ int main(int argc, char** argv) {
   app.add_flag("--estimate_only", a.estimate_only, "print the memory estimate (and the plan) and stop");
   app.add_option("--output_dir", a.output_dir, "where checkpoints go (OUTPUT_DIR/checkpoints)")->capture_default_str();
   a.checkpoints.add_to(app);
+  auto* data = app.add_option_group("other data", "train on --dataset instead of DATA/train.bin");
+  data->add_option("--dataset", a.dataset, "text, JSONL (--text_field), token shards, a memopt-pretokenize "
+                   "index.json, a directory or a glob; repeatable")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  data->add_option("--tokenizer", a.tokenizer, "SentencePiece model (default: DATA/tokenizer.model)");
+  data->add_flag("--use-streaming,--use_streaming", a.use_streaming,
+                 "stream --dataset in constant memory (default: tokenize it all into memory first)");
+  data->add_option("--shuffle-buffer-size,--shuffle_buffer_size", a.shuffle_buffer,
+                   "streaming: sequences drawn from at random (1: reading order)")->capture_default_str();
+  data->add_option("--max-examples,--max_examples", a.max_examples, "documents read per epoch (0: all)")
+      ->capture_default_str();
+  data->add_option("--stride", a.stride, "streaming: tokens between window starts (0: --seq_len)")->capture_default_str();
+  data->add_option("--epochs", a.epochs, "streaming: passes over --dataset (0: until --steps); training ends at "
+                   "whichever comes first")->capture_default_str();
+  data->add_option("--text_field,--text-field", a.text_field, "JSONL: the field holding the text")->capture_default_str();
+  data->add_option("--split", a.split, "plain text: a document a line | paragraph (blank-line separated)")
+      ->capture_default_str();
+  data->add_option("--data_workers,--data-workers", a.data_workers, "streaming: tokenizer threads (0: inline)")
+      ->capture_default_str();
+  app.add_option("--target-params,--target_params", a.target_params,
+                 "size the model to about N parameters (25M, 1.5e8, 300k): overrides --layers, --dim, --heads")
+      ->transform(CLI::AsNumberWithUnit(std::map<std::string, double>{{"k", 1e3}, {"M", 1e6}, {"B", 1e9}},
+                                        CLI::AsNumberWithUnit::CASE_SENSITIVE));
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor

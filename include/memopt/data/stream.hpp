@@ -95,6 +95,30 @@ inline DataMemoryEstimate estimate_memory_usage(int64_t num_sequences, int64_t s
   return e;
 }
 
+/// Every document of `files` tokenized into one id vector, EOS after each text document (a
+/// pretokenized shard chunk is taken as it is): the "load it whole" way, for corpora that fit
+/// in memory and as the baseline a stream is measured against. One pass (epochs and rank
+/// sharding of `options` apply).
+///   auto ids = memopt::data::load_tokens(memopt::data::resolve_sources({"corpus"}), tok, {});
+inline std::vector<int32_t> load_tokens(std::vector<SourceFile> files, const Tokenizer* tokenizer,
+                                        SourceOptions options) {
+  DocumentReader reader(std::move(files), options.epochs(options.epochs() == 0 ? 1 : options.epochs()));
+  std::vector<int32_t> ids;
+  RawDocument doc;
+  while (reader.next(doc)) {
+    if (doc.pretokenized) {
+      ids.insert(ids.end(), doc.tokens.begin(), doc.tokens.end());
+      continue;
+    }
+    TORCH_CHECK(tokenizer != nullptr, "memopt::data::load_tokens: '", reader.files().front().path, "' holds text and "
+                "no tokenizer was given. HINT: pass the Tokenizer");
+    const auto part = tokenizer->encode(doc.text);
+    ids.insert(ids.end(), part.begin(), part.end());
+    ids.push_back(static_cast<int32_t>(tokenizer->eos_id()));
+  }
+  return ids;
+}
+
 /// A stream of language-model batches (see the top of this file). Deterministic for a seed;
 /// epochs(0) streams without end. Implements has_next(n) so the Trainer stops cleanly when
 /// a finite stream runs out.

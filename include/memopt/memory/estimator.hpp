@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -263,6 +264,44 @@ struct ModelDesc {
     return num_layers * block + 2 * C * vocab_size;
   }
 };
+
+/// `base` (vocab, positions, dropout, ...) with the shape whose parameter count is nearest
+/// `target_params` (on a log scale) among shapes of width a multiple of 64, heads of 64
+/// dimensions (32 below width 128) and width / layers between 32 and 128 (GPT-2's and
+/// LLaMA's aspect ratios); among counts within 2% of the best, the aspect nearest 64. The
+/// embeddings count too, so a small target with a large vocabulary gets a thin model; a
+/// target below the smallest shape gets the smallest (check num_parameters()).
+///   auto cfg = memopt::memory::shape_for_params(25'000'000, LlamaConfig().vocab_size(4096));
+inline models::LlamaConfig shape_for_params(int64_t target_params, models::LlamaConfig base) {
+  TORCH_CHECK(target_params >= 1, "memopt::memory::shape_for_params: target_params must be >= 1 (got ", target_params,
+              "). HINT: pass a parameter count such as 25000000 (25M)");
+  struct Shape {
+    int64_t dim, layers;
+    double error, aspect;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t dim = 64; dim <= 16384; dim += 64) {
+    auto c = base;
+    c.hidden_size(dim).num_attention_heads(dim >= 128 ? dim / 64 : dim / 32).num_key_value_heads(0).intermediate_size(0);
+    const auto one = static_cast<double>(ModelDesc::llama(c.num_hidden_layers(1)).num_parameters());
+    const double per_layer = static_cast<double>(ModelDesc::llama(c.num_hidden_layers(2)).num_parameters()) - one;
+    for (int64_t layers = (dim + 127) / 128; layers <= dim / 32; ++layers) {
+      const double p = one + per_layer * static_cast<double>(layers - 1);
+      shapes.push_back({dim, layers, std::abs(std::log(p / static_cast<double>(target_params))),
+                        std::abs(std::log(static_cast<double>(dim) / static_cast<double>(layers) / 64.0))});
+    }
+  }
+  const double best = std::min_element(shapes.begin(), shapes.end(), [](const Shape& a, const Shape& b) {
+                        return a.error < b.error;
+                      })->error;
+  const Shape* pick = nullptr;
+  for (const auto& s : shapes) {
+    if (s.error <= best + 0.02 && (pick == nullptr || s.aspect < pick->aspect)) pick = &s;
+  }
+  return base.hidden_size(pick->dim).num_hidden_layers(pick->layers)
+      .num_attention_heads(pick->dim >= 128 ? pick->dim / 64 : pick->dim / 32).num_key_value_heads(0)
+      .intermediate_size(0);
+}
 
 /// One micro-batch: B sequences of T tokens.
 struct RunDesc {
