@@ -7,9 +7,11 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "memopt/batch.hpp"
 #include "memopt/callbacks.hpp"
 #include "memopt/concepts.hpp"
+#include "memopt/dist/data_parallel.hpp"
 #include "memopt/io/checkpoint.hpp"
 #include "memopt/memory/allocator.hpp"
 #include "memopt/memory/report.hpp"
@@ -82,6 +85,16 @@ struct TrainerOptions {
   /// keep that split; below one sequence it stops with an error naming the need. Needs the
   /// tracker (memopt::init()) on the CPU and a batch type with split().
   TORCH_ARG(int64_t, memory_budget) = 0;
+  /// false: this Trainer trains on this process alone even when the job has several ranks
+  /// (a probe, a reference run); true: on dist::world().
+  TORCH_ARG(bool, data_parallel) = true;
+  /// Data parallel (dist::world() of more than one rank): gradient all-reduce bucket size.
+  TORCH_ARG(int64_t, bucket_mib) = 25;
+  /// Data parallel: ZeRO-1 — each rank keeps the optimizer state of ~1/world of the
+  /// parameters, steps them and shares them (dist/data_parallel.hpp). No effect on one rank.
+  TORCH_ARG(bool, shard_optimizer_state) = false;
+  /// How a sharded step shares the updated parameters (broadcast per owner, or one all-gather).
+  TORCH_ARG(dist::ParamGather, param_gather) = dist::ParamGather::kBroadcast;
 
 
  public:
@@ -117,6 +130,8 @@ struct TrainerOptions {
                 "). HINT: 0 sets no limit; memopt::parse_bytes(\"4GiB\") reads a size.");
     TORCH_CHECK(max_consecutive_skips_ >= 0, "memopt::TrainerOptions: max_consecutive_skips must be >= 0 (got ",
                 max_consecutive_skips_, "). HINT: 0 never stops; 25 is the default.");
+    TORCH_CHECK(bucket_mib_ >= 1, "memopt::TrainerOptions: bucket_mib must be >= 1 (got ", bucket_mib_,
+                "). HINT: 25 MiB buckets suit most models.");
   }
 
   /// The options that shape the result, as a checkpoint records them: a resume must match
@@ -133,7 +148,8 @@ struct TrainerOptions {
             {"min_lr_ratio", min_lr_ratio_},
             {"grad_clip", grad_clip_},
             {"max_steps", max_steps_},
-            {"accum_steps", accum_steps_}};
+            {"accum_steps", accum_steps_},
+            {"shard_optimizer_state", shard_optimizer_state_}};
   }
 };
 
@@ -258,6 +274,8 @@ class Trainer {
                      .weight_decay(options_.weight_decay());
     auto groups = options_.param_specific_decay() ? optim::param_groups(model.named_parameters(), adamw)
                                                   : optim::single_group(params_, adamw);
+    world_ = options_.data_parallel() ? &dist::world() : &dist::local_world();
+    if (world_->distributed()) setup_data_parallel(model, groups);  // sharded: keeps this rank's groups only
     optimizer_ = offload_.make_optimizer(master_groups(std::move(groups)), adamw);
     for (auto& group : optimizer_->param_groups())
       for (auto& p : group.params()) step_params_.push_back(p);
@@ -267,8 +285,9 @@ class Trainer {
                 "not installed. HINT: call memopt::init() first in main()");
   }
 
-  /// Adds a callback (called in the order added).
+  /// Adds a callback (called in the order added). Data parallel: on rank 0 only (it logs for all).
   Trainer& add_callback(std::shared_ptr<Callback> cb) {
+    if (world_->rank() != 0) return *this;
     callbacks_.push_back(std::move(cb));
     return *this;
   }
@@ -285,26 +304,32 @@ class Trainer {
     // ---- the effective batch: its micro-batches and their target count ----
     auto micro_batches = next_micro_batches(loader);           // accum_.micro_steps() × (B, T)
     torch::Tensor num_targets = count_targets(micro_batches);  // 0-dim, no host sync
+    int64_t tokens = tokens_in(micro_batches);
+    if (world_->distributed()) sum_over_ranks(num_targets, tokens);  // the global batch's counts
+    num_targets = num_targets.clamp_min(1);
 
     // ---- forward + backward per micro-batch (cut smaller if over memory_budget); grads accumulate ----
     torch::Tensor loss_sum = accumulate(micro_batches, loss_fn, num_targets);  // 0-dim, the step's mean loss
+    if (world_->distributed()) sync_gradients(loss_sum);  // once, after the last micro-batch (no_sync before)
 
     // ---- optimizer step ----
     tracker.set_phase(memory::Phase::kOptimizer);
     prepare_grads();                                       // Scaled: ÷ loss scale; Bf16Pure: → fp32 masters
-    torch::Tensor grad_norm = optim::clip_grad_norm_(step_params_, options_.grad_clip());  // 0: steps in backward
+    torch::Tensor grad_norm = param_share_ ? optim::clip_grad_norm_(step_params_, params_, options_.grad_clip())
+                                           : optim::clip_grad_norm_(step_params_, options_.grad_clip());
     bool stepped = false;
     if (finite(loss_sum, grad_norm)) {                     // one host sync; inf/nan: weights and state untouched
       offload_.before_step(*optimizer_);
       stepped = precision_.step(*optimizer_);              // false: the loss scaler found inf/nan
       offload_.after_step(*optimizer_);
+      if (param_share_ && stepped) param_share_->share();  // sharded: each rank's updated parameters to all
     } else {
       skip_step();                                         // Scaled: the loss scale backs off
     }
     zero_grad();
     tracker.set_phase(memory::Phase::kIdle);
 
-    StepStats stats{++step_, lr, loss_sum, grad_norm, num_targets, tokens_in(micro_batches),
+    StepStats stats{++step_, lr, loss_sum, grad_norm, num_targets, tokens,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), stepped};
     for (auto& cb : callbacks_) cb->on_step_end(stats);
     return stats;
@@ -314,6 +339,11 @@ class Trainer {
   template <BatchSource Loader, LossFunction<Checkpoint, batch_of<Loader>> LossFn>
   FitResult fit(Loader& loader, LossFn&& loss_fn) {
     StopSignals stop(options_.handle_signals());  // SIGTERM/SIGINT: finish the step, checkpoint, return
+    stop_ = &stop;
+    struct Forget {  // stop_ points into this frame only
+      StopSignals*& p;
+      ~Forget() { p = nullptr; }
+    } forget{stop_};
     FitResult result;
     int64_t total_tokens = 0;
     int64_t tokens_since_log = 0, steps_since_log = 0;
@@ -350,7 +380,8 @@ class Trainer {
       stop_if_diverged(s, loader);  // throws after max_consecutive_skips skipped steps in a row (checkpointed)
       if (checkpointing() && options_.save_every() > 0 && s.step % options_.save_every() == 0)
         save_checkpoint(loader, "interval");
-      if ((result.stop_signal = stop.requested()) != 0) {
+      // Data parallel: the ranks stop together, at the step whose gradient sync carried a signal.
+      if ((result.stop_signal = world_->distributed() ? agreed_stop_ : stop.requested()) != 0) {
         if (checkpointing()) save_checkpoint(loader, signal_name(result.stop_signal));
         break;
       }
@@ -387,9 +418,31 @@ class Trainer {
                             {"consecutive_skips", consecutive_skips_},
                             {"micro_splits", micro_splits_}};
     if constexpr (ResumableSource<Loader>) state["loader"] = loader.state();
-    last_checkpoint_ = manager().save(step_, [&](const std::string& tmp) {
-      io::write_checkpoint(tmp, *model_, *this, state);
-    });
+    if (world_->distributed()) {  // every rank saves (a collective); rank 0 writes, other ranks their shards
+      state["world_size"] = world_->size();
+      state["ranks"] = rank_states(loader);
+      if (world_->rank() != 0) {
+        const std::string tmp = manager().path_of(step_) + ".tmp";
+        if (param_share_) {
+          world_->barrier("checkpoint: directory made");
+          io::write_trainer_file(tmp + "/" + shard_file(world_->rank()), *this);
+          world_->barrier("checkpoint: shards written");
+        }
+        last_checkpoint_ = manager().path_of(step_);
+      }
+    }
+    if (world_->rank() == 0) {
+      last_checkpoint_ = manager().save(step_, [&](const std::string& tmp) {
+        std::vector<std::string> shards;  // the other ranks' optimizer state, listed in the manifest
+        if (param_share_) {
+          world_->barrier("checkpoint: directory made");
+          world_->barrier("checkpoint: shards written");
+          for (int r = 1; r < world_->size(); ++r) shards.push_back(shard_file(r));
+        }
+        io::write_checkpoint(tmp, *model_, *this, state, shards);
+      });
+    }
+    world_->barrier("checkpoint: saved");
     last_saved_step_ = step_;
     for (auto& cb : callbacks_) cb->on_checkpoint(step_, last_checkpoint_, reason);
     return last_checkpoint_;
@@ -424,12 +477,18 @@ class Trainer {
     for (const auto& d : differences) listed += "\n  " + d;
     TORCH_CHECK(differences.empty(), who, ": '", dir, "' was written with other settings:", listed,
                 "\nHINT: resume with the settings of the run that wrote it, or start a new run elsewhere");
+    const int saved_world = state.value("world_size", 1);
+    TORCH_CHECK(saved_world == world_->size(), who, ": '", dir, "' was written by ", saved_world, " rank(s), this run has ",
+                world_->size(), ". HINT: resume with the number of ranks (--nproc_per_node) of the run that wrote it");
+    const nlohmann::json* mine = world_->distributed() ? &state.at("ranks").at(static_cast<size_t>(world_->rank())) : &state;
     if constexpr (ResumableSource<Loader>) {
-      TORCH_CHECK(state.contains("loader"), who, ": '", dir, "' holds no data-loader position. "
+      TORCH_CHECK(mine->contains("loader"), who, ": '", dir, "' holds no data-loader position. "
                   "HINT: it was written with a loader that has no state()");
-      loader.load_state(state["loader"]);
+      loader.load_state((*mine)["loader"]);
     }
-    io::read_checkpoint(dir, *model_, *this, /*verify=*/false);  // resolve() verified it
+    const bool own_shard = param_share_ && world_->rank() != 0;
+    io::read_checkpoint(dir, *model_, *this, /*verify=*/false, own_shard ? shard_file(world_->rank()) : "trainer.pt");
+    if (world_->distributed()) restore_cpu_rng(mine->at("rng_cpu").get<std::string>());
     consecutive_skips_ = state.value("consecutive_skips", int64_t{0});
     micro_splits_ = options_.memory_budget() > 0 ? state.value("micro_splits", int64_t{1}) : 1;
     last_saved_step_ = step_;
@@ -518,7 +577,7 @@ class Trainer {
   torch::Tensor count_targets(const std::vector<B>& batches) const {
     torch::Tensor n = batches.front().num_targets().to(device_);
     for (size_t m = 1; m < batches.size(); ++m) n = n + batches[m].num_targets().to(device_);
-    return n.clamp_min(1).to(torch::kFloat);
+    return n.to(torch::kFloat);  // step() clamps it to >= 1 (after summing over the ranks)
   }
 
   template <class B>
@@ -704,6 +763,86 @@ class Trainer {
     for (auto& p : step_params_) p.mutable_grad() = torch::Tensor();
   }
 
+  // ---- data parallel (dist::world() of more than one rank) ----
+  void setup_data_parallel(torch::nn::Module& model, std::vector<torch::optim::OptimizerParamGroup>& groups) {
+    TORCH_CHECK(!hooks::StepsInBackward<Offload>, "memopt::Trainer: offload::StepInBackward updates each weight "
+                "inside backward, before the gradients are summed over the ranks (world size ", world_->size(),
+                "). HINT: use offload::None, Int8 or Disk for data-parallel training");
+    if constexpr (requires { precision_.scaler(); }) {
+      TORCH_CHECK(!options_.shard_optimizer_state(), "memopt::Trainer: a sharded optimizer state cannot combine with "
+                  "fp16 loss scaling (its inf/nan check sees only this rank's shard). HINT: use bf16, or "
+                  "shard_optimizer_state(false)");
+    }
+    dist::check_model(*world_, model);      // the same names and shapes everywhere, or an error naming the rank
+    dist::broadcast_module(*world_, model);  // rank 0's initial weights on every rank
+    grad_sync_ = std::make_unique<dist::GradientSync>(*world_, params_, options_.bucket_mib() << 20);
+    if (!options_.shard_optimizer_state()) return;
+    const std::vector<int> owner = dist::owners(params_, world_->size());
+    std::set<const void*> mine;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (owner[i] == world_->rank()) mine.insert(params_[i].unsafeGetTensorImpl());
+    std::vector<torch::optim::OptimizerParamGroup> kept;
+    for (auto& group : groups) {
+      std::vector<torch::Tensor> owned;
+      for (const auto& p : group.params())
+        if (mine.count(p.unsafeGetTensorImpl())) owned.push_back(p);
+      if (!owned.empty()) kept.emplace_back(owned, group.options().clone());
+    }
+    TORCH_CHECK(!kept.empty(), "memopt::Trainer: rank ", world_->rank(), " owns no parameter (", params_.size(),
+                " tensors over ", world_->size(), " ranks). HINT: use fewer ranks or shard_optimizer_state(false)");
+    groups = std::move(kept);
+    param_share_ = std::make_unique<dist::ParamShare>(*world_, params_, owner, options_.param_gather());
+  }
+
+  // The global batch's target and token counts (one small all-reduce before forward).
+  void sum_over_ranks(torch::Tensor& num_targets, int64_t& tokens) {
+    torch::Tensor counts = torch::stack({num_targets.to(torch::kCPU, torch::kDouble),
+                                         torch::scalar_tensor(static_cast<double>(tokens), torch::kDouble)});
+    world_->all_reduce_sum({counts}, "target count all-reduce");
+    num_targets = counts[0].to(device_, torch::kFloat);
+    tokens = static_cast<int64_t>(counts[1].item<double>());
+  }
+
+  // Gradients, the loss and a pending stop signal, summed over the ranks.
+  void sync_gradients(torch::Tensor& loss_sum) {
+    const int local = stop_ != nullptr ? stop_->requested() : 0;
+    torch::Tensor signal = torch::scalar_tensor(static_cast<float>(local), loss_sum.options());
+    grad_sync_->sync({loss_sum, signal});
+    agreed_stop_ = signal.item<float>() > 0 ? (local != 0 ? local : SIGTERM) : 0;
+  }
+
+  static std::string shard_file(int rank) { return "trainer-rank" + std::to_string(rank) + ".pt"; }
+
+  // Every rank's loader position and CPU generator, gathered on rank 0 (through the store).
+  template <class Loader>
+  nlohmann::json rank_states(const Loader& loader) {
+    const auto rng = memopt::detail::RngState::capture().cpu.contiguous();
+    std::string hex;
+    for (int64_t i = 0; i < rng.numel(); ++i) hex += fmt::format("{:02x}", rng.data_ptr<uint8_t>()[i]);
+    nlohmann::json mine = {{"rng_cpu", hex}};
+    if constexpr (ResumableSource<Loader>) mine["loader"] = loader.state();
+    const std::string key = fmt::format("checkpoint/{}/{}", step_, world_->rank());
+    if (world_->rank() != 0) {
+      world_->store_set(key, mine.dump());
+      return nullptr;
+    }
+    nlohmann::json all = nlohmann::json::array({mine});
+    for (int r = 1; r < world_->size(); ++r)
+      all.push_back(nlohmann::json::parse(world_->store_get(fmt::format("checkpoint/{}/{}", step_, r))));
+    return all;
+  }
+
+  static void restore_cpu_rng(const std::string& hex) {
+    TORCH_CHECK(hex.size() % 2 == 0, "memopt::Trainer::resume: \"rng_cpu\" of this rank is not hex. HINT: the "
+                "checkpoint's state.json is damaged");
+    torch::Tensor state = torch::empty({static_cast<int64_t>(hex.size() / 2)}, torch::kByte);
+    for (size_t i = 0; i < hex.size() / 2; ++i)
+      state.data_ptr<uint8_t>()[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    memopt::detail::RngState rng;
+    rng.cpu = state;
+    rng.restore();
+  }
+
   TrainerOptions options_;
   [[no_unique_address]] Checkpoint checkpoint_;
   [[no_unique_address]] Precision precision_;
@@ -721,6 +860,11 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   int64_t micro_splits_ = 1;  // pieces per micro-batch (memory_budget)
   std::string last_checkpoint_;
+  dist::World* world_ = nullptr;                      // dist::world(): one rank unless launched by torchrun
+  std::unique_ptr<dist::GradientSync> grad_sync_;     // data parallel: the gradient all-reduce
+  std::unique_ptr<dist::ParamShare> param_share_;     // sharded optimizer state: parameters after the step
+  StopSignals* stop_ = nullptr;                       // fit()'s, for the ranks to agree on a stop
+  int agreed_stop_ = 0;
 };
 
 }  // namespace memopt

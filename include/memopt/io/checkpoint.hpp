@@ -217,18 +217,10 @@ inline Manifest verify_checkpoint(const std::string& dir) {
   return m;
 }
 
-/// Writes a checkpoint's files into the (new, empty) directory `dir`: model.safetensors,
-/// trainer.pt (the Trainer's state and the random states), state.json (`state`, plus
-/// "step"), then manifest.json with their sizes and checksums; each file is fsync'ed.
-/// Not atomic by itself: CheckpointManager::save writes into a temporary directory.
+/// The Trainer's state (optimizer, step, loss scale, masters) and this process's random
+/// states as one archive at `path` (trainer.pt; a rank's optimizer shard, trainer-rankN.pt).
 template <class TrainerT>
-void write_checkpoint(const std::string& dir, torch::nn::Module& model, const TrainerT& trainer,
-                      nlohmann::json state) {
-  namespace fs = std::filesystem;
-  const std::string who = "memopt::io: write_checkpoint('" + dir + "')";
-  const fs::path root(dir);
-  save_safetensors((root / "model.safetensors").string(), detail::named_state(model), {{"format", "pt"}});
-
+void write_trainer_file(const std::string& path, const TrainerT& trainer) {
   torch::serialize::OutputArchive archive;
   trainer.save_state(archive);
   const auto rng = memopt::detail::RngState::capture();  // the CPU generator, read under its mutex
@@ -236,14 +228,31 @@ void write_checkpoint(const std::string& dir, torch::nn::Module& model, const Tr
 #if MEMOPT_HAS_CUDA
   if (rng.cuda.defined()) archive.write("rng_cuda", rng.cuda);
 #endif
-  archive.save_to((root / "trainer.pt").string());
+  archive.save_to(path);
+}
+
+/// Writes a checkpoint's files into the (new, empty) directory `dir`: model.safetensors,
+/// trainer.pt (the Trainer's state and the random states), state.json (`state`, plus
+/// "step"), then manifest.json with their sizes and checksums; each file is fsync'ed.
+/// Not atomic by itself: CheckpointManager::save writes into a temporary directory.
+template <class TrainerT>
+void write_checkpoint(const std::string& dir, torch::nn::Module& model, const TrainerT& trainer,
+                      nlohmann::json state, const std::vector<std::string>& extra_files = {}) {
+  namespace fs = std::filesystem;
+  const std::string who = "memopt::io: write_checkpoint('" + dir + "')";
+  const fs::path root(dir);
+  save_safetensors((root / "model.safetensors").string(), detail::named_state(model), {{"format", "pt"}});
+
+  write_trainer_file((root / "trainer.pt").string(), trainer);
 
   state["step"] = trainer.steps_taken();
   detail::write_text((root / "state.json").string(), state.dump(2) + "\n", who);
 
   Manifest manifest;
   manifest.step = trainer.steps_taken();
-  for (const auto& name : checkpoint_files()) {
+  std::vector<std::string> files = checkpoint_files();
+  files.insert(files.end(), extra_files.begin(), extra_files.end());  // e.g. other ranks' optimizer shards
+  for (const auto& name : files) {
     detail::fsync_path((root / name).string(), who);
     manifest.files[name] = digest_file((root / name).string());
   }
@@ -275,7 +284,7 @@ inline nlohmann::json read_checkpoint_state(const std::string& dir) {
 /// before changing anything. Returns state.json.
 template <class TrainerT>
 nlohmann::json read_checkpoint(const std::string& dir, torch::nn::Module& model, TrainerT& trainer,
-                               bool verify = true) {
+                               bool verify = true, const std::string& trainer_file = "trainer.pt") {
   namespace fs = std::filesystem;
   const std::string who = "memopt::io: checkpoint '" + dir + "'";
   if (verify) verify_checkpoint(dir);
@@ -300,7 +309,7 @@ nlohmann::json read_checkpoint(const std::string& dir, torch::nn::Module& model,
                 "', which the model lacks. HINT: build the model with the configuration of the run that saved it");
 
   // ---- trainer.pt: read whole before any copy ----
-  const std::string trainer_path = (root / "trainer.pt").string();
+  const std::string trainer_path = (root / trainer_file).string();
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(trainer_path);
