@@ -1,9 +1,12 @@
 // memopt/data/shard.hpp — token shards: a flat file of token ids with a 64-byte header,
-// written once (atomically) by write_shard() and read through a read-only memory map by
-// TokenShard, so a training run touches only the windows it samples. Every file is
-// validated on open (magic, version, width, length, token ids < vocab) and each error
-// names the file, the value seen and what to do about it.
+// written once (atomically) by write_shard(), or streamed by ShardWriter, and read through a
+// read-only memory map by TokenShard, so a training run touches only the windows it
+// samples. Every file is validated on open (magic, version, width, length, token ids <
+// vocab) and each error names the file, the value seen and what to do about it.
 #pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -14,6 +17,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -145,6 +149,134 @@ inline void write_shard(const std::string& path, const std::vector<int32_t>& tok
               "). HINT: check that '", path, "' is not a directory and is writable");
 }
 
+/// Streams token ids into a shard at `path` without holding them: the ids go to
+/// `path + ".tmp"` as they come (uint16 when vocab_size <= 65536, else uint32, as
+/// encode_shard writes them); close() writes the count into the header, syncs the file and
+/// renames it into place, so a reader finds the whole shard or none. Destroyed without
+/// close() (an error, an exception unwinding), it removes the .tmp.
+///   memopt::data::ShardWriter out("corpus/shard-00000.bin", tokenizer.vocab_size());
+///   out.append(tokenizer.encode("The jury said."));   // any number of times
+///   out.close();                                      // now corpus/shard-00000.bin exists
+class ShardWriter {
+ public:
+  ShardWriter(std::string path, int64_t vocab_size) : path_(std::move(path)), tmp_(path_ + ".tmp"), vocab_size_(vocab_size) {
+    TORCH_CHECK(vocab_size >= 1 && vocab_size <= (int64_t{1} << 32), "memopt::data::ShardWriter: shard '", path_,
+                "': vocab_size must be in [1, 2^32] (got ", vocab_size, "). HINT: pass the tokenizer's vocab_size()");
+    width_ = vocab_size <= 65536 ? 2 : 4;
+    file_ = std::fopen(tmp_.c_str(), "wb");
+    TORCH_CHECK(file_ != nullptr, "memopt::data::ShardWriter: cannot create '", tmp_, "' (", std::strerror(errno),
+                "). HINT: check that the directory exists and is writable");
+    std::setvbuf(file_, nullptr, _IOFBF, size_t{1} << 20);
+    unsigned char header[kShardHeaderBytes];
+    fill_header(header);  // count 0 until close()
+    write(header, sizeof(header));
+  }
+
+  ~ShardWriter() { discard(); }
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  /// Appends `ids` (each in [0, vocab_size)); a bad id is an error and nothing of `ids` is written.
+  void append(std::span<const int32_t> ids) {
+    check_open("append to");
+    for (size_t i = 0; i < ids.size(); ++i) {
+      TORCH_CHECK(ids[i] >= 0 && ids[i] < vocab_size_, "memopt::data::ShardWriter: shard '", path_, "': token id ",
+                  ids[i], " at position ", count_ + static_cast<int64_t>(i), " is outside [0, vocab_size ", vocab_size_,
+                  "). HINT: encode with the tokenizer whose vocab_size you pass");
+    }
+    buffer_.resize(ids.size() * width_);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (width_ == 2) {
+        detail::store_le<uint16_t>(buffer_.data() + 2 * i, static_cast<uint16_t>(ids[i]));
+      } else {
+        detail::store_le<uint32_t>(buffer_.data() + 4 * i, static_cast<uint32_t>(ids[i]));
+      }
+    }
+    write(buffer_.data(), buffer_.size());
+    count_ += static_cast<int64_t>(ids.size());
+  }
+  void append(const std::vector<int32_t>& ids) { append(std::span<const int32_t>(ids)); }
+
+  /// Writes the count into the header, syncs the file and renames it to path(); the shard
+  /// is complete when this returns. Nothing may be appended afterwards.
+  void close() {
+    check_open("close");
+    unsigned char header[kShardHeaderBytes];
+    fill_header(header);
+    if (std::fflush(file_) != 0 || ::fseeko(file_, 0, SEEK_SET) != 0) fail("writing");
+    write(header, sizeof(header));
+    if (std::fflush(file_) != 0) fail("writing");
+    if (::fsync(::fileno(file_)) != 0) fail("syncing");
+    const bool closed = std::fclose(file_) == 0;
+    file_ = nullptr;
+    if (!closed) fail("closing");
+    std::error_code ec;
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec) std::remove(tmp_.c_str());
+    TORCH_CHECK(!ec, "memopt::data::ShardWriter: cannot rename '", tmp_, "' to '", path_, "' (", ec.message(),
+                "). HINT: check that '", path_, "' is not a directory and is writable");
+    closed_ = true;
+    // The rename is durable once the directory is synced (best effort: some file systems refuse).
+    std::string dir = std::filesystem::path(path_).parent_path().string();
+    const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+  }
+
+  /// Ids appended so far.
+  int64_t size() const { return count_; }
+  /// 2 (uint16) or 4 (uint32), from vocab_size.
+  int64_t bytes_per_token() const { return static_cast<int64_t>(width_); }
+  int64_t vocab_size() const { return vocab_size_; }
+  /// The shard's final path (the ids go to path() + ".tmp" until close()).
+  const std::string& path() const { return path_; }
+  /// Whether close() has completed.
+  bool closed() const { return closed_; }
+
+ private:
+  void fill_header(unsigned char* header) const {
+    std::memset(header, 0, kShardHeaderBytes);
+    std::memcpy(header, kShardMagic, sizeof(kShardMagic));
+    detail::store_le<uint32_t>(header + 8, kShardVersion);
+    detail::store_le<uint32_t>(header + 12, static_cast<uint32_t>(width_));
+    detail::store_le<uint64_t>(header + 16, static_cast<uint64_t>(count_));
+    detail::store_le<uint64_t>(header + 24, static_cast<uint64_t>(vocab_size_));
+  }
+
+  void check_open(const char* what) const {
+    TORCH_CHECK(file_ != nullptr, "memopt::data::ShardWriter: cannot ", what, " shard '", path_, "': it is ",
+                closed_ ? "closed" : "discarded after a failed write", ". HINT: open a new ShardWriter");
+  }
+
+  void write(const unsigned char* bytes, size_t n) {
+    if (n > 0 && std::fwrite(bytes, 1, n, file_) != n) fail("writing");
+  }
+
+  // Removes the .tmp and reports what failed.
+  [[noreturn]] void fail(const char* what) {
+    const std::string reason = std::strerror(errno);
+    discard();
+    TORCH_CHECK(false, "memopt::data::ShardWriter: ", what, " '", tmp_, "' failed after ", count_, " tokens (", reason,
+                "). HINT: check free disk space and that the directory is writable");
+  }
+
+  void discard() noexcept {
+    if (file_ != nullptr) std::fclose(file_);
+    file_ = nullptr;
+    if (!closed_) std::remove(tmp_.c_str());
+  }
+
+  std::string path_, tmp_;
+  int64_t vocab_size_ = 0;
+  size_t width_ = 2;
+  std::FILE* file_ = nullptr;
+  int64_t count_ = 0;
+  bool closed_ = false;
+  std::vector<unsigned char> buffer_;
+};
+
 /// What a shard's 64-byte header says.
 struct ShardHeader {
   int64_t bytes_per_token = 0;  // 2 or 4
@@ -155,7 +287,7 @@ struct ShardHeader {
 /// Parses and checks the header of a shard of `file_bytes` bytes whose first
 /// min(file_bytes, 64) bytes are at `bytes`: magic, version, width, a token count that
 /// matches the file size exactly, vocab_size in [1, 2^32]. Each failure names `name`, the
-/// value seen and how to rebuild. A pure function (the fuzz target fuzz/shard_header.cpp).
+/// value seen and how to rebuild. A pure function (the fuzz target fuzz/shard_header_fuzz.cpp).
 ///   auto header = memopt::data::parse_shard_header(first64, file_size, "train.bin");
 inline ShardHeader parse_shard_header(const unsigned char* bytes, int64_t file_bytes, const std::string& name) {
   TORCH_CHECK(file_bytes >= kShardHeaderBytes, "memopt::data: token shard '", name, "' holds ", file_bytes,

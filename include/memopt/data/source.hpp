@@ -227,7 +227,7 @@ inline std::vector<SourceFile> resolve_sources(const std::vector<std::string>& s
 
 /// The text of one JSONL record: `line` must be a JSON object whose `field` is a string.
 /// Errors name the file, the line number and what was seen. A pure function (the fuzz
-/// target fuzz/jsonl_record.cpp).
+/// target fuzz/jsonl_record_fuzz.cpp).
 ///   std::string text = memopt::data::parse_jsonl_record(R"({"text": "hi"})", "text", "a.jsonl", 1);
 inline std::string parse_jsonl_record(std::string_view line, const std::string& field, const std::string& file,
                                       int64_t line_no) {
