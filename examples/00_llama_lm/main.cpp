@@ -27,6 +27,7 @@
 #include <memopt/planner.hpp>
 
 #include "common/checkpoint_flags.hpp"
+#include "common/distributed.hpp"
 
 namespace {
 
@@ -56,6 +57,7 @@ struct Args {
   bool calibrate = false;
   std::string output_dir = "out/llama_lm";
   examples::CheckpointFlags checkpoints;
+  examples::DistributedFlags distributed;
   // other data, streamed or loaded whole
   std::vector<std::string> dataset;
   std::string tokenizer;  // empty: DATA/tokenizer.model
@@ -114,6 +116,8 @@ int run(const Args& a) {
                            .log_interval(a.log_interval)
                            .threads(a.threads);
   options = a.checkpoints.apply(options, a.output_dir).memory_budget(budget);  // the run adapts if the plan misses
+  options = a.distributed.apply(options);
+  auto& world = examples::join_world("llama_lm");  // torchrun: each rank trains on its rows of every batch
   options.validate();  // --save_every, --keep_checkpoints, --max_skips too
 
   TORCH_CHECK(a.use_streaming || a.dataset.empty() || (a.epochs == 0 && a.stride == 0),
@@ -157,8 +161,8 @@ int run(const Args& a) {
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
   const auto desc = memopt::memory::ModelDesc::llama(config);
   int64_t micro_batch = a.micro_batch;
-  const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps
-      options, [&] { return memopt::models::Llama(config); },
+  const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps, this rank alone
+      memopt::TrainerOptions(options).data_parallel(false), [&] { return memopt::models::Llama(config); },
       [&](int64_t micro) {  // the probe's data only needs the right shape: held-out windows when streaming
         return memopt::data::RandomWindowLoader(train ? train : val, memopt::data::LoaderOptions(micro, a.seq_len));
       },
@@ -199,11 +203,13 @@ int run(const Args& a) {
       trainer.set_run_config({{"vocab", config.vocab_size()}, {"layers", config.num_hidden_layers()},
                               {"dim", config.hidden_size()}, {"heads", config.num_attention_heads()},
                               {"kv_heads", a.kv_heads}, {"max_seq_len", a.max_seq_len}, {"dropout", a.dropout},
-                              {"seed", a.seed}, {"dataset", a.dataset}, {"streaming", a.use_streaming}});
+                              {"seed", a.seed}, {"dataset", a.dataset}, {"streaming", a.use_streaming},
+                              {"global_micro_batch", micro_batch * world.size()}});
       a.checkpoints.resume_if_asked(trainer, loader, "llama_lm");
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
-      fmt::print("trainer: {} — effective batch {} x {} x {} tokens, {} threads\n", T::name(), micro_batch,
-                 policies.accum, a.seq_len, at::get_num_threads());
+      fmt::print("trainer: {} — effective batch {} x {} x {} tokens{}, {} threads\n", T::name(), micro_batch,
+                 policies.accum, a.seq_len, world.distributed() ? fmt::format(" x {} ranks", world.size()) : "",
+                 at::get_num_threads());
       std::fflush(stdout);  // the progress bar goes to stderr: keep the order when both go to a file
       auto fit = trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
       fit.steps = trainer.steps_taken();  // the run's step, a resumed one's included
@@ -218,7 +224,7 @@ int run(const Args& a) {
                       .seed(a.seed)
                       .workers(a.data_workers)
                       .vocab_size(config.vocab_size())
-                      .source(source_options(a));
+                      .source(source_options(a).rank(world.rank()).world_size(world.size()));  // disjoint documents
     memopt::data::StreamLoader loader(a.dataset, tokenizer, stream);
     int64_t bytes = 0;
     for (const auto& f : loader.files()) bytes += f.bytes;
@@ -229,7 +235,10 @@ int run(const Args& a) {
                memopt::memory::mib(data_memory.streaming_bytes), memopt::memory::mib(data_memory.full_load_bytes));
     result = train_on(loader);
   } else {
-    memopt::data::RandomWindowLoader loader(train, memopt::data::LoaderOptions(micro_batch, a.seq_len).seed(a.seed));
+    // Every rank draws the same global micro-batch (micro-batch x ranks rows) and trains on its rows.
+    memopt::data::RandomWindowLoader global(train,
+                                            memopt::data::LoaderOptions(micro_batch * world.size(), a.seq_len).seed(a.seed));
+    memopt::dist::RankSlice loader(global, world.rank(), world.size());
     result = train_on(loader);
   }
   if (result.data_exhausted) {
@@ -297,6 +306,7 @@ int main(int argc, char** argv) {
   app.add_flag("--estimate_only", a.estimate_only, "print the memory estimate (and the plan) and stop");
   app.add_option("--output_dir", a.output_dir, "where checkpoints go (OUTPUT_DIR/checkpoints)")->capture_default_str();
   a.checkpoints.add_to(app);
+  a.distributed.add_to(app);
   auto* data = app.add_option_group("other data", "train on --dataset instead of DATA/train.bin");
   data->add_option("--dataset", a.dataset, "text, JSONL (--text_field), token shards, a memopt-pretokenize "
                    "index.json, a directory or a glob; repeatable")

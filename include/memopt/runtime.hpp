@@ -43,9 +43,18 @@ inline int available_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+/// Intra-op threads for "0: all": the CPUs this process may run on, shared evenly by the ranks
+/// torchrun started on this machine (LOCAL_WORLD_SIZE), at least 1.
+inline int default_threads() {
+  int local_ranks = 1;
+  if (const char* n = std::getenv("LOCAL_WORLD_SIZE"); n != nullptr) local_ranks = std::max(1, std::atoi(n));
+  return std::max(1, available_cpus() / local_ranks);
+}
+
 /// Options of memopt::init().
 struct RuntimeOptions {
-  /// Intra-op threads; 0 means all CPUs this process may run on.
+  /// Intra-op threads; 0 means all CPUs this process may run on (shared by the ranks on this
+  /// machine under torchrun: default_threads()).
   TORCH_ARG(int, threads) = 0;
   /// Install the tracking CPU allocator (exact tensor byte counts).
   TORCH_ARG(bool, track_memory) = true;
@@ -63,7 +72,7 @@ inline void init(const RuntimeOptions& options = {}) {
                              : memory::AllocatorOptions::parse(options.alloc_conf(), "RuntimeOptions::alloc_conf");
   allocator.apply();  // before any tensor: arena and threshold settings shape every allocation
   if (options.track_memory()) memory::Tracker::install();
-  at::set_num_threads(options.threads() > 0 ? options.threads() : available_cpus());
+  at::set_num_threads(options.threads() > 0 ? options.threads() : default_threads());
 }
 
 namespace detail {

@@ -261,7 +261,7 @@ class Trainer {
   Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum, Offload offload)
       : options_(validated(options)), accum_(std::move(accum)), offload_(std::move(offload)), model_(&model) {
     memory::AllocatorOptions::parse(options_.alloc_conf(), "TrainerOptions::alloc_conf").apply();
-    const int threads = options_.threads() > 0 ? options_.threads() : available_cpus();
+    const int threads = options_.threads() > 0 ? options_.threads() : default_threads();
     at::set_num_threads(threads);  // usually already done by memopt::init()
     for (const auto& p : model.parameters())
       if (p.requires_grad()) params_.push_back(p);

@@ -38,8 +38,8 @@ inline void check_model(World& world, const torch::nn::Module& model) {
   if (!world.distributed()) return;
   std::string shapes;
   for (const auto& item : model.named_parameters())
-    shapes += item.key() + c10::str(item.value().sizes()) + c10::toString(item.value().scalar_type()) + ";";
-  for (const auto& item : model.named_buffers()) shapes += item.key() + c10::str(item.value().sizes()) + ";";
+    shapes += item.key() + " " + c10::str(item.value().sizes()) + " " + c10::toString(item.value().scalar_type()) + ";";
+  for (const auto& item : model.named_buffers()) shapes += item.key() + " " + c10::str(item.value().sizes()) + ";";
   world.check_same("model shapes", shapes);
 }
 

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -189,9 +190,10 @@ class World {
       }
       const std::string other(got.begin(), got.end());
       const int odd = rank() == 0 ? r : rank();
-      TORCH_CHECK(other == value, "memopt::dist: rank ", odd, "'s ", what, " differ from rank 0's: rank 0 ",
-                  shorten(rank() == 0 ? value : other), ", rank ", odd, " ", shorten(rank() == 0 ? other : value),
-                  ". HINT: every rank must build the same model with the same flags");
+      if (other == value) continue;
+      const auto [zero, theirs] = first_difference(rank() == 0 ? value : other, rank() == 0 ? other : value);
+      TORCH_CHECK(false, "memopt::dist: rank ", odd, "'s ", what, " differ from rank 0's: rank 0 has ", zero, ", rank ",
+                  odd, " ", theirs, ". HINT: every rank must build the same model with the same flags");
     }
   }
 
@@ -232,6 +234,19 @@ class World {
 
  private:
   static std::string shorten(const std::string& s) { return s.size() <= 200 ? s : s.substr(0, 200) + "..."; }
+
+  // The first differing ';'-separated entries of two descriptions ("(none)" past the end).
+  static std::pair<std::string, std::string> first_difference(const std::string& a, const std::string& b) {
+    size_t i = 0, j = 0;
+    while (i < a.size() || j < b.size()) {
+      const size_t ei = std::min(a.find(';', i), a.size()), ej = std::min(b.find(';', j), b.size());
+      const std::string x = a.substr(i, ei - i), y = b.substr(j, ej - j);
+      if (x != y) return {x.empty() ? "(none)" : shorten(x), y.empty() ? "(none)" : shorten(y)};
+      i = ei + 1;
+      j = ej + 1;
+    }
+    return {shorten(a), shorten(b)};
+  }
 
   std::shared_ptr<::gloo::transport::Device> device() const {
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0')

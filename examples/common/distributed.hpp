@@ -1,0 +1,60 @@
+// examples/common/distributed.hpp — what every example does to run data parallel under
+// torchrun (scripts/launch): the flags of the sharded optimizer state and the gradient
+// buckets, and output from rank 0 only (the other ranks' stdout goes to /dev/null; errors
+// still reach stderr, so a failing rank says why). A world of one changes nothing.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <memopt/dist/world.hpp>
+#include <memopt/trainer.hpp>
+
+namespace examples {
+
+struct DistributedFlags {
+  bool shard_optimizer_state = false;
+  std::string param_gather = "broadcast";
+  int64_t bucket_mib = 25;
+
+  void add_to(CLI::App& app) {
+    auto* group = app.add_option_group("data parallel", "with torchrun --nproc_per_node N (scripts/launch)");
+    group->add_flag("--shard_optimizer_state", shard_optimizer_state,
+                    "ZeRO-1: each rank keeps the optimizer state of ~1/N of the parameters");
+    group->add_option("--param_gather", param_gather, "sharded: broadcast | allgather (how updated weights travel)")
+        ->capture_default_str();
+    group->add_option("--bucket_mib", bucket_mib, "gradient all-reduce bucket size")->capture_default_str();
+  }
+
+  /// The data-parallel options on top of `options`.
+  memopt::TrainerOptions apply(memopt::TrainerOptions options) const {
+    TORCH_CHECK(param_gather == "broadcast" || param_gather == "allgather", "--param_gather must be broadcast or "
+                "allgather (got '", param_gather, "'). HINT: broadcast is the default");
+    return options.shard_optimizer_state(shard_optimizer_state)
+        .param_gather(param_gather == "broadcast" ? memopt::dist::ParamGather::kBroadcast
+                                                  : memopt::dist::ParamGather::kAllgather)
+        .bucket_mib(bucket_mib);
+  }
+};
+
+/// Joins the job's process group (a world of one without torchrun) and silences stdout on
+/// ranks other than 0. Returns the world.
+inline memopt::dist::World& join_world(const char* program) {
+  auto& world = memopt::dist::world();
+  if (world.distributed()) {
+    if (world.rank() == 0) {
+      fmt::print("{}: data parallel over {} ranks (Gloo), {} thread(s) each\n", program, world.size(),
+                 at::get_num_threads());
+      std::fflush(stdout);
+    } else {
+      std::fflush(stdout);
+      if (std::freopen("/dev/null", "w", stdout) == nullptr) std::perror("freopen /dev/null");
+    }
+  }
+  return world;
+}
+
+}  // namespace examples

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Data-parallel faults and torchrun, with examples/00_llama_lm on a tiny generated corpus:
+#   - a rank killed mid-run: the other exits with an error naming the lost rank, within 60 s;
+#   - different model shapes on the ranks: both exit at start, naming the rank and the shapes;
+#   - torchrun (scripts/launch) with LAUNCH_MAX_RESTARTS=1, --save_every and --resume latest:
+#     a worker killed after a checkpoint is restarted with the others, the job resumes from the
+#     last checkpoint and ends with the weights of an uninterrupted 2-rank run, byte for byte.
+# Usage: fault_test.sh path/to/llama_lm path/to/memopt_prepare_corpus REPO_ROOT
+set -uo pipefail
+bin="$1"
+prepare="$2"
+root="$3"
+source "$root/tests/examples/lib.sh"
+
+tiny_data "$prepare" "$tmp/data"
+job=(--data "$tmp/data" --layers 2 --dim 64 --heads 4 --seq_len 32 --micro_batch 4 --accum 2 --warmup 2
+     --log_interval 1000 --eval_batches 1 --sample_tokens 1 --precision fp32 --checkpoint none)
+port() { echo $(( 20000 + RANDOM % 30000 )); }
+# rank R PORT ARGS...: one rank of a 2-rank job started by hand (the variables torchrun sets).
+rank() {
+  local r="$1" p="$2"
+  shift 2
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p MEMOPT_DIST_TIMEOUT=60 exec \
+    "$bin" "$@"
+}
+
+# ---- a rank killed mid-run ----
+p=$(port)
+rank 0 "$p" "${job[@]}" --steps 100000 --output_dir "$tmp/kill" > "$tmp/kill0.log" 2>&1 &
+pid0=$!
+rank 1 "$p" "${job[@]}" --steps 100000 --output_dir "$tmp/kill" > "$tmp/kill1.log" 2>&1 &
+pid1=$!
+until grep -q "^trainer:" "$tmp/kill0.log" 2> /dev/null || ! kill -0 "$pid0" 2> /dev/null; do sleep 0.2; done
+sleep 2
+kill -9 "$pid1"
+start=$(date +%s)
+wait "$pid0"
+rc=$?
+took=$(( $(date +%s) - start ))
+if [ "$rc" -ne 0 ] && [ "$took" -le 60 ] && grep -q "lost rank(s): 1" "$tmp/kill0.log"; then
+  ok "rank 1 killed: rank 0 exits $rc after ${took} s: $(grep -o 'memopt::dist: rank 0 of 2: .\{0,90\}' "$tmp/kill0.log" | head -1)"
+else
+  fail "rank 1 killed: rank 0 exit $rc after ${took} s: $(tail -3 "$tmp/kill0.log")"
+fi
+
+# ---- different shapes ----
+p=$(port)
+rank 0 "$p" "${job[@]}" --steps 4 --output_dir "$tmp/shape" > "$tmp/shape0.log" 2>&1 &
+pid0=$!
+(rank 1 "$p" "${job[@]}" --steps 4 --dim 128 --output_dir "$tmp/shape" > "$tmp/shape1.log" 2>&1)
+rc1=$?
+wait "$pid0"
+rc0=$?
+if [ "$rc0" -ne 0 ] && [ "$rc1" -ne 0 ] && grep -q "rank 1's model shapes differ from rank 0's" "$tmp/shape0.log" \
+   && grep -q "HINT" "$tmp/shape1.log"; then
+  ok "different shapes: both ranks stop at start ($(grep -o "rank 1's model shapes differ.\{0,60\}" "$tmp/shape0.log" | head -1))"
+else
+  fail "different shapes: exits $rc0 / $rc1: $(tail -3 "$tmp/shape0.log")"
+fi
+
+# ---- torchrun: restart after a killed worker, resume from the last checkpoint ----
+if [ ! -x /usr/bin/torchrun ]; then
+  echo "skip: /usr/bin/torchrun missing (apt-get install python3-torch)"
+  finish
+  exit $?
+fi
+export LAUNCH_LOG_DIR="$tmp/logs"
+long=("${job[@]}" --steps 120 --save_every 10 --resume latest)
+"$root/scripts/launch" 2 "$bin" "${long[@]}" --output_dir "$tmp/straight" > "$tmp/straight.log" 2>&1 \
+  || fail "torchrun straight run: $(tail -5 "$tmp/straight.log")"
+LAUNCH_MAX_RESTARTS=1 "$root/scripts/launch" 2 "$bin" "${long[@]}" --output_dir "$tmp/restart" > "$tmp/restart.log" 2>&1 &
+launcher=$!
+victim=""
+until [ -n "$victim" ] || ! kill -0 "$launcher" 2> /dev/null; do
+  if compgen -G "$tmp/restart/checkpoints/step-*[0-9]" > /dev/null; then
+    for pid in $(pgrep -f -- "--output_dir $tmp/restart"); do
+      if tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "RANK=1"; then victim=$pid; fi
+    done
+  fi
+  sleep 0.05
+done
+[ -n "$victim" ] && kill -9 "$victim"
+wait "$launcher"
+rc=$?
+final=checkpoints/step-00000120/model.safetensors
+if [ -n "$victim" ] && [ "$rc" -eq 0 ] && grep -q "resumed at step" "$tmp/restart.log" \
+   && cmp -s "$tmp/straight/$final" "$tmp/restart/$final"; then
+  ok "torchrun --max_restarts 1: worker killed, job $(grep -o 'resumed at step [0-9]*' "$tmp/restart.log" | head -1), same weights as the uninterrupted run"
+else
+  fail "torchrun restart (victim '$victim', exit $rc): $(grep -E 'resumed|error|Error' "$tmp/restart.log" | tail -5)"
+fi
+finish
