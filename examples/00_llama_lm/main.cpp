@@ -161,8 +161,8 @@ int run(const Args& a) {
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
   const auto desc = memopt::memory::ModelDesc::llama(config);
   int64_t micro_batch = a.micro_batch;
-  const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps, this rank alone
-      memopt::TrainerOptions(options).data_parallel(false), [&] { return memopt::models::Llama(config); },
+  const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps
+      options, [&] { return memopt::models::Llama(config); },
       [&](int64_t micro) {  // the probe's data only needs the right shape: held-out windows when streaming
         return memopt::data::RandomWindowLoader(train ? train : val, memopt::data::LoaderOptions(micro, a.seq_len));
       },

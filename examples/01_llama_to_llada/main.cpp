@@ -30,6 +30,7 @@
 #include <memopt/planner.hpp>
 
 #include "common/checkpoint_flags.hpp"
+#include "common/distributed.hpp"
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
 
@@ -74,6 +75,7 @@ struct Args {
   int64_t eval_batches = 8;
   int64_t memory_trace = 0;  // distillation steps traced into OUT/memory.trace.json (0: off)
   examples::CheckpointFlags checkpoints;
+  examples::DistributedFlags distributed;
   int64_t samples = 3, prompt_tokens = 16, gen_length = 32, sample_steps = 32, block_length = 16;
   double temperature = 0.8, cfg_scale = 0.0;
   int64_t log_interval = 10;
@@ -184,7 +186,7 @@ int with_policies(const Plan& p, F&& f) {
 }
 
 memopt::TrainerOptions trainer_options(const Args& a, const Plan& p, double lr, int64_t steps) {
-  return memopt::TrainerOptions()
+  return a.distributed.apply(memopt::TrainerOptions())
       .lr(lr)
       .weight_decay(a.weight_decay)
       .param_specific_decay(p.param_specific_decay)
@@ -201,8 +203,9 @@ memopt::TrainerOptions trainer_options(const Args& a, const Plan& p, double lr, 
 // Writes one JSON object per log line (and the evaluation and summary lines) to metrics.jsonl.
 class MetricsJsonl : public memopt::Callback {
  public:
-  MetricsJsonl(const std::string& path, memopt::models::Distiller* distiller)
-      : out_(path, std::ios::app), distiller_(distiller) {
+  MetricsJsonl(const std::string& path, memopt::models::Distiller* distiller) : distiller_(distiller) {
+    if (memopt::dist::world().rank() != 0) return;  // data parallel: rank 0 writes the log
+    out_.open(path, std::ios::app);
     TORCH_CHECK(out_, "llama_to_llada: cannot write '", path, "'. HINT: check --output_dir is writable.");
   }
   void on_log(const memopt::LogLine& l) override {
@@ -282,7 +285,10 @@ bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& me
           *teacher, a.checkpoints.apply(trainer_options(a, p, a.teacher_lr, a.teacher_steps), a.output_dir + "/teacher"));
       trainer.set_run_config({{"role", "teacher"}, {"config", memopt::io::to_json(teacher_config(a, d))}, {"seed", a.seed},
                               {"batch_size", a.batch_size}, {"seq_len", a.seq_len}});
-      memopt::data::RandomWindowLoader loader(d.train, memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
+      auto& world = memopt::dist::world();  // data parallel: each rank trains on its rows of every batch
+      memopt::data::RandomWindowLoader global(d.train,
+                                              memopt::data::LoaderOptions(a.batch_size * world.size(), a.seq_len).seed(a.seed));
+      memopt::dist::RankSlice loader(global, world.rank(), world.size());
       if (a.checkpoints.resume == "latest") a.checkpoints.resume_if_asked(trainer, loader, "teacher");
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>())
           .add_callback(std::make_shared<MetricsJsonl>(a.output_dir + "/metrics.jsonl", nullptr));
@@ -293,7 +299,8 @@ bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& me
     });
     if (stopped) return false;
   }
-  memopt::io::save_pretrained(*teacher, teacher->config, a.teacher_model);
+  if (memopt::dist::world().rank() == 0) memopt::io::save_pretrained(*teacher, teacher->config, a.teacher_model);
+  memopt::dist::world().barrier("teacher saved");
   fmt::print("teacher: saved to {}/\n", a.teacher_model);
   return true;
 }
@@ -432,6 +439,7 @@ int run(const Args& a, const CLI::App& app) {
   trainer_options(a, plan, a.lr, std::max<int64_t>(a.max_steps, 1)).validate();
   trainer_options(a, plan, a.teacher_lr, std::max<int64_t>(a.teacher_steps, 1)).validate();
 
+  examples::join_world("llama_to_llada");  // torchrun: data parallel, rank 0 prints
   const Data data = load_data(a, plan);
   int64_t micro_batch = a.batch_size;  // of the distillation (the planner may lower it; the teacher keeps --batch_size)
   if (a.estimate_only || a.policies == "auto" || budget > 0) {
@@ -463,8 +471,9 @@ int run(const Args& a, const CLI::App& app) {
     if (a.estimate_only) return 0;
   }
   fs::create_directories(a.output_dir);
-  std::ofstream(a.output_dir + "/metrics.jsonl",  // a new run's log starts empty; a resumed one appends
-                a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
+  if (memopt::dist::world().rank() == 0)
+    std::ofstream(a.output_dir + "/metrics.jsonl",  // a new run's log starts empty; a resumed one appends
+                  a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
   MetricsJsonl metrics(a.output_dir + "/metrics.jsonl", nullptr);
   metrics.write({{"event", "start"}, {"strategy", plan.strategy}, {"checkpoint", plan.checkpoint},
                  {"precision", plan.precision}, {"data_format", plan.data_format}, {"accum", plan.accum},
@@ -517,8 +526,10 @@ int run(const Args& a, const CLI::App& app) {
       if (a.memory_trace > 0)
         trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>(a.output_dir + "/memory.trace.json",
                                                                               a.memory_trace));
-      memopt::data::RandomWindowLoader loader(data.train,
-                                              memopt::data::LoaderOptions(micro_batch, a.seq_len).seed(a.seed + 1));
+      auto& world = memopt::dist::world();
+      memopt::data::RandomWindowLoader global(
+          data.train, memopt::data::LoaderOptions(micro_batch * world.size(), a.seq_len).seed(a.seed + 1));
+      memopt::dist::RankSlice loader(global, world.rank(), world.size());
       a.checkpoints.resume_if_asked(trainer, loader, "llama_to_llada");
       result = trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return distill.loss_sum(b, c); });
       return examples::stopped_by_signal(result, trainer.steps_taken(), "llama_to_llada") ? 1 : 0;
@@ -528,7 +539,7 @@ int run(const Args& a, const CLI::App& app) {
                result.tokens_per_s, result.memory.table());
   }
   const auto peak = memopt::memory::Report::now();
-  memopt::io::save_pretrained(*student, student->config, a.output_dir + "/student");
+  if (memopt::dist::world().rank() == 0) memopt::io::save_pretrained(*student, student->config, a.output_dir + "/student");
 
   // ---- held-out quality and samples ----
   const Eval e = evaluate(a, distill, data);
@@ -580,6 +591,7 @@ int main(int argc, char** argv) {
   app.add_option("--output_dir", a.output_dir, "where the student, metrics.jsonl and checkpoints/ go")
       ->capture_default_str();
   a.checkpoints.add_to(app);
+  a.distributed.add_to(app);
   app.add_option("--strategy", a.strategy, "preset: none | simple | comprehensive")
       ->check(one_of({"none", "simple", "comprehensive"}))
       ->capture_default_str();

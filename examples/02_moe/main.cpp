@@ -30,6 +30,7 @@
 #include <memopt/plot.hpp>
 
 #include "common/checkpoint_flags.hpp"
+#include "common/distributed.hpp"
 
 namespace {
 
@@ -64,6 +65,7 @@ struct Args {
   bool monitor_memory = false;
   bool plot = false;
   examples::CheckpointFlags checkpoints;
+  examples::DistributedFlags distributed;
   double lr = 1e-3;
   int64_t warmup = 6;
   int64_t eval_batches = 16;
@@ -161,11 +163,13 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
                            .accum_steps(a.grad_accum)
                            .log_interval(a.log_interval)
                            .threads(a.threads);
-  TrainerT trainer(*model, a.checkpoints.apply(options, a.output_dir)
+  TrainerT trainer(*model, a.distributed.apply(a.checkpoints.apply(options, a.output_dir))
                                .memory_budget(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget)));
   trainer.set_run_config(run_settings(a));
-  memopt::data::RandomWindowLoader loader(d.train,
-                                          memopt::data::LoaderOptions(a.batch_size, a.seq_len).seed(a.seed));
+  auto& world = memopt::dist::world();  // data parallel: each rank trains on its rows of every batch
+  memopt::data::RandomWindowLoader global(d.train,
+                                          memopt::data::LoaderOptions(a.batch_size * world.size(), a.seq_len).seed(a.seed));
+  memopt::dist::RankSlice loader(global, world.rank(), world.size());
   auto log = std::make_shared<memopt::callbacks::JsonlMetrics>(a.output_dir + "/metrics.jsonl", /*append=*/true,
                                                                  router_stats(as_moe(model)));
   a.checkpoints.resume_if_asked(trainer, loader, "moe_lm");
@@ -208,7 +212,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
               {"perplexity", std::exp(loss)},
               {"peak_tracked_mib", memopt::memory::mib(peak)},
               {"peak_rss_mib", memopt::memory::mib(result.memory.peak_rss_bytes)}});
-  if (a.plot) {
+  if (a.plot && memopt::dist::world().rank() == 0) {
     memopt::plot_metrics(a.output_dir + "/metrics.jsonl", a.output_dir + "/metrics.png");
     fmt::print("plot: {}/metrics.png (loss and memory over steps)\n", a.output_dir);
   }
@@ -260,7 +264,9 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   d.train->check_vocab(d.vocab);
   d.val->check_vocab(d.vocab);
   fs::create_directories(a.output_dir);
-  std::ofstream(a.output_dir + "/metrics.jsonl", a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
+  examples::join_world("moe_lm");  // torchrun: data parallel, rank 0 prints and writes the log
+  if (memopt::dist::world().rank() == 0)
+    std::ofstream(a.output_dir + "/metrics.jsonl", a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
 
   // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
@@ -344,6 +350,7 @@ int main(int argc, char** argv) {
   app.add_flag("--monitor_memory", a.monitor_memory, "print a memory line every step (tracked by phase, RSS)");
   app.add_flag("--plot", a.plot, "draw OUTPUT_DIR/metrics.png after training (loss, memory over steps; gnuplot)");
   a.checkpoints.add_to(app);
+  a.distributed.add_to(app);
   app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str();
   app.add_option("--eval_batches", a.eval_batches, "held-out batches to evaluate (0: none)")->capture_default_str();

@@ -40,6 +40,7 @@
 #include <memopt/planner.hpp>
 
 #include "common/checkpoint_flags.hpp"
+#include "common/distributed.hpp"
 #include <memopt/plot.hpp>
 
 namespace {
@@ -89,6 +90,7 @@ struct Args {
   int64_t memory_trace = 0;  // steps traced into OUT/memory.trace.json (0: off)
   bool plot = false;         // OUT/metrics.png after training
   examples::CheckpointFlags checkpoints;
+  examples::DistributedFlags distributed;
   double lr = 1e-3;
   int64_t warmup = 6;
   int64_t log_interval = 5;
@@ -277,9 +279,11 @@ Eval evaluate(GritLM& model, const HeldoutSet& h) {
 
 // ---- training ----
 
-// Batches built by --workers threads, --prefetch ahead, pinned in CUDA builds.
+// Batches built by --workers threads, --prefetch ahead, pinned in CUDA builds. Data parallel:
+// step i of rank r trains on batch i·N + r (the contrastive negatives are those of its batch).
 memopt::data::Prefetcher<GritBatch> prefetcher(const Args& a, const memopt::data::GritBatcher& batcher) {
-  return memopt::data::Prefetcher<GritBatch>([&batcher](int64_t i) { return batcher.batch(i); },
+  const int64_t ranks = memopt::dist::world().size(), rank = memopt::dist::world().rank();
+  return memopt::data::Prefetcher<GritBatch>([&batcher, ranks, rank](int64_t i) { return batcher.batch(i * ranks + rank); },
                                              memopt::data::PrefetchOptions().workers(a.workers).depth(a.prefetch).pin_memory(true));
 }
 
@@ -302,7 +306,7 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   const auto options =
       memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval).threads(
           a.threads);
-  TrainerT trainer(*model, a.checkpoints.apply(options, a.output_dir), make_accum<Accum>(a));
+  TrainerT trainer(*model, a.distributed.apply(a.checkpoints.apply(options, a.output_dir)), make_accum<Accum>(a));
   trainer.set_run_config({{"model", memopt::io::to_json(model->config)},
                           {"embed_records", data_stats["embed_records"]}, {"gen_records", data_stats["gen_records"]},
                           {"batch_size", a.batch_size}, {"gen_batch_size", a.gen_batch_size},
@@ -345,7 +349,7 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
              trainer.steps_taken(), after.retrieval_top1, before.retrieval_top1, after.retrieval_mrr,
              before.retrieval_mrr, after.perplexity, before.perplexity, result.tokens_per_s);
   fmt::print("{}", result.memory.table());
-  memopt::io::save_pretrained(*model, model->config, a.output_dir + "/model");
+  if (memopt::dist::world().rank() == 0) memopt::io::save_pretrained(*model, model->config, a.output_dir + "/model");
   fmt::print("saved to {}/model (config.json + model.safetensors; --init_model continues from it)\n", a.output_dir);
   auto json_number = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
   log->write({{"event", "summary"},
@@ -366,7 +370,7 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
               {"perplexity_after", json_number(after.perplexity)},
               {"eval_queries", queries},
               {"data", data_stats}});
-  if (a.plot) {
+  if (a.plot && memopt::dist::world().rank() == 0) {
     memopt::plot_metrics(a.output_dir + "/metrics.jsonl", a.output_dir + "/metrics.png");
     fmt::print("plot: {}/metrics.png (loss and memory over steps)\n", a.output_dir);
   }
@@ -487,6 +491,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   check_args(a);  // a bad flag fails before any data is read
   if (a.plot && !a.data_only) memopt::check_gnuplot();  // before training, not after it
 
+  examples::join_world("gritlm");  // torchrun: data parallel, rank 0 prints and writes the log
   // ---- tokenizer with GritLM's format symbols, records, batches ----
   auto tokenizer = std::make_shared<memopt::data::Tokenizer>(a.data + "/tokenizer.model");
   const int64_t base_vocab = tokenizer->vocab_size();
@@ -568,6 +573,7 @@ int main(int argc, char** argv) {
   app.add_option("--output_dir", a.output_dir, "metrics.jsonl, checkpoints/ and the trained model/ go here")
       ->capture_default_str();
   a.checkpoints.add_to(app);
+  a.distributed.add_to(app);
   app.add_option("--init_model", a.init_model, "start from this pretrained LLaMA folder (config.json + "
                  "model.safetensors, same tokenizer); its shape replaces --hidden_size/--layers/--heads");
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();

@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/version.hpp"
+#include "memopt/dist/world.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/timeline.hpp"
 
@@ -253,8 +254,10 @@ class MemoryTrace : public Callback {
 class JsonlMetrics : public Callback {
  public:
   using Extra = std::function<void(const LogLine&, nlohmann::json&)>;
-  explicit JsonlMetrics(const std::string& path, bool append = false, Extra extra = {})
-      : out_(path, append ? std::ios::app : std::ios::trunc), extra_(std::move(extra)) {
+  /// Data parallel: only rank 0 opens (and truncates) the file; other ranks write nothing.
+  explicit JsonlMetrics(const std::string& path, bool append = false, Extra extra = {}) : extra_(std::move(extra)) {
+    if (dist::world().rank() != 0) return;
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
     TORCH_CHECK(out_.good(), "memopt::callbacks::JsonlMetrics: cannot write '", path,
                 "'. HINT: check that the output directory exists and is writable.");
   }

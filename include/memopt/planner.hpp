@@ -443,7 +443,7 @@ MeasureStep probe_steps(const TrainerOptions& options, MakeModel make_model, Mak
   return [=](const PlanRow& row) {
     return dispatch<List>(row.policies, [&]<class T>(std::type_identity<T>) {
       auto model = make_model();
-      T trainer(*model, TrainerOptions(options).accum_steps(row.policies.accum));
+      T trainer(*model, TrainerOptions(options).accum_steps(row.policies.accum).data_parallel(false));  // this rank alone
       auto loader = make_loader(row.micro_batch);
       auto loss = make_loss(model);
       trainer.step(loader, loss);
