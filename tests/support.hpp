@@ -45,6 +45,12 @@ struct TempDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
 
+/// Writes `text` to `path`, making its folder.
+inline void write_text(const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
 /// Runs `fn`; requires a c10::Error whose message holds `prefix`, a HINT and every part.
 inline void require_error(const std::function<void()>& fn, const std::string& prefix,
                           const std::vector<std::string>& parts) {

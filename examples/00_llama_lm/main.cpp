@@ -127,13 +127,12 @@ int run(const Args& a) {
               "HINT: --dataset 'corpus/*.jsonl' --use-streaming");
 
   // ---- data: DATA's shards, or --dataset loaded whole, or --dataset streamed ----
+  std::shared_ptr<const memopt::data::TokenShard> train;  // null when streaming
+  if (a.dataset.empty()) train = memopt::data::TokenShard::open(a.data + "/train.bin");
+  const auto val = memopt::data::TokenShard::open(a.data + "/val.bin");
   const auto tokenizer = std::make_shared<const memopt::data::Tokenizer>(
       a.tokenizer.empty() ? a.data + "/tokenizer.model" : a.tokenizer);
-  const auto val = memopt::data::TokenShard::open(a.data + "/val.bin");
-  std::shared_ptr<const memopt::data::TokenShard> train;  // null when streaming
-  if (a.dataset.empty()) {
-    train = memopt::data::TokenShard::open(a.data + "/train.bin");
-  } else if (!a.use_streaming) {
+  if (!a.dataset.empty() && !a.use_streaming) {
     const auto ids = memopt::data::load_tokens(memopt::data::resolve_sources(a.dataset), tokenizer.get(), source_options(a));
     fmt::print("llama_lm: --dataset loaded whole: {} tokens ({:.1f} MiB as int32; --use-streaming holds a few MiB)\n",
                ids.size(), static_cast<double>(ids.size()) * 4 / (1 << 20));

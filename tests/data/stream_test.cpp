@@ -36,10 +36,7 @@ struct TempDir : memopt::test::TempDir {
   TempDir() : memopt::test::TempDir("memopt_stream_test") {}
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
+using memopt::test::write_text;
 
 void require_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
   memopt::test::require_error(fn, "memopt::data", parts);

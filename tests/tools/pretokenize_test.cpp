@@ -38,10 +38,7 @@ struct TempDir : memopt::test::TempDir {
   TempDir() : memopt::test::TempDir("memopt_pretokenize_test") {}
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
+using memopt::test::write_text;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -1,5 +1,6 @@
 // memopt/dist/world.hpp — the process group a run trains in, on PyTorch's own distributed
-// engine (c10d): Gloo on CPU, NCCL when LibTorch has it and the model is on CUDA.
+// engine (c10d): Gloo on CPU, NCCL for CUDA tensors when LibTorch was built with it
+// (USE_C10D_NCCL; that path is compile-guarded and has not run on a GPU yet).
 //
 // dist::world() is set up once, from the environment torchrun gives each worker (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
@@ -128,17 +129,14 @@ class World {
   void all_reduce_sum(std::vector<torch::Tensor> tensors, const char* what = "all_reduce") {
     if (!distributed() || tensors.empty()) return;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (auto& t : tensors) {
-      std::vector<torch::Tensor> one{t};
-      works.push_back(run(what, [&] { return group_->allreduce(one); }));
-    }
+    for (auto& t : tensors) works.push_back(all_reduce_sum_async(t, what));
     for (auto& w : works) wait(what, w);
   }
 
   /// Starts summing `t` over the ranks in place; finish with wait().
   c10::intrusive_ptr<c10d::Work> all_reduce_sum_async(torch::Tensor t, const char* what = "all_reduce") {
     std::vector<torch::Tensor> one{std::move(t)};
-    return run(what, [&] { return group_->allreduce(one); });
+    return run(what, [&] { return on_group(one.front(), [&](auto& g) { return g.allreduce(one); }); });
   }
 
   /// Copies root's `t` into every rank's `t`.
@@ -147,7 +145,7 @@ class World {
     std::vector<torch::Tensor> one{std::move(t)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    wait(what, run(what, [&] { return group_->broadcast(one, options); }));
+    wait(what, run(what, [&] { return on_group(one.front(), [&](auto& g) { return g.broadcast(one, options); }); }));
   }
 
   /// Every rank's `t` (same shape and dtype on all), in rank order.
@@ -156,7 +154,7 @@ class World {
     std::vector<std::vector<torch::Tensor>> out(1);
     for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(t));
     std::vector<torch::Tensor> in{t};
-    wait(what, run(what, [&] { return group_->allgather(out, in); }));
+    wait(what, run(what, [&] { return on_group(t, [&](auto& g) { return g.allgather(out, in); }); }));
     return out[0];
   }
 
@@ -227,6 +225,9 @@ class World {
     }
     beat_cv_.notify_all();
     if (heartbeat_.joinable()) heartbeat_.join();
+#if defined(USE_C10D_NCCL)
+    nccl_.reset();
+#endif
     group_.reset();
     store_.reset();
     tcp_.reset();
@@ -261,6 +262,24 @@ class World {
     }
   }
 
+  // The group for `t`'s device: NCCL for CUDA tensors when LibTorch has it (made on first
+  // use, on its own store prefix), Gloo otherwise.
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> on_group(const torch::Tensor& t, F&& f) {
+#if defined(USE_C10D_NCCL)
+    if (t.is_cuda()) {
+      if (!nccl_) {
+        auto store = c10::make_intrusive<c10d::PrefixStore>("nccl", c10::static_intrusive_pointer_cast<c10d::Store>(store_));
+        nccl_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::static_intrusive_pointer_cast<c10d::Store>(store),
+                                                             env_.rank, env_.world_size);
+      }
+      return f(*nccl_);
+    }
+#endif
+    (void)t;
+    return f(*group_);
+  }
+
   template <class Start>
   c10::intrusive_ptr<c10d::Work> run(const char* what, Start&& start) {
     ++collectives_;
@@ -271,26 +290,31 @@ class World {
     }
   }
 
+  // A new client connection to the store, under this attempt's prefix (throws when unreachable).
+  c10::intrusive_ptr<c10d::PrefixStore> connect(std::chrono::milliseconds timeout) const {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(env_.master_port);
+    o.timeout = timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
+    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env_.restart_count),
+                                                  c10::static_intrusive_pointer_cast<c10d::Store>(tcp));
+  }
+
   // Every second: this rank's beat count into the store (its own connection).
   void beat() {
-    c10::intrusive_ptr<c10d::TCPStore> own;
+    c10::intrusive_ptr<c10d::PrefixStore> store;
     try {
-      c10d::TCPStoreOptions o;
-      o.port = static_cast<uint16_t>(env_.master_port);
-      o.timeout = std::chrono::milliseconds(5000);
-      own = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
+      store = connect(std::chrono::milliseconds(5000));
     } catch (const std::exception&) {
       return;  // no heartbeat: failures then name no rank
     }
-    c10d::PrefixStore store("/worker/attempt_" + std::to_string(env_.restart_count),
-                            c10::static_intrusive_pointer_cast<c10d::Store>(own));
     int64_t count = 0;
     std::unique_lock<std::mutex> lock(beat_mutex_);
     while (!stop_) {
       lock.unlock();
       try {
         const std::string v = std::to_string(++count);
-        store.set("memopt/heartbeat/" + std::to_string(rank()), std::vector<uint8_t>(v.begin(), v.end()));
+        store->set("memopt/heartbeat/" + std::to_string(rank()), std::vector<uint8_t>(v.begin(), v.end()));
       } catch (const std::exception&) {
         return;  // the store is gone (rank 0 or the agent ended)
       }
@@ -301,23 +325,17 @@ class World {
 
   // The other ranks whose heartbeat did not move over ~3 s; {-1} when the store itself is gone.
   std::vector<int> silent_ranks() {
-    c10::intrusive_ptr<c10d::TCPStore> own;
     try {
-      c10d::TCPStoreOptions o;
-      o.port = static_cast<uint16_t>(env_.master_port);
-      o.timeout = std::chrono::milliseconds(3000);
-      own = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
-      c10d::PrefixStore store("/worker/attempt_" + std::to_string(env_.restart_count),
-                              c10::static_intrusive_pointer_cast<c10d::Store>(own));
+      auto store = connect(std::chrono::milliseconds(3000));
       auto read = [&] {
         std::vector<std::string> beats;
         for (int r = 0; r < size(); ++r) {
           const std::string key = "memopt/heartbeat/" + std::to_string(r);
-          if (!store.check({key})) {
+          if (!store->check({key})) {
             beats.emplace_back();
             continue;
           }
-          const auto v = store.get(key);
+          const auto v = store->get(key);
           beats.emplace_back(v.begin(), v.end());
         }
         return beats;
@@ -355,6 +373,9 @@ class World {
   c10::intrusive_ptr<c10d::TCPStore> tcp_;
   c10::intrusive_ptr<c10d::PrefixStore> store_;
   c10::intrusive_ptr<Group> group_;
+#if defined(USE_C10D_NCCL)
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl_;
+#endif
   std::atomic<int64_t> collectives_{0};
   int64_t check_count_ = 0;
   bool failed_ = false, closed_ = false;
