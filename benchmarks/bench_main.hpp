@@ -7,12 +7,15 @@
 #include <stdlib.h>  // getloadavg
 
 #include <iostream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "memopt/error.hpp"
 #include "memopt/models/llama.hpp"
+#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/precision.hpp"
 
 namespace memopt::bench {
 
@@ -38,6 +41,21 @@ inline memopt::models::LlamaConfig llama_config(int64_t vocab, int64_t dim, int6
       .num_hidden_layers(layers)
       .num_attention_heads(heads)
       .max_position_embeddings(seq);
+}
+
+/// Calls `run.template operator()<Checkpoint, Precision>()` with the policy types the
+/// --precision (fp32 | bf16: autocast) and --checkpoint (none | every) strings name: the one
+/// runtime branch on a policy, outside every step.
+///   auto r = memopt::bench::with_policies(cfg.precision, cfg.checkpoint, [&]<class C, class P>() { return f<C, P>(); });
+template <class Run>
+auto with_policies(const std::string& precision, const std::string& checkpoint, Run&& run) {
+  namespace ckpt = memopt::checkpoint;
+  namespace prec = memopt::precision;
+  const bool bf16 = precision == "bf16", every = checkpoint == "every";
+  if (!bf16 && !every) return run.template operator()<ckpt::None, prec::Fp32>();
+  if (!bf16 && every) return run.template operator()<ckpt::EveryBlock, prec::Fp32>();
+  if (bf16 && !every) return run.template operator()<ckpt::None, prec::Bf16Autocast>();
+  return run.template operator()<ckpt::EveryBlock, prec::Bf16Autocast>();
 }
 
 /// Millions of parameters of a module (the JSON lines' params_m).

@@ -182,15 +182,11 @@ int main(int argc, char** argv) {
     model->train();
 
     // The policies are types: the only runtime branch is this one, outside every step.
-    namespace ckpt = memopt::checkpoint;
-    namespace prec = memopt::precision;
-    const bool bf16 = cfg.precision == "bf16", every = cfg.checkpoint == "every";
-    BenchResult r;
-    if (cfg.impl == "hand") r = run_hand(cfg, model);
-    else if (!bf16 && !every) r = run_trainer<ckpt::None, prec::Fp32>(cfg, model);
-    else if (!bf16 && every) r = run_trainer<ckpt::EveryBlock, prec::Fp32>(cfg, model);
-    else if (bf16 && !every) r = run_trainer<ckpt::None, prec::Bf16Autocast>(cfg, model);
-    else r = run_trainer<ckpt::EveryBlock, prec::Bf16Autocast>(cfg, model);
+    const BenchResult r = cfg.impl == "hand" ? run_hand(cfg, model)
+                                             : memopt::bench::with_policies(cfg.precision, cfg.checkpoint,
+                                                                            [&]<class C, class P>() {
+                                                                              return run_trainer<C, P>(cfg, model);
+                                                                            });
 
     double total = 0;
     for (double s : r.step_seconds) total += s;

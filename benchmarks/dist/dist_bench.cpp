@@ -105,7 +105,7 @@ struct RankResult {
   std::vector<double> losses;        // every step's loss (the global batch's mean), warm-up included
   int64_t state_tracked_bytes = 0;   // tracker live bytes added by the first step (after a barrier)
   int64_t state_tensor_bytes = 0;    // nbytes of the AdamW state tensors this rank holds
-  double grad_sync_ms = 0;           // one gradient all-reduce (GradientSync::sync) alone, median
+  double grad_sync_ms = 0;           // one gradient all-reduce / reduce-scatter (GradientSync::sync) alone, median
   double count_sync_ms = 0;          // one 2-element all-reduce (the target count) alone, median
   double param_share_ms = 0;         // one ParamShare::share alone (sharded), median
   int64_t grad_buckets = 0;
@@ -149,8 +149,9 @@ bool add_phases(const std::vector<memopt::memory::TimelineEvent>& events, int64_
 }
 
 /// The bytes of GradientSync's first fp32 bucket (its rule: parameters in order while they fit;
-/// the last bucket also carries the 2 extras, the loss and the stop signal).
-int64_t first_bucket_bytes(const std::vector<torch::Tensor>& params, int64_t bucket_bytes) {
+/// the last bucket also carries the 2 extras, the loss and the stop signal, once for an
+/// all-reduce and once per rank for a reduce-scatter: `extra_copies`).
+int64_t first_bucket_bytes(const std::vector<torch::Tensor>& params, int64_t bucket_bytes, int64_t extra_copies) {
   int64_t used = 0;
   size_t i = 0;
   for (; i < params.size(); ++i) {
@@ -158,7 +159,7 @@ int64_t first_bucket_bytes(const std::vector<torch::Tensor>& params, int64_t buc
     if (used > 0 && (used + n) * 4 > bucket_bytes) break;
     used += n;
   }
-  return (used + (i == params.size() ? 2 : 0)) * 4;
+  return (used + (i == params.size() ? 2 * extra_copies : 0)) * 4;
 }
 
 double median_ms(std::vector<double> v) {
@@ -174,12 +175,14 @@ void time_collectives(const BenchConfig& cfg, memopt::dist::World& world, torch:
   std::vector<torch::Tensor> params;
   for (const auto& p : model.parameters())
     if (p.requires_grad()) params.push_back(p);
-  for (auto& p : params) p.mutable_grad() = torch::randn_like(p);
-  memopt::dist::GradientSync sync(world, params, options.bucket_mib() << 20);
-  memopt::dist::ParamShare share(world, params, memopt::dist::owners(params, world.size()), options.param_gather());
+  const auto owner = memopt::dist::owners(params, world.size());
+  memopt::dist::GradientSync sync(world, params, options.bucket_mib() << 20,
+                                  cfg.sharded ? owner : std::vector<int>{});  // as the Trainer makes it
+  memopt::dist::ParamShare share(world, params, owner, options.param_gather());
   r.grad_buckets = sync.buckets();
   std::vector<double> grad_s, count_s, share_s;
   for (int64_t i = 0; i < cfg.comm_reps; ++i) {
+    for (auto& p : params) p.mutable_grad() = torch::randn_like(p);  // (a reduce-scatter frees the others')
     world.barrier();
     auto start = Clock::now();
     torch::Tensor loss = torch::zeros({}), signal = torch::zeros({});
@@ -230,7 +233,7 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
   std::vector<torch::Tensor> params;
   for (const auto& p : model->parameters())
     if (p.requires_grad()) params.push_back(p);
-  const int64_t bucket_bytes = world.distributed() ? first_bucket_bytes(params, options.bucket_mib() << 20) : 0;
+  const int64_t bucket_bytes = world.distributed() ? first_bucket_bytes(params, options.bucket_mib() << 20, cfg.sharded ? world.size() : 1) : 0;
 
   RankResult r;
   world.barrier();
@@ -311,19 +314,16 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
   memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
   model->train();
 
-  namespace ckpt = memopt::checkpoint;
-  namespace prec = memopt::precision;
-  const bool bf16 = cfg.precision == "bf16", every = cfg.checkpoint == "every";
-  RankResult r;
-  if (!bf16 && !every) r = run<ckpt::None, prec::Fp32>(cfg, world, model, shard);
-  else if (!bf16 && every) r = run<ckpt::EveryBlock, prec::Fp32>(cfg, world, model, shard);
-  else if (bf16 && !every) r = run<ckpt::None, prec::Bf16Autocast>(cfg, world, model, shard);
-  else r = run<ckpt::EveryBlock, prec::Bf16Autocast>(cfg, world, model, shard);
+  const RankResult r = memopt::bench::with_policies(cfg.precision, cfg.checkpoint, [&]<class C, class P>() {
+    return run<C, P>(cfg, world, model, shard);
+  });
 
   double total = 0;
   for (double s : r.step_seconds) total += s;
   const double step_s = total / static_cast<double>(r.step_seconds.size());
   const double min_s = *std::min_element(r.step_seconds.begin(), r.step_seconds.end());
+  std::vector<double> step_ms_all;
+  for (double t : r.step_seconds) step_ms_all.push_back(t * 1e3);
   const auto tracked = gather(world, static_cast<double>(r.state_tracked_bytes));
   const auto tensors = gather(world, static_cast<double>(r.state_tensor_bytes));
   const auto rss = gather(world, static_cast<double>(memopt::memory::peak_rss_bytes()));
@@ -352,6 +352,8 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
       {"tokens_per_s", static_cast<double>(cfg.tokens_per_step()) / step_s},
       {"step_ms", step_s * 1e3},
       {"step_ms_min", min_s * 1e3},
+      {"step_ms_median", median_ms(r.step_seconds)},
+      {"step_ms_all", step_ms_all},  // each timed step, in order (scripts/bench pools repeated runs)
       {"step_ms_per_rank", step_ms_ranks},
       // the tracker's live bytes added by the first step, measured after a barrier: the largest rank's
       {"optimizer_state_mib_per_rank", max_of(tracked) / (1 << 20)},

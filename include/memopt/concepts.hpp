@@ -55,6 +55,10 @@ template <class P>
 concept MasterGroups = requires(P& p, std::vector<torch::optim::OptimizerParamGroup> groups) {
   { p.master_groups(std::move(groups)) } -> std::same_as<std::vector<torch::optim::OptimizerParamGroup>>;
 };
+/// Optional, with MasterGroups: `p.cast_weights(params)` gives parameters whose masters another
+/// rank keeps (a sharded optimizer state) the form master_groups gives its own (Bf16Pure: bf16).
+template <class P>
+concept CastWeights = requires(P& p, const std::vector<torch::Tensor>& params) { p.cast_weights(params); };
 
 // ---- Accum: how many micro-batches make one optimizer step ----
 /// `p.micro_steps()` is the number of micro-batches per optimizer step.

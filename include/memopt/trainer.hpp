@@ -275,8 +275,9 @@ class Trainer {
     auto groups = options_.param_specific_decay() ? optim::param_groups(model.named_parameters(), adamw)
                                                   : optim::single_group(params_, adamw);
     world_ = options_.data_parallel() ? &dist::world() : &dist::local_world();
-    if (world_->distributed()) setup_data_parallel(model, groups);  // sharded: keeps this rank's groups only
-    optimizer_ = offload_.make_optimizer(master_groups(std::move(groups)), adamw);
+    std::vector<torch::Tensor> others;  // sharded: the parameters whose optimizer state other ranks keep
+    if (world_->distributed()) others = setup_data_parallel(model, groups);  // sharded: keeps this rank's groups
+    optimizer_ = offload_.make_optimizer(master_groups(std::move(groups), others), adamw);
     for (auto& group : optimizer_->param_groups())
       for (auto& p : group.params()) step_params_.push_back(p);
     check_steps_in_backward();
@@ -315,7 +316,7 @@ class Trainer {
     // ---- optimizer step ----
     tracker.set_phase(memory::Phase::kOptimizer);
     prepare_grads();                                       // Scaled: ÷ loss scale; Bf16Pure: → fp32 masters
-    torch::Tensor grad_norm = param_share_ ? optim::clip_grad_norm_(step_params_, params_, options_.grad_clip())
+    torch::Tensor grad_norm = param_share_ ? dist::clip_grad_norm_(*world_, step_params_, options_.grad_clip())
                                            : optim::clip_grad_norm_(step_params_, options_.grad_clip());
     bool stepped = false;
     if (finite(loss_sum, grad_norm)) {                     // one host sync; inf/nan: weights and state untouched
@@ -674,8 +675,12 @@ class Trainer {
     }
   }
 
-  std::vector<torch::optim::OptimizerParamGroup> master_groups(std::vector<torch::optim::OptimizerParamGroup> groups) {
+  std::vector<torch::optim::OptimizerParamGroup> master_groups(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                               const std::vector<torch::Tensor>& others) {
     if constexpr (hooks::MasterGroups<Precision>) {
+      static_assert(hooks::CastWeights<Precision>, "a precision policy with master_groups needs cast_weights "
+                                                   "(a sharded optimizer state's other parameters)");
+      precision_.cast_weights(others);
       return precision_.master_groups(std::move(groups));
     } else {
       return groups;
@@ -764,7 +769,9 @@ class Trainer {
   }
 
   // ---- data parallel (dist::world() of more than one rank) ----
-  void setup_data_parallel(torch::nn::Module& model, std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  // Returns the parameters other ranks keep the optimizer state of (none unless sharded).
+  std::vector<torch::Tensor> setup_data_parallel(torch::nn::Module& model,
+                                                 std::vector<torch::optim::OptimizerParamGroup>& groups) {
     TORCH_CHECK(!hooks::StepsInBackward<Offload>, "memopt::Trainer: offload::StepInBackward updates each weight "
                 "inside backward, before the gradients are summed over the ranks (world size ", world_->size(),
                 "). HINT: use offload::None, Int8 or Disk for data-parallel training");
@@ -775,12 +782,22 @@ class Trainer {
     }
     dist::check_model(*world_, model);      // the same names and shapes everywhere, or an error naming the rank
     dist::broadcast_module(*world_, model);  // rank 0's initial weights on every rank
-    grad_sync_ = std::make_unique<dist::GradientSync>(*world_, params_, options_.bucket_mib() << 20);
-    if (!options_.shard_optimizer_state()) return;
+    const int64_t bucket_bytes = options_.bucket_mib() << 20;
+    if (!options_.shard_optimizer_state()) {
+      grad_sync_ = std::make_unique<dist::GradientSync>(*world_, params_, bucket_bytes);  // all-reduce
+      return {};
+    }
     const std::vector<int> owner = dist::owners(params_, world_->size());
+    grad_sync_ = std::make_unique<dist::GradientSync>(*world_, params_, bucket_bytes, owner);  // reduce-scatter
     std::set<const void*> mine;
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (owner[i] == world_->rank()) mine.insert(params_[i].unsafeGetTensorImpl());
+    std::vector<torch::Tensor> others;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owner[i] == world_->rank()) {
+        mine.insert(params_[i].unsafeGetTensorImpl());
+      } else {
+        others.push_back(params_[i]);
+      }
+    }
     std::vector<torch::optim::OptimizerParamGroup> kept;
     for (auto& group : groups) {
       std::vector<torch::Tensor> owned;
@@ -792,6 +809,7 @@ class Trainer {
                 " tensors over ", world_->size(), " ranks). HINT: use fewer ranks or shard_optimizer_state(false)");
     groups = std::move(kept);
     param_share_ = std::make_unique<dist::ParamShare>(*world_, params_, owner, options_.param_gather());
+    return others;
   }
 
   // The global batch's target and token counts (one small all-reduce before forward).
@@ -861,7 +879,7 @@ class Trainer {
   int64_t micro_splits_ = 1;  // pieces per micro-batch (memory_budget)
   std::string last_checkpoint_;
   dist::World* world_ = nullptr;                      // dist::world(): one rank unless launched by torchrun
-  std::unique_ptr<dist::GradientSync> grad_sync_;     // data parallel: the gradient all-reduce
+  std::unique_ptr<dist::GradientSync> grad_sync_;     // data parallel: the gradient all-reduce / reduce-scatter
   std::unique_ptr<dist::ParamShare> param_share_;     // sharded optimizer state: parameters after the step
   StopSignals* stop_ = nullptr;                       // fit()'s, for the ranks to agree on a stop
   int agreed_stop_ = 0;

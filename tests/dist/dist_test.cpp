@@ -4,9 +4,11 @@
 // single-process reference run on the whole batch (TrainerOptions::data_parallel(false)):
 // the weights after N steps are identical on both ranks and equal (<= 1e-6) to the
 // reference, the loss curve is the reference's, with and without a sharded optimizer state
-// (broadcast and all-gather, AdamW and 8-bit AdamW), bf16 autocast too; no collective runs
-// on a non-final micro-step; a sharded rank holds about half the optimizer state; a
-// checkpoint written by both ranks resumes bit for bit; different model shapes are refused.
+// (broadcast and all-gather, AdamW, 8-bit AdamW, bf16 weights with fp32 masters), bf16
+// autocast too; GradientSync's all-reduce and reduce-scatter sum what they should where they
+// should; no collective runs on a non-final micro-step; a sharded rank holds half the
+// optimizer state (give or take one tensor); a checkpoint written by both ranks resumes bit
+// for bit; different model shapes are refused.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -149,6 +151,17 @@ TEST_CASE("A sharded optimizer state (ZeRO-1) trains the same and holds half the
     CHECK(diff <= 1e-6);  // the gradient norm sums its parts in another order: last bits only
     for (size_t s = 0; s < whole.losses.size(); ++s) CHECK(std::abs(whole.losses[s] - sharded.losses[s]) <= 1e-6);
   }
+  SECTION("bf16 weights with fp32 masters: sharded equals unsharded on the same ranks") {
+    // The clip norm is the global one: each rank's owned fp32 master gradients, summed over
+    // the ranks (measured on the model's bf16 gradients it would miss the owned ones).
+    using T = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Bf16Pure, memopt::accum::Runtime>;
+    const Run whole = train<T>(base_options(), 6, true);
+    const Run sharded = train<T>(base_options().shard_optimizer_state(true), 6, true);
+    const double diff = (whole.weights - sharded.weights).abs().max().item<double>();
+    INFO("max |w_sharded - w_whole| = " << diff);
+    CHECK(diff <= 1e-6);
+    for (size_t s = 0; s < whole.losses.size(); ++s) CHECK(std::abs(whole.losses[s] - sharded.losses[s]) <= 1e-6);
+  }
   SECTION("state bytes per rank") {
     const Run whole = train<Fp32Trainer>(base_options(), 1, true);
     const Run sharded = train<Fp32Trainer>(base_options().shard_optimizer_state(true), 1, true);
@@ -166,7 +179,55 @@ TEST_CASE("A sharded optimizer state (ZeRO-1) trains the same and holds half the
                       << total);
     CHECK(whole.state_bytes == 8 * total);  // exp_avg + exp_avg_sq, fp32
     CHECK(sharded.state_bytes == 8 * owned);
-    CHECK(std::abs(static_cast<double>(owned) / static_cast<double>(total) - 0.5) < 0.1);
+    int64_t largest = 0;
+    for (const auto& p : params) largest = std::max(largest, p.numel());
+    CHECK(std::abs(2 * owned - total) <= largest);  // largest first: the shares differ by at most one tensor
+    CHECK(std::abs(static_cast<double>(owned) / static_cast<double>(total) - 0.5) < 0.02);
+  }
+}
+
+TEST_CASE("GradientSync sums onto every rank, or onto each tensor's owner", "[dist]") {
+  if (!launched()) return;
+  auto& world = memopt::dist::world();
+  const int rank = world.rank();
+  const std::vector<int64_t> sizes{5, 3, 8, 1, 4, 2};
+  const auto make = [&] {  // rank r's gradient of tensor i: (r + 1) * (i + 1) + arange; tensor 3 has none on rank 1
+    std::vector<torch::Tensor> params;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      params.push_back(torch::zeros({sizes[i]}, torch::requires_grad()));
+      if (i == 3 && rank == 1) continue;
+      params.back().mutable_grad() = torch::arange(sizes[i], torch::kFloat) + static_cast<double>((rank + 1) * (i + 1));
+    }
+    return params;
+  };
+  const auto expected = [&](size_t i) {  // the sum over both ranks
+    torch::Tensor sum = 2 * torch::arange(sizes[i], torch::kFloat) + 3.0 * static_cast<double>(i + 1);
+    return i == 3 ? sum - 2.0 * static_cast<double>(i + 1) : sum;  // rank 1's counts as zero
+  };
+  const auto owner = memopt::dist::owners(make(), 2);
+  CHECK(owner == std::vector<int>{1, 0, 0, 0, 1, 1});  // 8 → 0, 5 → 1, 4 → 1, 3 → 0, 2 → 1, 1 → 0: 12 vs 11
+  for (const int64_t bucket_bytes : {int64_t{1} << 20, int64_t{16}}) {  // one bucket; buckets one rank owns wholly
+    for (const bool scatter : {false, true}) {
+      INFO("bucket_bytes " << bucket_bytes << ", reduce-scatter " << scatter);
+      auto params = make();
+      memopt::dist::GradientSync sync(world, params, bucket_bytes, scatter ? owner : std::vector<int>{});
+      torch::Tensor loss = torch::scalar_tensor(rank + 1.0), signal = torch::scalar_tensor(rank == 1 ? 1.0 : 0.0);
+      const int64_t before = world.collectives();
+      sync.sync({loss, signal});
+      CHECK(world.collectives() - before == sync.buckets());
+      CHECK((bucket_bytes == 16 ? sync.buckets() > 3 : sync.buckets() == 1));
+      CHECK(loss.item<double>() == 3.0);
+      CHECK(signal.item<double>() == 1.0);
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        INFO("tensor " << i);
+        if (scatter && owner[i] != rank) {
+          CHECK(!params[i].grad().defined());  // freed: its owner holds the sum
+        } else {
+          REQUIRE(params[i].grad().defined());
+          CHECK(torch::equal(params[i].grad(), expected(i)));
+        }
+      }
+    }
   }
 }
 
@@ -192,7 +253,8 @@ TEST_CASE("No collective runs on a non-final micro-step", "[dist]") {
       trainer.step(slice, loss);
       REQUIRE(seen.size() == 4);
       for (int64_t c : seen) CHECK(c == before + 1);  // only the target count, before the first forward
-      const int64_t expected = 1 + 1 + (sharded ? world.size() : 0);  // count, one bucket, share
+      const int64_t expected = sharded ? 1 + 1 + 1 + world.size()  // count, one bucket, norm, share
+                                       : 1 + 1;                     // count, one bucket
       CHECK(world.collectives() - before == expected);
     }
   }

@@ -4,10 +4,12 @@
 //     (else an error naming the rank and both shapes), then rank 0's weights everywhere;
 //   - GradientSync: every gradient summed over the ranks in fp32 buckets of bucket_bytes
 //     (Gloo in 1.13 has no bf16 all-reduce; bf16 gradients are widened and rounded back), once
-//     per optimizer step, after the last micro-batch (accumulation steps communicate nothing);
-//   - owners + ParamShare: ZeRO-1 — each rank keeps the optimizer state of the parameters it
-//     owns (about 1/world of them, by size), steps those, and shares them after the step by
-//     broadcast from each owner or by one all-gather of padded buffers (ParamGather);
+//     per optimizer step, after the last micro-batch (accumulation steps communicate nothing):
+//     all-reduced, or with a sharded optimizer reduce-scattered onto each tensor's owner;
+//   - owners + ParamShare + clip_grad_norm_: ZeRO-1 — each rank keeps the optimizer state of
+//     the parameters it owns (1/world of the elements, give or take the largest tensor), clips
+//     by the global norm, steps those, and shares them after the step by broadcast from each
+//     owner or by one all-gather of padded buffers (ParamGather);
 //   - RankSlice: rank r's rows of a loader every rank runs identically, so the ranks together
 //     see exactly the batch one process would.
 #pragma once
@@ -23,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <memopt/dist/world.hpp>
+#include <memopt/optim/clip.hpp>
 
 namespace memopt::dist {
 
@@ -59,72 +62,98 @@ inline void broadcast_module(World& world, torch::nn::Module& model) {
   }
 }
 
-/// Sums the gradients of `params` over the ranks in fp32 buckets (in place). Parameters
-/// without a gradient on a rank count as zero; after sync() every parameter has one.
-///   dist::GradientSync sync(world, params, 25 << 20);
-///   sync.sync({loss_sum});   // + 0-dim values summed in the same collectives
+/// The owning rank of each parameter for a sharded optimizer state: largest first, each to
+/// the rank with the fewest elements so far (ties: the lower rank, then the earlier tensor), so
+/// the shares differ by at most the largest tensor. The same on every rank.
+inline std::vector<int> owners(const std::vector<torch::Tensor>& params, int world_size) {
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+  std::vector<int64_t> load(static_cast<size_t>(world_size), 0);
+  std::vector<int> owner(params.size(), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = r;
+    load[static_cast<size_t>(r)] += params[i].numel();
+  }
+  return owner;
+}
+
+/// Sums the gradients of `params` over the ranks in fp32 buckets of about bucket_bytes (in
+/// place; a parameter without a gradient on a rank counts as zero), once per optimizer step.
+///  - no owners: one all-reduce per bucket; after sync() every parameter has the sum.
+///  - owners (ZeRO-1, from owners()): a reduce-scatter by tensor — one all-to-all per bucket
+///    sends each gradient to its owner only, which sums the world's copies; the other ranks'
+///    copies are freed. Half an all-reduce's traffic, and the gradients held for the optimizer
+///    step shrink to the owned ones.
+/// 0-dim fp32 `extras` (the loss, a stop signal) are summed onto every rank either way.
+///   dist::GradientSync sync(world, params, 25 << 20);            // or (..., owners(params, n))
+///   sync.sync({loss_sum});
 class GradientSync {
  public:
-  GradientSync(World& world, std::vector<torch::Tensor> params, int64_t bucket_bytes)
-      : world_(&world), params_(std::move(params)) {
+  GradientSync(World& world, std::vector<torch::Tensor> params, int64_t bucket_bytes, std::vector<int> owner = {})
+      : world_(&world), params_(std::move(params)), owner_(std::move(owner)) {
     TORCH_CHECK(bucket_bytes >= 4, "memopt::dist::GradientSync: bucket_bytes must be >= 4 (got ", bucket_bytes,
                 "). HINT: 25 MiB buckets suit most models");
+    TORCH_CHECK(owner_.empty() || owner_.size() == params_.size(), "memopt::dist::GradientSync: ", owner_.size(),
+                " owners for ", params_.size(), " parameters. HINT: pass dist::owners(params, world.size())");
     int64_t used = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
       const int64_t n = params_[i].numel();
       if (buckets_.empty() || (used > 0 && (used + n) * 4 > bucket_bytes)) {
         buckets_.push_back({});
+        buckets_.back().owned.resize(owner_.empty() ? 0 : static_cast<size_t>(world.size()));
         used = 0;
       }
       buckets_.back().members.push_back(i);
-      buckets_.back().numel += n;
+      if (!owner_.empty()) buckets_.back().owned[static_cast<size_t>(owner_[i])].push_back(i);
       used += n;
     }
   }
 
-  /// Sums every gradient (and each 0-dim fp32 tensor of `extras`, in place) over the ranks.
+  /// Sums the gradients (onto every rank, or onto their owners) and each of `extras` (onto every rank).
   void sync(std::vector<torch::Tensor> extras = {}) {
     if (!world_->distributed()) return;
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> flats;
+    const auto ex = static_cast<int64_t>(extras.size());
+    std::vector<torch::Tensor> results;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      const bool last = b + 1 == buckets_.size();
-      const int64_t n = buckets_[b].numel + (last ? static_cast<int64_t>(extras.size()) : 0);
-      torch::Tensor flat = torch::empty({n}, params_.front().options().dtype(torch::kFloat));  // (n,) fp32
+      const std::vector<torch::Tensor> none;
+      const auto& tail = b + 1 == buckets_.size() ? extras : none;  // the extras ride in the last bucket
+      if (owner_.empty()) {
+        torch::Tensor flat = empty_fp32(numel(buckets_[b].members) + ex);  // (n + extras,) summed in place
+        pack(flat, buckets_[b].members, tail);
+        works.push_back(world_->all_reduce_sum_async(flat, "gradient all-reduce"));  // overlaps the next copy
+        results.push_back(flat);
+        continue;
+      }
+      std::vector<int64_t> split;  // rank r's part: the gradients it owns, then the extras
+      for (const auto& members : buckets_[b].owned) split.push_back(numel(members) + static_cast<int64_t>(tail.size()));
+      torch::Tensor flat = empty_fp32(std::accumulate(split.begin(), split.end(), int64_t{0}));  // (n + world·extras,)
       int64_t at = 0;
-      for (size_t i : buckets_[b].members) {
-        const auto& p = params_[i];
-        torch::Tensor slot = flat.narrow(0, at, p.numel());
-        if (p.grad().defined()) {
-          slot.copy_(p.grad().reshape({-1}));
-        } else {
-          slot.zero_();
-        }
-        at += p.numel();
+      for (size_t r = 0; r < split.size(); ++r) {
+        pack(flat.narrow(0, at, split[r]), buckets_[b].owned[r], tail);
+        at += split[r];
       }
-      if (last) {
-        for (const auto& e : extras) flat.narrow(0, at++, 1).copy_(e.reshape({1}));
-      }
-      works.push_back(world_->all_reduce_sum_async(flat, "gradient all-reduce"));  // overlaps the next copy
-      flats.push_back(flat);
+      const std::vector<int64_t> mine(split.size(), split[static_cast<size_t>(world_->rank())]);
+      torch::Tensor received = empty_fp32(world_->size() * mine.front());  // (world, mine + extras) flat
+      works.push_back(world_->all_to_all_async(received, flat, mine, split, "gradient reduce-scatter"));
+      results.push_back(received);
     }
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      world_->wait("gradient all-reduce", works[b]);
-      int64_t at = 0;
-      for (size_t i : buckets_[b].members) {
-        auto& p = params_[i];
-        torch::Tensor summed = flats[b].narrow(0, at, p.numel()).view(p.sizes());
-        if (p.grad().defined()) {
-          p.mutable_grad().copy_(summed);
-        } else {
-          p.mutable_grad() = summed.to(p.scalar_type()).clone();
-        }
-        at += p.numel();
+      world_->wait(owner_.empty() ? "gradient all-reduce" : "gradient reduce-scatter", works[b]);
+      const std::vector<size_t>* members = &buckets_[b].members;
+      torch::Tensor summed = results[b];  // (n [+ extras],)
+      if (!owner_.empty()) {
+        members = &buckets_[b].owned[static_cast<size_t>(world_->rank())];
+        summed = results[b].view({world_->size(), -1}).sum(0);  // (mine [+ extras],) the ranks' copies, summed
+        for (size_t i : buckets_[b].members)
+          if (owner_[i] != world_->rank()) params_[i].mutable_grad() = torch::Tensor();  // its owner has the sum
       }
-      if (b + 1 == buckets_.size()) {
-        for (auto& e : extras) e.copy_(flats[b].narrow(0, at++, 1).reshape(e.sizes()));
-      }
+      int64_t at = unpack(*members, summed);
+      if (b + 1 == buckets_.size())
+        for (auto& e : extras) e.copy_(summed.narrow(0, at++, 1).reshape(e.sizes()));
     }
   }
 
@@ -132,48 +161,89 @@ class GradientSync {
 
  private:
   struct Bucket {
-    std::vector<size_t> members;
-    int64_t numel = 0;
+    std::vector<size_t> members;             // parameter indices, in order
+    std::vector<std::vector<size_t>> owned;  // with owners: members by owning rank
   };
+
+  int64_t numel(const std::vector<size_t>& members) const {
+    int64_t n = 0;
+    for (size_t i : members) n += params_[i].numel();
+    return n;
+  }
+  torch::Tensor empty_fp32(int64_t n) const {
+    return torch::empty({n}, params_.front().options().dtype(torch::kFloat));
+  }
+
+  // The gradients of `members` (zeros where undefined), then `extras`, into `flat`.
+  void pack(torch::Tensor flat, const std::vector<size_t>& members, const std::vector<torch::Tensor>& extras) const {
+    int64_t at = 0;
+    for (size_t i : members) {
+      const auto& p = params_[i];
+      torch::Tensor slot = flat.narrow(0, at, p.numel());
+      if (p.grad().defined()) {
+        slot.copy_(p.grad().reshape({-1}));
+      } else {
+        slot.zero_();
+      }
+      at += p.numel();
+    }
+    for (const auto& e : extras) flat.narrow(0, at++, 1).copy_(e.reshape({1}));
+  }
+
+  // The sums in `flat` into the gradients of `members`; returns where the extras begin.
+  int64_t unpack(const std::vector<size_t>& members, const torch::Tensor& flat) {
+    int64_t at = 0;
+    for (size_t i : members) {
+      auto& p = params_[i];
+      torch::Tensor summed = flat.narrow(0, at, p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(summed);
+      } else {
+        p.mutable_grad() = summed.to(p.scalar_type()).clone();
+      }
+      at += p.numel();
+    }
+    return at;
+  }
+
   World* world_;
   std::vector<torch::Tensor> params_;
+  std::vector<int> owner_;
   std::vector<Bucket> buckets_;
 };
 
-/// The owning rank of each parameter: in order, each to the rank with the fewest elements so
-/// far (ties: the lowest rank). The same on every rank.
-inline std::vector<int> owners(const std::vector<torch::Tensor>& params, int world_size) {
-  std::vector<int64_t> load(static_cast<size_t>(world_size), 0);
-  std::vector<int> owner;
-  for (const auto& p : params) {
-    const auto r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    owner.push_back(r);
-    load[static_cast<size_t>(r)] += p.numel();
-  }
-  return owner;
+/// Clips the global L2 norm of gradients that the ranks hold in parts (each the owned ones of
+/// a reduce-scattered step) to `max_norm` (<= 0: measure only): one all-reduce of a squared
+/// norm. Returns the global norm before clipping (0-dim fp32), the same on every rank.
+inline torch::Tensor clip_grad_norm_(World& world, const std::vector<torch::Tensor>& owned, double max_norm) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor squared = optim::grad_norms(owned).square().sum();  // 0-dim fp32, this rank's part
+  world.all_reduce_sum({squared}, "gradient norm all-reduce");
+  torch::Tensor norm = squared.sqrt();
+  optim::clip_grads_to_(owned, norm, max_norm);
+  return norm;
 }
 
 /// After a sharded step: each rank's updated parameters to every other rank.
 class ParamShare {
  public:
   ParamShare(World& world, std::vector<torch::Tensor> params, std::vector<int> owner, ParamGather how)
-      : world_(&world), params_(std::move(params)), owner_(std::move(owner)), how_(how) {
-    bytes_.assign(static_cast<size_t>(world.size()), 0);
-    for (size_t i = 0; i < params_.size(); ++i) bytes_[static_cast<size_t>(owner_[i])] += params_[i].nbytes();
-  }
+      : world_(&world), params_(std::move(params)), owner_(std::move(owner)), how_(how) {}
 
   void share() {
     if (!world_->distributed()) return;
     torch::NoGradGuard no_grad;
+    std::vector<int64_t> bytes(static_cast<size_t>(world_->size()), 0);  // each rank's (Bf16Pure made them bf16)
+    for (size_t i = 0; i < params_.size(); ++i) bytes[static_cast<size_t>(owner_[i])] += params_[i].nbytes();
     if (how_ == ParamGather::kBroadcast) {
       for (int r = 0; r < world_->size(); ++r) {
-        torch::Tensor flat = pack(r, bytes_[static_cast<size_t>(r)]);
+        torch::Tensor flat = pack(r, bytes[static_cast<size_t>(r)]);
         world_->broadcast(flat, r, "parameter broadcast (sharded optimizer)");
         if (r != world_->rank()) unpack(r, flat);
       }
       return;
     }
-    const int64_t most = *std::max_element(bytes_.begin(), bytes_.end());
+    const int64_t most = *std::max_element(bytes.begin(), bytes.end());
     const auto all = world_->all_gather(pack(world_->rank(), most), "parameter all-gather (sharded optimizer)");
     for (int r = 0; r < world_->size(); ++r)
       if (r != world_->rank()) unpack(r, all[static_cast<size_t>(r)]);
@@ -182,7 +252,7 @@ class ParamShare {
  private:
   // Rank r's parameters as one byte buffer of `size` bytes (the tail is padding).
   torch::Tensor pack(int r, int64_t size) const {
-    torch::Tensor flat = torch::zeros({size}, params_.front().options().dtype(torch::kByte));
+    torch::Tensor flat = torch::empty({size}, params_.front().options().dtype(torch::kByte));
     int64_t at = 0;
     if (r != world_->rank()) return flat;  // receives
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -206,7 +276,6 @@ class ParamShare {
   World* world_;
   std::vector<torch::Tensor> params_;
   std::vector<int> owner_;
-  std::vector<int64_t> bytes_;
   ParamGather how_;
 };
 

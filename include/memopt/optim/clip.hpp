@@ -8,31 +8,32 @@
 
 namespace memopt::optim {
 
-/// Clips the global L2 norm of the gradients of `measured` to `max_norm` (<= 0: measure
-/// only), scaling the gradients of `scaled`. Returns the norm before clipping as a 0-dim fp32
-/// tensor. A sharded optimizer measures every parameter and scales the ones it steps.
-///   auto norm = memopt::optim::clip_grad_norm_(owned, all_params, 1.0);
-inline torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& scaled, const std::vector<torch::Tensor>& measured,
-                                     double max_norm) {
+/// The L2 norm of each defined gradient of `params`, as a (k,) fp32 tensor (k may be 0).
+inline torch::Tensor grad_norms(const std::vector<torch::Tensor>& params) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> norms;
-  for (const auto& p : measured)
+  for (const auto& p : params)
     if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad(), 2, c10::nullopt, false, torch::kFloat));
-  if (norms.empty()) return torch::zeros({});
-  torch::Tensor norm = torch::stack(norms).norm();
-  if (max_norm > 0) {
-    const torch::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-    for (const auto& p : scaled)
-      if (p.grad().defined()) p.grad().mul_(coef.to(p.grad().scalar_type()));
-  }
-  return norm;
+  return norms.empty() ? torch::zeros({0}) : torch::stack(norms);
+}
+
+/// Scales the gradients of `params` by min(1, max_norm / (norm + 1e-6)), `norm` being their
+/// global norm (a 0-dim tensor); max_norm <= 0 leaves them as they are.
+inline void clip_grads_to_(const std::vector<torch::Tensor>& params, const torch::Tensor& norm, double max_norm) {
+  if (max_norm <= 0) return;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  for (const auto& p : params)
+    if (p.grad().defined()) p.grad().mul_(coef.to(p.grad().scalar_type()));
 }
 
 /// Clips the global L2 norm of the gradients to `max_norm` (<= 0: measure only).
 /// Returns the norm before clipping as a 0-dim fp32 tensor.
 ///   auto norm = memopt::optim::clip_grad_norm_(params, 1.0);
 inline torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm) {
-  return clip_grad_norm_(params, params, max_norm);
+  torch::Tensor norm = grad_norms(params).norm();  // as torch.nn.utils.clip_grad_norm_
+  clip_grads_to_(params, norm, max_norm);
+  return norm;
 }
 
 }  // namespace memopt::optim

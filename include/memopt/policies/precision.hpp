@@ -71,7 +71,7 @@ struct Bf16Pure {
         TORCH_CHECK(p.is_floating_point(), "memopt::precision::Bf16Pure: parameters must be floating point (got ",
                     p.scalar_type(), "). HINT: keep integer buffers out of the optimizer.");
         auto master = p.detach().to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);  // fp32 copy
-        p.set_data(p.detach().to(torch::kBFloat16));
+        cast_weights({p});
         pairs_.push_back({p, master});
         masters.push_back(master);
       }
@@ -82,6 +82,12 @@ struct Bf16Pure {
       }
     }
     return out;
+  }
+
+  /// Turns the parameters bf16 (those whose masters another rank keeps: sharded optimizer state).
+  void cast_weights(const std::vector<torch::Tensor>& params) const {
+    torch::NoGradGuard no_grad;
+    for (auto p : params) p.set_data(p.detach().to(torch::kBFloat16));
   }
 
   /// bf16 gradients → fp32 master gradients, one parameter at a time (each bf16 one freed).
