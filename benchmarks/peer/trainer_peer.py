@@ -8,6 +8,12 @@ clip 1.0, constant lr), the same loss normalisation (sum over each micro-batch d
 the target count of the whole effective batch) and the same tokens (the LCG below). One
 configuration per process; prints one JSON line with the C++ benchmark's keys.
 
+Started with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (as torchrun or scripts/bench dist
+start it) it is the data-parallel peer of benchmarks/dist/dist_bench.cpp: Gloo, the model in
+DistributedDataParallel (bucket_cap_mb 25, no_sync on all but the last micro-batch), rank r
+training rows r*micro/N .. (r+1)*micro/N - 1 of every global micro-batch, the target count
+summed over the ranks; rank 0 prints the line.
+
     /usr/bin/python3 benchmarks/peer/trainer_peer.py --precision bf16 --checkpoint every
 """
 import argparse
@@ -142,6 +148,9 @@ class Llama(nn.Module):
                 if p.dim() >= 2:
                     p.normal_(0.0, 0.02)
 
+    def forward(self, inputs, targets, checkpoint, reentrant):  # what DistributedDataParallel calls
+        return self.loss_sum(inputs, targets, checkpoint, reentrant)
+
     def loss_sum(self, inputs, targets, checkpoint, reentrant):
         T = inputs.shape[1]
         cos, sin = rope_tables(T, self.model.embed_tokens.embedding_dim // self.heads)
@@ -176,6 +185,14 @@ def main():
     ap.add_argument("--impl", choices=["pytorch"], default="pytorch")
     args = ap.parse_args()
 
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        dist.init_process_group("gloo")
+        if args.micro % world:
+            sys.exit(f"trainer_peer.py: --micro {args.micro} does not split over {world} ranks")
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
@@ -196,33 +213,46 @@ def main():
                                   lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
     params = list(model.parameters())
     loader = LcgTokenLoader(args.micro, args.seq, args.vocab, args.seed)
+    rows = slice(rank * args.micro // world, (rank + 1) * args.micro // world)  # this rank's rows
+    trained = DistributedDataParallel(model, bucket_cap_mb=25) if world > 1 else model
     name = f"l{args.layers}-d{args.dim}-s{args.seq}-{args.precision}" + ("-ckpt" if checkpoint else "")
 
     def step():
-        micro_batches = [loader.next() for _ in range(args.accum)]
-        num_targets = sum((t != IGNORE_INDEX).sum() for _, t in micro_batches).clamp_min(1).float()
+        micro_batches = [tuple(t[rows] for t in loader.next()) for _ in range(args.accum)]
+        num_targets = sum((t != IGNORE_INDEX).sum() for _, t in micro_batches).float()
+        if world > 1:
+            dist.all_reduce(num_targets)  # the global batch's targets
+        num_targets = num_targets.clamp_min(1)
         loss_sum = torch.zeros(())
-        for inputs, targets in micro_batches:
+        for i, (inputs, targets) in enumerate(micro_batches):
             autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-            with autocast:
-                loss = model.loss_sum(inputs, targets, checkpoint, reentrant).float() / num_targets
-            loss.backward()
+            last = i + 1 == len(micro_batches)
+            sync = trained.no_sync() if world > 1 and not last else contextlib.nullcontext()
+            with sync:
+                with autocast:
+                    loss = trained(inputs, targets, checkpoint, reentrant).float() / num_targets
+                loss.backward()
             loss_sum += loss.detach()
+        if world > 1:
+            dist.all_reduce(loss_sum)  # the global batch's mean loss
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss_sum.item()
 
-    times, loss_first, loss_last = [], 0.0, 0.0
+    times, losses, loss_first, loss_last = [], [], 0.0, 0.0
     for s in range(args.warmup + args.steps):
         start = time.perf_counter()
         loss = step()
         seconds = time.perf_counter() - start
+        losses.append(loss)
         if s == 0:
             loss_first = loss
         loss_last = loss
         if s >= args.warmup:
             times.append(seconds)
+        if rank != 0:
+            continue
         print(f"  {name} [pytorch] step {s}{' (warm-up)' if s < args.warmup else ''}: loss {loss:.6g}, "
               f"{seconds * 1e3:.1f} ms", file=sys.stderr)
 
@@ -234,9 +264,11 @@ def main():
         "tokens_per_s": tokens_per_step / step_s,
         "step_ms": step_s * 1e3,
         "step_ms_min": min(times) * 1e3,
+        "step_ms_all": [t * 1e3 for t in times],
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "loss_first": loss_first,
         "loss_last": loss_last,
+        "losses": losses,
         "params_m": sum(p.numel() for p in params) / 1e6,
         "layers": args.layers,
         "dim": args.dim,
@@ -250,11 +282,17 @@ def main():
         "precision": args.precision,
         "checkpoint": args.checkpoint,
         "threads": torch.get_num_threads(),
+        "ranks": world,
         "load_avg_1m": os.getloadavg()[0],  # other work on the machine skews the timings
     }
     if checkpoint:
         line["peer_checkpoint"] = "use_reentrant=True" if reentrant else "use_reentrant=False"
-    print(json.dumps(line), flush=True)
+    if world > 1:
+        line["peer_data_parallel"] = "DistributedDataParallel(gloo, bucket_cap_mb=25), no_sync"
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
