@@ -135,6 +135,8 @@ class GradientSync {
       for (size_t r = 0; r < split.size(); ++r) {
         pack(flat.narrow(0, at, split[r]), buckets_[b].owned[r], tail);
         at += split[r];
+        if (static_cast<int>(r) == world_->rank()) continue;
+        for (size_t i : buckets_[b].owned[r]) params_[i].mutable_grad() = torch::Tensor();  // sent: its owner sums it
       }
       const std::vector<int64_t> mine(split.size(), split[static_cast<size_t>(world_->rank())]);
       torch::Tensor received = empty_fp32(world_->size() * mine.front());  // (world, mine + extras) flat
@@ -148,8 +150,6 @@ class GradientSync {
       if (!owner_.empty()) {
         members = &buckets_[b].owned[static_cast<size_t>(world_->rank())];
         summed = results[b].view({world_->size(), -1}).sum(0);  // (mine [+ extras],) the ranks' copies, summed
-        for (size_t i : buckets_[b].members)
-          if (owner_[i] != world_->rank()) params_[i].mutable_grad() = torch::Tensor();  // its owner has the sum
       }
       int64_t at = unpack(*members, summed);
       if (b + 1 == buckets_.size())
