@@ -46,7 +46,8 @@ inline memopt::models::LlamaConfig llama_config(int64_t vocab, int64_t dim, int6
 /// Calls `run.template operator()<Checkpoint, Precision>()` with the policy types the
 /// --precision (fp32 | bf16: autocast) and --checkpoint (none | every) strings name: the one
 /// runtime branch on a policy, outside every step.
-///   auto r = memopt::bench::with_policies(cfg.precision, cfg.checkpoint, [&]<class C, class P>() { return f<C, P>(); });
+///   auto run = [&]<class C, class P>() { return measure<C, P>(cfg); };
+///   auto r = memopt::bench::with_policies(cfg.precision, cfg.checkpoint, run);
 template <class Run>
 auto with_policies(const std::string& precision, const std::string& checkpoint, Run&& run) {
   namespace ckpt = memopt::checkpoint;

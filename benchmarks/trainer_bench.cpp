@@ -182,11 +182,9 @@ int main(int argc, char** argv) {
     model->train();
 
     // The policies are types: the only runtime branch is this one, outside every step.
+    auto trainer_run = [&]<class C, class P>() { return run_trainer<C, P>(cfg, model); };
     const BenchResult r = cfg.impl == "hand" ? run_hand(cfg, model)
-                                             : memopt::bench::with_policies(cfg.precision, cfg.checkpoint,
-                                                                            [&]<class C, class P>() {
-                                                                              return run_trainer<C, P>(cfg, model);
-                                                                            });
+                                             : memopt::bench::with_policies(cfg.precision, cfg.checkpoint, trainer_run);
 
     double total = 0;
     for (double s : r.step_seconds) total += s;

@@ -233,7 +233,9 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
   std::vector<torch::Tensor> params;
   for (const auto& p : model->parameters())
     if (p.requires_grad()) params.push_back(p);
-  const int64_t bucket_bytes = world.distributed() ? first_bucket_bytes(params, options.bucket_mib() << 20, cfg.sharded ? world.size() : 1) : 0;
+  const int64_t extra_copies = cfg.sharded ? world.size() : 1;
+  const int64_t bucket_bytes =
+      world.distributed() ? first_bucket_bytes(params, options.bucket_mib() << 20, extra_copies) : 0;
 
   RankResult r;
   world.barrier();

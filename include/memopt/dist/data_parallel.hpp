@@ -68,7 +68,8 @@ inline void broadcast_module(World& world, torch::nn::Module& model) {
 inline std::vector<int> owners(const std::vector<torch::Tensor>& params, int world_size) {
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+  const auto larger = [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); };
+  std::stable_sort(order.begin(), order.end(), larger);
   std::vector<int64_t> load(static_cast<size_t>(world_size), 0);
   std::vector<int> owner(params.size(), 0);
   for (size_t i : order) {

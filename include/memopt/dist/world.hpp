@@ -143,7 +143,9 @@ class World {
   /// `out` receives out_split[r] elements from each rank r; finish with wait().
   c10::intrusive_ptr<c10d::Work> all_to_all_async(torch::Tensor out, torch::Tensor in, std::vector<int64_t> out_split,
                                                   std::vector<int64_t> in_split, const char* what = "all_to_all") {
-    return run(what, [&] { return on_group(in, [&](auto& g) { return g.alltoall_base(out, in, out_split, in_split); }); });
+    return run(what, [&] {
+      return on_group(in, [&](auto& g) { return g.alltoall_base(out, in, out_split, in_split); });
+    });
   }
 
   /// Copies root's `t` into every rank's `t`.
