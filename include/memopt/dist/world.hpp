@@ -371,7 +371,7 @@ class World {
       who = "every other rank still beats: one may be stuck or on another step";
     } else {
       who = "lost rank(s):";
-      for (int r : silent) who += " " + std::to_string(r);
+      for (int r : silent) who.append(" ").append(std::to_string(r));  // not " " + ...: GCC 12 -O3 warns
     }
     TORCH_CHECK(false, "memopt::dist: rank ", rank(), " of ", size(), ": ", what, " failed: ", who, " (", error,
                 "). HINT: see the lost rank's own log for why it ended; with torchrun --max_restarts and "
