@@ -91,7 +91,8 @@ struct TrainerOptions {
   /// Data parallel (dist::world() of more than one rank): gradient all-reduce bucket size.
   TORCH_ARG(int64_t, bucket_mib) = 25;
   /// Data parallel: ZeRO-1 — each rank keeps the optimizer state of ~1/world of the
-  /// parameters, steps them and shares them (dist/data_parallel.hpp). No effect on one rank.
+  /// parameters, receives only their gradient sums (reduce-scatter), steps them and shares
+  /// them (dist/data_parallel.hpp). No effect on one rank.
   TORCH_ARG(bool, shard_optimizer_state) = false;
   /// How a sharded step shares the updated parameters (broadcast per owner, or one all-gather).
   TORCH_ARG(dist::ParamGather, param_gather) = dist::ParamGather::kBroadcast;
