@@ -9,6 +9,7 @@
 #include <iostream>
 #include <string>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -41,6 +42,22 @@ inline memopt::models::LlamaConfig llama_config(int64_t vocab, int64_t dim, int6
       .num_hidden_layers(layers)
       .num_attention_heads(heads)
       .max_position_embeddings(seq);
+}
+
+/// The LLaMA shape flags of the benchmarks, into cfg.layers, cfg.dim, cfg.heads, cfg.seq.
+template <class Config>
+void add_shape_options(CLI::App& app, Config& cfg) {
+  app.add_option("--layers", cfg.layers, "decoder blocks")->check(CLI::PositiveNumber);
+  app.add_option("--dim", cfg.dim, "hidden size")->check(CLI::PositiveNumber);
+  app.add_option("--heads", cfg.heads, "attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--seq", cfg.seq, "tokens per row (T)")->check(CLI::PositiveNumber);
+}
+
+/// --precision and --checkpoint, into cfg.precision and cfg.checkpoint: what with_policies reads.
+template <class Config>
+void add_policy_options(CLI::App& app, Config& cfg) {
+  app.add_option("--precision", cfg.precision, "compute precision")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--checkpoint", cfg.checkpoint, "activation checkpointing")->check(CLI::IsMember({"none", "every"}));
 }
 
 /// Calls `run.template operator()<Checkpoint, Precision>()` with the policy types the

@@ -113,10 +113,7 @@ int main(int argc, char** argv) {
   app.add_option("--row", cfg.row, rows_help)->check(CLI::IsMember(kRows));
   app.add_option("--data", cfg.data, "token shard to train on")->check(CLI::ExistingFile);
   app.add_option("--offload_dir", cfg.offload_dir, "folder of the disk row's optimizer state");
-  app.add_option("--layers", cfg.layers, "decoder blocks")->check(CLI::PositiveNumber);
-  app.add_option("--dim", cfg.dim, "hidden size")->check(CLI::PositiveNumber);
-  app.add_option("--heads", cfg.heads, "attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--seq", cfg.seq, "tokens per row (T)")->check(CLI::PositiveNumber);
+  memopt::bench::add_shape_options(app, cfg);
   app.add_option("--batch", cfg.batch, "rows per step (B)")->check(CLI::PositiveNumber);
   app.add_option("--steps", cfg.steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", cfg.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);

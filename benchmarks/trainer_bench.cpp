@@ -153,10 +153,7 @@ BenchResult run_hand(const BenchConfig& cfg, memopt::models::Llama& model) {
 int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_trainer: memopt's Trainer on a LLaMA, one configuration per run, one JSON line"};
-  app.add_option("--layers", cfg.layers, "decoder blocks")->check(CLI::PositiveNumber);
-  app.add_option("--dim", cfg.dim, "hidden size")->check(CLI::PositiveNumber);
-  app.add_option("--heads", cfg.heads, "attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--seq", cfg.seq, "tokens per row (T)")->check(CLI::PositiveNumber);
+  memopt::bench::add_shape_options(app, cfg);
   app.add_option("--micro", cfg.micro, "rows per micro-batch (B)")->check(CLI::PositiveNumber);
   app.add_option("--accum", cfg.accum, "micro-batches per optimizer step")->check(CLI::PositiveNumber);
   app.add_option("--vocab", cfg.vocab, "vocabulary size")->check(CLI::PositiveNumber);
@@ -164,8 +161,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", cfg.warmup, "untimed optimizer steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", cfg.seed, "seed of the token LCG");
   app.add_option("--threads", cfg.threads, "intra-op threads (0: all available CPUs)")->check(CLI::NonNegativeNumber);
-  app.add_option("--precision", cfg.precision, "compute precision")->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--checkpoint", cfg.checkpoint, "activation checkpointing")->check(CLI::IsMember({"none", "every"}));
+  memopt::bench::add_policy_options(app, cfg);
   app.add_option("--impl", cfg.impl, "memopt: the Trainer; hand: a hand-written LibTorch loop (fp32, no checkpoint)")
       ->check(CLI::IsMember({"memopt", "hand"}));
   CLI11_PARSE(app, argc, argv);

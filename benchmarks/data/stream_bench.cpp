@@ -67,6 +67,42 @@ double rss_mib() { return memopt::memory::mib(memopt::memory::current_rss_bytes(
 double peak_rss_mib() { return memopt::memory::mib(memopt::memory::peak_rss_bytes()); }
 double tracked_peak_mib() { return memopt::memory::mib(memopt::memory::Tracker::instance().peak_bytes()); }
 
+/// What stream and load_all both measure, from the moment they start (RSS noted, peaks reset,
+/// the clock started) through each batch taken to the JSON keys they share.
+class Consumption {
+ public:
+  Consumption() : rss_before_(rss_mib()) {
+    memopt::memory::reset_peak_rss();
+    memopt::memory::Tracker::instance().reset_peaks();
+    start_ = Clock::now();
+  }
+  void take(const memopt::Batch& batch) {  // inputs, targets: (B, T) int64
+    checksum_ += batch.targets.index({0, 0}).item<int64_t>();
+    if (batches_++ == 0) first_batch_s_ = seconds_since(start_);
+    tokens_ += batch.targets.numel();
+  }
+  int64_t tokens() const { return tokens_; }
+  /// seconds, tokens, batches, tokens/s, time to the first batch, RSS before / peak / growth, checksum.
+  nlohmann::ordered_json fields() const {
+    const double seconds = seconds_since(start_), peak = peak_rss_mib();
+    return {{"tokens", tokens_},
+            {"batches", batches_},
+            {"seconds", seconds},
+            {"tokens_per_s", static_cast<double>(tokens_) / seconds},
+            {"time_to_first_batch_s", first_batch_s_},
+            {"rss_before_mib", rss_before_},
+            {"peak_rss_mib", peak},
+            {"rss_growth_mib", peak - rss_before_},
+            {"checksum", checksum_}};
+  }
+
+ private:
+  double rss_before_;
+  Clock::time_point start_;
+  int64_t tokens_ = 0, batches_ = 0, checksum_ = 0;
+  double first_batch_s_ = 0;
+};
+
 // ---- generate ----
 
 /// Writes exactly cfg.bytes bytes: passes over the source's non-blank lines, each pass in a
@@ -151,48 +187,31 @@ nlohmann::ordered_json head(const BenchConfig& cfg, const std::string& impl, int
 nlohmann::ordered_json stream(const BenchConfig& cfg) {
   const int64_t bytes = corpus_bytes(cfg.data);
   auto tokenizer = load_tokenizer(cfg);
-  const double rss_before = rss_mib();
-  memopt::memory::reset_peak_rss();
-  memopt::memory::Tracker::instance().reset_peaks();
-
-  const auto start = Clock::now();
+  Consumption run;
   auto options = memopt::data::StreamOptions(cfg.batch, cfg.seq)
                      .shuffle_buffer(cfg.shuffle_buffer)
                      .workers(cfg.workers)
                      .seed(cfg.seed)
                      .source(memopt::data::SourceOptions().epochs(1));
   memopt::data::StreamLoader loader({cfg.data}, tokenizer, options);
-  const int64_t per_batch = cfg.batch * cfg.seq;
-  int64_t tokens = 0, batches = 0, checksum = 0;
-  double first_batch_s = 0;
   std::vector<double> trace;  // current RSS (MiB) as each tenth of the corpus (or of --max_tokens) is passed
-  while ((cfg.max_tokens == 0 || tokens < cfg.max_tokens) && loader.has_next()) {
-    memopt::Batch batch = loader.next();  // inputs, targets: (B, T) int64
-    checksum += batch.targets.index({0, 0}).item<int64_t>();
-    if (batches++ == 0) first_batch_s = seconds_since(start);
-    tokens += per_batch;
+  while ((cfg.max_tokens == 0 || run.tokens() < cfg.max_tokens) && loader.has_next()) {
+    run.take(loader.next());
+    const int64_t tokens = run.tokens();
     const auto& at = loader.position();
     const double read = at.epoch >= 1 ? 1.0 : static_cast<double>(at.offset) / static_cast<double>(bytes);
     const double done = cfg.max_tokens > 0 ? static_cast<double>(tokens) / static_cast<double>(cfg.max_tokens) : read;
     while (trace.size() < 10 && done >= 0.1 * static_cast<double>(trace.size() + 1)) trace.push_back(rss_mib());
   }
-  const double seconds = seconds_since(start);
-  const double peak = peak_rss_mib();
+  const int64_t tokens = run.tokens();
   const bool complete = tokens > 0 && !loader.has_next();
   auto line = head(cfg, "stream", bytes);
+  line.update(run.fields());
   line.update(nlohmann::ordered_json{
       {"workers", cfg.workers},
-      {"tokens", tokens},
-      {"batches", batches},
       {"complete", complete},  // streamed to the end of the corpus
-      {"seconds", seconds},
-      {"tokens_per_s", static_cast<double>(tokens) / seconds},
       {"bytes_per_token", complete ? nlohmann::ordered_json(static_cast<double>(bytes) / static_cast<double>(tokens))
                                    : nlohmann::ordered_json(nullptr)},  // capped: the reader ran ahead
-      {"time_to_first_batch_s", first_batch_s},
-      {"rss_before_mib", rss_before},
-      {"peak_rss_mib", peak},
-      {"rss_growth_mib", peak - rss_before},
       {"rss_end_mib", rss_mib()},
       {"rss_trace_mib", trace},
       {"peak_tracked_mib", tracked_peak_mib()},  // tensors only: the batches
@@ -200,7 +219,6 @@ nlohmann::ordered_json stream(const BenchConfig& cfg) {
       {"seq", cfg.seq},
       {"shuffle_buffer", cfg.shuffle_buffer},
       {"max_tokens", cfg.max_tokens},
-      {"checksum", checksum},
   });
   return line;
 }
@@ -212,11 +230,8 @@ nlohmann::ordered_json load_all(const BenchConfig& cfg) {
               "(got '", cfg.layout, "'). HINT: tensors is the seed's loader");
   const int64_t bytes = corpus_bytes(cfg.data);
   auto tokenizer = load_tokenizer(cfg);
-  const double rss_before = rss_mib();
-  memopt::memory::reset_peak_rss();
-  memopt::memory::Tracker::instance().reset_peaks();
-  const auto start = Clock::now();
-  const int64_t B = cfg.batch, T = cfg.seq, per_batch = B * T;
+  Consumption run;
+  const int64_t B = cfg.batch, T = cfg.seq;
   const auto eos = static_cast<int32_t>(tokenizer->eos_id());
 
   // ---- every document in memory, then every id in one vector ----
@@ -238,8 +253,6 @@ nlohmann::ordered_json load_all(const BenchConfig& cfg) {
   const double rss_loaded = rss_mib();
 
   // ---- windows, then batches to the end of an epoch ----
-  int64_t tokens = 0, batches = 0, checksum = 0;
-  double first_batch_s = 0;
   const int64_t num_windows = (num_ids - 1) / T;
   const int64_t num_batches = num_windows / B;
   if (cfg.layout == "tensors") {
@@ -255,46 +268,28 @@ nlohmann::ordered_json load_all(const BenchConfig& cfg) {
     const torch::Tensor order = torch::randperm(num_windows, torch::kLong);  // (N,)
     for (int64_t b = 0; b < num_batches; ++b) {
       const torch::Tensor rows = order.slice(0, b * B, (b + 1) * B);  // (B,)
-      memopt::Batch batch{inputs.index_select(0, rows), targets.index_select(0, rows)};  // (B, T) each
-      checksum += batch.targets.index({0, 0}).item<int64_t>();
-      if (batches++ == 0) first_batch_s = seconds_since(start);
-      tokens += per_batch;
+      run.take({inputs.index_select(0, rows), targets.index_select(0, rows)});  // (B, T) each
     }
   } else {
     auto shard = memopt::data::TokenShard::from_tokens(cfg.data, ids, tokenizer->vocab_size());
     ids = {};
     memopt::data::RandomWindowLoader loader(shard, memopt::data::LoaderOptions(B, T).seed(cfg.seed));
-    for (int64_t b = 0; b < num_batches; ++b) {
-      memopt::Batch batch = loader.next();  // inputs, targets: (B, T) int64
-      checksum += batch.targets.index({0, 0}).item<int64_t>();
-      if (batches++ == 0) first_batch_s = seconds_since(start);
-      tokens += per_batch;
-    }
+    for (int64_t b = 0; b < num_batches; ++b) run.take(loader.next());
   }
-  const double seconds = seconds_since(start);
-  const double peak = peak_rss_mib();
   auto line = head(cfg, "load_all", bytes);
+  line.update(run.fields());
   line.update(nlohmann::ordered_json{
       {"layout", cfg.layout == "tensors" ? "int64 (N, T) input and target tensors of every window (the seed's)"
                                          : "TokenShard::from_tokens + RandomWindowLoader"},
       {"workers", 0},
-      {"tokens", tokens},
-      {"batches", batches},
       {"corpus_tokens", num_ids},
       {"complete", cfg.max_tokens == 0},
-      {"seconds", seconds},
-      {"tokens_per_s", static_cast<double>(tokens) / seconds},
       {"bytes_per_token", static_cast<double>(bytes) / static_cast<double>(std::max<int64_t>(num_ids, 1))},
-      {"time_to_first_batch_s", first_batch_s},
-      {"rss_before_mib", rss_before},
-      {"peak_rss_mib", peak},
-      {"rss_growth_mib", peak - rss_before},
       {"rss_loaded_mib", rss_loaded},  // after tokenizing, the text freed
       {"peak_tracked_mib", tracked_peak_mib()},  // tensors only: the windows (tensors layout) and batches
       {"batch", B},
       {"seq", T},
       {"max_tokens", cfg.max_tokens},
-      {"checksum", checksum},
   });
   return line;
 }

@@ -402,10 +402,7 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
 int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_dist: data-parallel training on a LLaMA, one process per rank; rank 0 prints a JSON line"};
-  app.add_option("--layers", cfg.layers, "decoder blocks")->check(CLI::PositiveNumber);
-  app.add_option("--dim", cfg.dim, "hidden size")->check(CLI::PositiveNumber);
-  app.add_option("--heads", cfg.heads, "attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--seq", cfg.seq, "tokens per row (T)")->check(CLI::PositiveNumber);
+  memopt::bench::add_shape_options(app, cfg);
   app.add_option("--micro", cfg.micro, "rows per global micro-batch (each rank trains on micro / WORLD_SIZE)")
       ->check(CLI::PositiveNumber);
   app.add_option("--accum", cfg.accum, "micro-batches per optimizer step")->check(CLI::PositiveNumber);
@@ -415,8 +412,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--seed", cfg.seed, "seed of the weights and of the batches");
   app.add_option("--threads", cfg.threads, "intra-op threads per rank")->check(CLI::PositiveNumber);
-  app.add_option("--precision", cfg.precision, "compute precision")->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--checkpoint", cfg.checkpoint, "activation checkpointing")->check(CLI::IsMember({"none", "every"}));
+  memopt::bench::add_policy_options(app, cfg);
   app.add_option("--data", cfg.data, "token shard to train on (empty: random tokens)");
   app.add_flag("--sharded", cfg.sharded, "ZeRO-1: shard the optimizer state over the ranks");
   app.add_option("--param_gather", cfg.param_gather, "how a sharded step shares the parameters")
