@@ -14,19 +14,23 @@
 #include <torch/torch.h>
 
 #include "memopt/error.hpp"
+#include "memopt/runtime.hpp"
 #include "memopt/models/llama.hpp"
 #include "memopt/policies/checkpoint.hpp"
 #include "memopt/policies/precision.hpp"
 
 namespace memopt::bench {
 
-/// Runs `measure` (returns the JSON line), adds load_avg_1m, prints it; 1 on error.
+/// Runs `measure` (returns the JSON line), adds the platform (torch_version, cpu_flags) and
+/// load_avg_1m, prints it; 1 on error.
 template <class Measure>
 int print_line(Measure&& measure) {
   return memopt::guarded_main([&] {
     nlohmann::ordered_json line = measure();
     double load[1] = {-1};
     getloadavg(load, 1);
+    line["torch_version"] = TORCH_VERSION;
+    line["cpu_flags"] = memopt::cpu_flags();
     line["load_avg_1m"] = load[0];
     std::cout << line.dump() << std::endl;
     return 0;

@@ -1,5 +1,6 @@
-#!/usr/bin/python3
-"""benchmarks/peer/trainer_peer.py — the PyTorch eager peer of benchmarks/trainer_bench.cpp.
+#!/usr/bin/env python3
+"""benchmarks/peer/trainer_peer.py — the PyTorch 2.x peer of benchmarks/trainer_bench.cpp: eager,
+or torch.compile (inductor) with --compile.
 
 The same LLaMA (HF layout: fp32 RMSNorm, rotate_half RoPE, SwiGLU of LlamaConfig::ffn_size(),
 untied head, normal(0, 0.02) init), the same optimizer (AdamW lr 3e-4, betas 0.9/0.95,
@@ -14,12 +15,14 @@ DistributedDataParallel (bucket_cap_mb 25, no_sync on all but the last micro-bat
 training rows r*micro/N .. (r+1)*micro/N - 1 of every global micro-batch, the target count
 summed over the ranks; rank 0 prints the line.
 
-    /usr/bin/python3 benchmarks/peer/trainer_peer.py --precision bf16 --checkpoint every
+Attention is F.scaled_dot_product_attention(is_causal=True): what a PyTorch 2.x user writes (its
+CPU flash kernel never materialises the T x T scores).
+
+    .venv/bin/python3 benchmarks/peer/trainer_peer.py --precision bf16 --checkpoint every [--compile]
 """
 import argparse
 import contextlib
 import json
-import math
 import os
 import resource
 import sys
@@ -50,6 +53,14 @@ class LcgTokenLoader:
         self.state = s
         rows = torch.tensor(out, dtype=torch.long).view(self.batch, self.seq + 1)  # (B, T+1)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()                # (B, T) each
+
+
+def cpu_flags():
+    """The CPU flags that decide bf16 speed, as memopt::cpu_flags() lists them."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    found = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return " ".join(found) or "none"
 
 
 def ffn_size(dim):
@@ -102,11 +113,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, H, D).transpose(1, 2)
         v = self.v_proj(x).view(B, T, H, D).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, T)
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-        probs = torch.softmax(scores, -1, dtype=torch.float).to(q.dtype)
-        y = torch.matmul(probs, v)                                     # (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -181,7 +188,9 @@ def main():
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--checkpoint", choices=["none", "every"], default="none")
     ap.add_argument("--reentrant", choices=["auto", "true", "false"], default="auto",
-                    help="torch.utils.checkpoint's use_reentrant; auto: the faster, leaner one on 1.13 CPU (true)")
+                    help="torch.utils.checkpoint's use_reentrant; auto: false, PyTorch 2.x's recommendation "
+                         "(and the only one torch.compile traces)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
     ap.add_argument("--impl", choices=["pytorch"], default="pytorch")
     args = ap.parse_args()
 
@@ -198,11 +207,7 @@ def main():
     torch.manual_seed(args.seed)
     bf16 = args.precision == "bf16"
     checkpoint = args.checkpoint == "every"
-    # use_reentrant=True is never slower on 1.13 CPU and keeps less memory: measured on the
-    # 2-core bench machine, l8-d512-s512 fp32 28.1 s/step and 1596 MiB peak RSS vs 35.1 s and
-    # 2929 MiB non-reentrant; l4-d256 fp32 and bf16 equal time, 654 vs 832-891 MiB. (DESIGN.md
-    # measured non-reentrant 2x slower under bf16 autocast on an AMX machine.) auto picks it.
-    reentrant = args.reentrant != "false"
+    reentrant = args.reentrant == "true"
 
     model = Llama(args.vocab, args.dim, args.layers, args.heads)
     model.train()
@@ -215,6 +220,9 @@ def main():
     loader = LcgTokenLoader(args.micro, args.seq, args.vocab, args.seed)
     rows = slice(rank * args.micro // world, (rank + 1) * args.micro // world)  # this rank's rows
     trained = DistributedDataParallel(model, bucket_cap_mb=25) if world > 1 else model
+    if args.compile:
+        trained = torch.compile(trained)  # compiles during the warm-up step(s)
+    impl = "pytorch_compile" if args.compile else "pytorch"
     name = f"l{args.layers}-d{args.dim}-s{args.seq}-{args.precision}" + ("-ckpt" if checkpoint else "")
 
     def step():
@@ -253,14 +261,16 @@ def main():
             times.append(seconds)
         if rank != 0:
             continue
-        print(f"  {name} [pytorch] step {s}{' (warm-up)' if s < args.warmup else ''}: loss {loss:.6g}, "
+        print(f"  {name} [{impl}] step {s}{' (warm-up)' if s < args.warmup else ''}: loss {loss:.6g}, "
               f"{seconds * 1e3:.1f} ms", file=sys.stderr)
 
     step_s = sum(times) / len(times)
     tokens_per_step = args.micro * args.accum * args.seq
     line = {
         "name": name,
-        "impl": "pytorch",
+        "impl": impl,
+        "torch_version": torch.__version__,
+        "cpu_flags": cpu_flags(),
         "tokens_per_s": tokens_per_step / step_s,
         "step_ms": step_s * 1e3,
         "step_ms_min": min(times) * 1e3,

@@ -17,6 +17,7 @@
 //   Run: scripts/demo   (or build/examples/00_llama_lm/llama_lm --help)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <memopt/data/loader.hpp>
 #include <memopt/data/shard.hpp>
@@ -51,7 +52,7 @@ struct Args {
   std::string prompt = "The jury said";
   int64_t sample_tokens = 48;
   double temperature = 0.8;
-  std::string checkpoint = "every", precision = "bf16", offload = "none", policies = "fixed", memory_budget;
+  std::string checkpoint = "every", precision = "auto", offload = "none", policies = "fixed", memory_budget;
   int64_t accum = 4;
   bool estimate_only = false;
   bool calibrate = false;
@@ -292,7 +293,8 @@ int main(int argc, char** argv) {
   app.add_option("--sample_tokens", a.sample_tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")->capture_default_str();
   app.add_option("--checkpoint", a.checkpoint, "none | every | every-2 | selective")->capture_default_str();
-  app.add_option("--precision", a.precision, "fp32 | bf16 | bf16-pure | fp16 (CUDA)")->capture_default_str();
+  app.add_option("--precision", a.precision, "fp32 | bf16 | bf16-pure | fp16 (CUDA) | auto (bf16 where measured faster)")
+      ->capture_default_str();
   app.add_option("--accum", a.accum, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--offload", a.offload, "optimizer state: none | int8 | disk")->capture_default_str();
   app.add_option("--policies", a.policies, "fixed: the flags above; auto: the planner picks for --memory_budget")
@@ -332,6 +334,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
+    memopt::log_performance_info();
+    const auto precision = memopt::machine::resolve_precision(a.precision);
+    fmt::print("{:>13}: {} ({})\n", "precision", precision.precision, precision.reason);
+    a.precision = precision.precision;
     return run(a);
   });
 }

@@ -87,9 +87,9 @@ struct Args {
 struct Plan {
   std::string strategy;
   std::string checkpoint = "every_block";  // none | every_block
-  std::string precision = "bf16";          // fp32 | bf16
+  std::string precision = "auto";          // fp32 | bf16 | auto (measured: memopt/machine.hpp)
   std::string data_format = "shards";      // shards | text
-  std::string teacher_dtype = "fp32";      // fp32 | bf16
+  std::string teacher_dtype = "fp32";      // fp32 | bf16 | auto (as precision)
   bool teacher_autograd = false;
   int64_t accum = 1;
   double grad_clip = 0.0;
@@ -118,7 +118,7 @@ Plan make_plan(const Args& a, const CLI::App& app) {
     p.schedule = true;
     p.release_cache_every = a.release_cache_every;
     p.kd_top_k = 64;
-    p.teacher_dtype = "bf16";
+    p.teacher_dtype = "auto";
   }
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
   if (given("--checkpoint")) p.checkpoint = a.checkpoint;
@@ -128,6 +128,15 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   if (given("--teacher_autograd")) p.teacher_autograd = a.teacher_autograd;
   if (given("--gradient_accumulation_steps")) p.accum = a.gradient_accumulation_steps;
   if (given("--grad_clip")) p.grad_clip = a.grad_clip;
+  // auto: bf16 where this CPU's bf16 matmul measured faster than fp32, fp32 elsewhere.
+  std::string why = "as given";
+  if (p.precision == "auto" || p.teacher_dtype == "auto") {
+    const auto choice = memopt::machine::choose_precision();
+    if (p.precision == "auto") p.precision = choice.precision;
+    if (p.teacher_dtype == "auto") p.teacher_dtype = choice.precision;
+    why = "auto: " + choice.reason;
+  }
+  fmt::print("precision: student {}, teacher {} ({})\n", p.precision, p.teacher_dtype, why);
   if (given("--release_cache_every")) p.release_cache_every = a.release_cache_every;
   if (given("--kd_top_k")) p.kd_top_k = a.kd_top_k;
   TORCH_CHECK(p.accum >= 1, "llama_to_llada: --gradient_accumulation_steps must be >= 1 (got ", p.accum,
@@ -614,11 +623,12 @@ int main(int argc, char** argv) {
   app.add_option("--kd_temperature", a.kd_temperature, "KD softmax temperature")->capture_default_str();
   app.add_option("--kd_top_k", a.kd_top_k, "keep the teacher's top-k logits (0: all; comprehensive: 64)");
   app.add_option("--checkpoint", a.checkpoint, "override: none | every_block")->check(one_of({"none", "every_block"}));
-  app.add_option("--precision", a.precision, "override: fp32 | bf16 (autocast)")->check(one_of({"fp32", "bf16"}));
+  app.add_option("--precision", a.precision, "override: fp32 | bf16 (autocast) | auto (measured on this CPU)")
+      ->check(one_of({"fp32", "bf16", "auto"}));
   app.add_option("--data_format", a.data_format, "override: shards (pre-tokenized) | text (tokenized now)")
       ->check(one_of({"shards", "text"}));
-  app.add_option("--teacher_dtype", a.teacher_dtype, "override: fp32 | bf16 teacher weights and compute")
-      ->check(one_of({"fp32", "bf16"}));
+  app.add_option("--teacher_dtype", a.teacher_dtype, "override: fp32 | bf16 | auto teacher weights and compute")
+      ->check(one_of({"fp32", "bf16", "auto"}));
   app.add_option("--teacher_autograd", a.teacher_autograd, "override: true runs the teacher with a graph (naive)");
   app.add_option("--grad_clip", a.grad_clip, "override: gradient-norm clip, 0 off (comprehensive: 1)");
   app.add_option("--release_cache_every", a.release_cache_every, "override: steps between cache releases, 0 off");
@@ -641,6 +651,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
+    memopt::log_performance_info();
     return run(a, app);
   });
 }

@@ -11,6 +11,7 @@
 //   build/examples/02_moe/moe_lm --dense     # the dense LLaMA with the same active parameters
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -360,6 +361,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
+    memopt::log_performance_info();
     return run(a);
   });
 }

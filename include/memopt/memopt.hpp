@@ -10,6 +10,7 @@
 #include "memopt/io/pretrained.hpp"
 #include "memopt/io/safetensors.hpp"
 #include "memopt/io/checkpoint.hpp"
+#include "memopt/machine.hpp"
 #include "memopt/memory/allocator.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/rss.hpp"

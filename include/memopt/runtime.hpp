@@ -135,6 +135,23 @@ inline bool cpu_has(std::string_view feature) {
   return detail::cpu_description().flags.find(" " + std::string(feature) + " ") != std::string::npos;
 }
 
+/// The CPU kind, by the bf16 matmul instructions /proc/cpuinfo reports:
+/// "amx" (amx_bf16), "avx512_bf16", "avx2", or "other".
+inline std::string cpu_kind() {
+  if (cpu_has("amx_bf16")) return "amx";
+  if (cpu_has("avx512_bf16")) return "avx512_bf16";
+  if (cpu_has("avx2")) return "avx2";
+  return "other";
+}
+
+/// The CPU flags that decide bf16 speed, space-separated (what benchmarks record as cpu_flags).
+inline std::string cpu_flags() {
+  std::string out;
+  for (const char* f : {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    if (cpu_has(f)) out += (out.empty() ? "" : " ") + std::string(f);
+  return out.empty() ? "none" : out;
+}
+
 /// What decides this process's speed, as (label, value) lines: LibTorch version, intra-op
 /// threads, the BLAS library actually loaded, the CPU and its matmul-relevant features.
 ///   for (auto& [k, v] : memopt::performance_info()) ...
@@ -157,7 +174,7 @@ inline std::vector<std::pair<std::string, std::string>> performance_info() {
   std::string features;
   for (const char* f : {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"})
     features += fmt::format("{}{}{}", features.empty() ? "" : " ", cpu_has(f) ? "+" : "-", f);
-  info.emplace_back("cpu", cpu.model.empty() ? "unknown" : cpu.model);
+  info.emplace_back("cpu", fmt::format("{} (kind: {})", cpu.model.empty() ? "unknown" : cpu.model, cpu_kind()));
   info.emplace_back("cpu features", cpu.flags.empty() ? "unknown" : features);
   return info;
 }

@@ -141,14 +141,17 @@ TEST_CASE("A sharded optimizer state (ZeRO-1) trains the same and holds half the
   }
   SECTION("8-bit AdamW: sharded equals unsharded on the same ranks") {
     // (Against one process the 8-bit state's rounding turns last-bit gradient differences into
-    // a quantization step: the sharding itself must change nothing.)
+    // a quantization step: the sharding itself must change nothing.) No clipping here: the
+    // sharded global norm sums its parts in another order, and a last-bit change of the clip
+    // factor flips 8-bit codes (1.3e-4 in the weights with LibTorch 2.15's MKL); the global-norm
+    // clip is checked against one process in fp32 above.
     using T = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime,
                               memopt::offload::Int8State>;
-    const Run whole = train<T>(base_options(), 6, true);
-    const Run sharded = train<T>(base_options().shard_optimizer_state(true), 6, true);
+    const Run whole = train<T>(base_options().grad_clip(0), 6, true);
+    const Run sharded = train<T>(base_options().grad_clip(0).shard_optimizer_state(true), 6, true);
     const double diff = (whole.weights - sharded.weights).abs().max().item<double>();
     INFO("max |w_sharded - w_whole| = " << diff);
-    CHECK(diff <= 1e-6);  // the gradient norm sums its parts in another order: last bits only
+    CHECK(diff <= 1e-6);
     for (size_t s = 0; s < whole.losses.size(); ++s) CHECK(std::abs(whole.losses[s] - sharded.losses[s]) <= 1e-6);
   }
   SECTION("bf16 weights with fp32 masters: sharded equals unsharded on the same ranks") {

@@ -59,8 +59,8 @@ else
 fi
 
 # ---- torchrun: restart after a killed worker, resume from the last checkpoint ----
-if [ ! -x /usr/bin/torchrun ]; then
-  echo "skip: /usr/bin/torchrun missing (apt-get install python3-torch)"
+if [ ! -x "${TORCHRUN:-$root/.venv/bin/torchrun}" ]; then
+  echo "skip: ${TORCHRUN:-$root/.venv/bin/torchrun} missing (scripts/deps installs it)"
   finish
   exit $?
 fi

@@ -21,6 +21,7 @@
 
 #include "support.hpp"
 
+#include <memopt/detail/optimizer_state.hpp>
 #include <memopt/callbacks.hpp>
 #include <memopt/data/loader.hpp>
 #include <memopt/io/checkpoint.hpp>
@@ -132,13 +133,17 @@ void flip_byte(const std::string& path, std::streamoff offset) {
   f.put(static_cast<char>(c ^ 0x5a));
 }
 
-/// AdamW's state, parameter by parameter (keys in order): step, exp_avg, exp_avg_sq.
+/// AdamW's state, parameter by parameter (in the optimizer's parameter order): step, exp_avg, exp_avg_sq.
 std::vector<torch::Tensor> adamw_state(torch::optim::Optimizer& optimizer) {
-  std::map<std::string, torch::optim::AdamWParamState*> ordered;
-  for (auto& [key, state] : optimizer.state())
-    ordered[c10::guts::to_string(key)] = static_cast<torch::optim::AdamWParamState*>(state.get());
+  std::vector<torch::optim::AdamWParamState*> ordered;
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params()) {
+      auto it = optimizer.state().find(memopt::detail::optimizer_state_key(optimizer.state(), p));
+      if (it != optimizer.state().end())
+        ordered.push_back(static_cast<torch::optim::AdamWParamState*>(it->second.get()));
+    }
   std::vector<torch::Tensor> out;
-  for (auto& [key, s] : ordered) {
+  for (auto* s : ordered) {
     out.push_back(torch::tensor(s->step()));
     out.push_back(s->exp_avg().clone());
     out.push_back(s->exp_avg_sq().clone());

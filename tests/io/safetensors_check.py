@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""tests/io/safetensors_check.py — an independent safetensors reader and writer (json and
-numpy only, no safetensors package) that cross-checks memopt::io byte for byte.
+"""tests/io/safetensors_check.py — cross-checks memopt::io's safetensors files both ways, with an
+independent reader and writer (json and numpy only) byte for byte, and with the `safetensors`
+package itself (safetensors.torch, what HF and PyTorch users load and save with).
 
-  safetensors_check.py verify FILE   FILE (written by memopt) must hold exactly RECIPE
-  safetensors_check.py write FILE    writes RECIPE for memopt to read: no header padding,
-                                     a scrambled order and unaligned offsets
+  safetensors_check.py verify FILE           FILE (written by memopt) must hold exactly RECIPE
+  safetensors_check.py write FILE            writes RECIPE for memopt to read: no header padding,
+                                             a scrambled order and unaligned offsets
+  safetensors_check.py verify-package FILE   safetensors.torch.load_file(FILE) must equal RECIPE
+                                             and safe_open must see its metadata
+  safetensors_check.py write-package FILE    safetensors.torch.save_file(RECIPE, FILE, metadata)
 
 RECIPE is also spelled out in tests/io/safetensors_test.cpp (recipe()); keep the two equal.
 Exit status 0 on success, 1 on a mismatch (the reason on stderr), 2 on bad usage or no numpy.
@@ -115,8 +119,56 @@ def write(path):
     print(f"wrote {path}: {len(order)} tensors, header {len(text)} bytes")
 
 
+def package():
+    """safetensors.torch and torch, or exit 2 with a HINT."""
+    try:
+        import safetensors
+        import safetensors.torch
+        import torch
+    except ImportError as e:
+        sys.stderr.write(f"safetensors_check.py: {e}. HINT: run scripts/deps (requirements.txt: safetensors, torch)\n")
+        sys.exit(2)
+    return safetensors, torch
+
+
+def recipe_tensors(torch):
+    """RECIPE as torch tensors (bf16 from float32: exact for the recipe's values)."""
+    dtypes = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+    out = {}
+    for name, dtype, shape, values in RECIPE:
+        wide = torch.float64 if dtype in ("F32", "F64", "F16", "BF16") else torch.int64
+        out[name] = torch.tensor(values, dtype=wide).to(dtypes[dtype]).reshape(shape)
+    return out
+
+
+def verify_package(path):
+    safetensors, torch = package()
+    got = safetensors.torch.load_file(path)
+    expected = recipe_tensors(torch)
+    if sorted(got) != sorted(expected):
+        fail(f"{path}: safetensors.torch sees tensors {sorted(got)}, expected {sorted(expected)}")
+    for name, want in expected.items():
+        t = got[name]
+        if t.dtype != want.dtype or list(t.shape) != list(want.shape) or not torch.equal(t, want):
+            fail(f"{path}: safetensors.torch reads '{name}' as {t.dtype} {list(t.shape)} {t.flatten().tolist()}, "
+                 f"expected {want.dtype} {list(want.shape)} {want.flatten().tolist()}")
+    with safetensors.safe_open(path, framework="pt") as f:
+        if f.metadata() != METADATA:
+            fail(f"{path}: safetensors sees metadata {f.metadata()}, expected {METADATA}")
+    print(f"ok: safetensors {safetensors.__version__} reads the {len(RECIPE)} recipe tensors from {path}")
+
+
+def write_package(path):
+    safetensors, torch = package()
+    safetensors.torch.save_file(recipe_tensors(torch), path, metadata=METADATA)
+    print(f"wrote {path} with safetensors {safetensors.__version__}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("verify", "write"):
+    modes = {"verify": verify, "write": write, "verify-package": verify_package, "write-package": write_package}
+    if len(sys.argv) != 3 or sys.argv[1] not in modes:
         sys.stderr.write(__doc__)
         sys.exit(2)
-    (verify if sys.argv[1] == "verify" else write)(sys.argv[2])
+    modes[sys.argv[1]](sys.argv[2])

@@ -95,20 +95,21 @@ Named recipe() {
 }
 const std::map<std::string, std::string> kRecipeMetadata = {{"format", "pt"}, {"recipe", "memopt-check-v1"}};
 
-/// Runs tests/io/safetensors_check.py MODE FILE with /usr/bin/python3; its exit code and output.
+/// Runs tests/io/safetensors_check.py MODE FILE with the project's python (MEMOPT_TEST_PYTHON:
+/// .venv/bin/python3 from scripts/deps); its exit code and output.
 std::pair<int, std::string> run_check(const std::string& mode, const std::string& file) {
   const std::string script = std::string(MEMOPT_TEST_BASELINES) + "/../io/safetensors_check.py";
   const std::string log = file + ".log";
-  const int status = std::system(("/usr/bin/python3 '" + script + "' " + mode + " '" + file + "' > '" + log +
+  const int status = std::system((std::string(MEMOPT_TEST_PYTHON) + " '" + script + "' " + mode + " '" + file + "' > '" + log +
                                   "' 2>&1").c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(log)};
 }
 
 void require_numpy() {
-  const int status = std::system("/usr/bin/python3 -c 'import numpy' > /dev/null 2>&1");
+  const int status = std::system((std::string(MEMOPT_TEST_PYTHON) + " -c 'import numpy' > /dev/null 2>&1").c_str());
   if (status != 0)
-    FAIL("/usr/bin/python3 cannot import numpy, which the safetensors cross-check needs. HINT: "
-         "apt-get install python3-numpy (scripts/deps installs it)");
+    FAIL(MEMOPT_TEST_PYTHON << " cannot import numpy, which the safetensors cross-check needs. HINT: "
+         "run scripts/deps (installs requirements.txt into .venv)");
 }
 
 }  // namespace
@@ -368,6 +369,32 @@ TEST_CASE("safetensors files cross-check with an independent numpy reader and wr
     CHECK(file->metadata() == kRecipeMetadata);
     CHECK(file->names().front() == "u8");
     CHECK(file->info("f32").begin == 13);  // unaligned: get() must copy
+    for (const auto& [name, expected] : recipe()) {
+      INFO(name);
+      CHECK(same_bits(file->get(name), expected));
+    }
+  }
+}
+
+TEST_CASE("safetensors files cross-check with the safetensors package both ways", "[io][safetensors]") {
+  TempDir dir;
+
+  SECTION("memopt writes, safetensors.torch.load_file reads") {
+    const std::string path = dir.file("memopt.safetensors");
+    memopt::io::save_safetensors(path, recipe(), kRecipeMetadata);
+    const auto [code, output] = run_check("verify-package", path);
+    INFO(output);
+    CHECK(code == 0);
+    CHECK_THAT(output, Catch::Contains("ok:"));
+  }
+  SECTION("safetensors.torch.save_file writes, memopt reads") {
+    const std::string path = dir.file("package.safetensors");
+    const auto [code, output] = run_check("write-package", path);
+    INFO(output);
+    REQUIRE(code == 0);
+    auto file = SafetensorsFile::open(path);
+    CHECK(file->metadata() == kRecipeMetadata);
+    CHECK(file->names().size() == recipe().size());
     for (const auto& [name, expected] : recipe()) {
       INFO(name);
       CHECK(same_bits(file->get(name), expected));

@@ -27,11 +27,14 @@ namespace {
 // ~1 here (LLaMA logits: 1.5e-7); 1e-5 leaves room for another BLAS or thread count and
 // fails on real mistakes (a key masked wrongly moves outputs by ~0.1). bf16: both paths
 // round matmul inputs and outputs to bf16 (8 bits of mantissa), so each is compared with
-// the fp32 math path on the same bf16-rounded inputs: measured <= 2.3e-2 for the math
-// path and for the blockwise one (fp32 softmax statistics and accumulators); kBf16Atol
-// gives ~2x room.
+// the fp32 math path on the same bf16-rounded inputs. How far LibTorch's own bf16 math path
+// lands from fp32 depends on the CPU's bf16 kernels (<= 2.3e-2 on AMX and avx512_bf16
+// machines, 0.105 on dv on an AVX2-only one), so the blockwise path's tolerance is measured
+// in the test: within kBf16RefFactor x the math path's own error (per output and gradient)
+// plus kBf16Floor (2.6 bf16 ulps at magnitude 1), never a constant fitted on one CPU.
 constexpr double kFp32Atol = 1e-5;
-constexpr double kBf16Atol = 5e-2;
+constexpr double kBf16RefFactor = 2.0;
+constexpr double kBf16Floor = 1e-2;
 constexpr double kLossRtol = 1e-6;
 constexpr double kGradRtol = 2e-5;
 
@@ -105,6 +108,23 @@ void check_close(const Result& got, const Result& want, double atol, const std::
     const double diff = max_abs_diff(pair.first, pair.second);
     INFO(what << ": " << name << " max abs diff " << diff << " (tolerance " << atol << ")");
     CHECK(diff <= atol);
+  }
+}
+
+/// got's error against `reference` stays within kBf16RefFactor x `baseline`'s own error
+/// against it (+ kBf16Floor), part by part: output, dq, dk, dv.
+void check_within_reference_error(const Result& got, const Result& baseline, const Result& reference,
+                                  const std::string& what) {
+  const std::vector<std::pair<const char*, torch::Tensor Result::*>> parts{
+      {"output", &Result::out}, {"dq", &Result::dq}, {"dk", &Result::dk}, {"dv", &Result::dv}};
+  for (const auto& [name, part] : parts) {
+    REQUIRE(torch::isfinite(got.*part).all().item<bool>());
+    const double own = max_abs_diff(baseline.*part, reference.*part);
+    const double tolerance = kBf16RefFactor * own + kBf16Floor;
+    const double diff = max_abs_diff(got.*part, reference.*part);
+    INFO(what << ": " << name << " max abs diff " << diff << "; LibTorch's bf16 math path " << own
+              << " (tolerance " << tolerance << ")");
+    CHECK(diff <= tolerance);
   }
 }
 
@@ -210,7 +230,7 @@ TEST_CASE("attention_blockwise equals the math path in fp32, values and gradient
   }
 }
 
-TEST_CASE("attention_blockwise in bf16 stays within bf16 error of the fp32 math path", "[attention]") {
+TEST_CASE("attention_blockwise in bf16 stays within the bf16 math path's own error of fp32", "[attention]") {
   for (const auto& c : {Case{.name = "causal GQA", .H = 8, .KV = 2},
                         Case{.name = "bidirectional padded", .causal = false, .padded = true}}) {
     DYNAMIC_SECTION(c.name) {
@@ -220,8 +240,7 @@ TEST_CASE("attention_blockwise in bf16 stays within bf16 error of the fp32 math 
       const auto blockwise = run(c, in, /*blockwise=*/true, torch::kBFloat16);
       REQUIRE(blockwise.out.scalar_type() == torch::kBFloat16);
       REQUIRE(blockwise.dq.scalar_type() == torch::kBFloat16);
-      check_close(math, reference, kBf16Atol, "math bf16 vs fp32");
-      check_close(blockwise, reference, kBf16Atol, "blockwise bf16 vs fp32");
+      check_within_reference_error(blockwise, math, reference, "blockwise bf16 vs fp32");
 
       // Under bf16 autocast, fp32 inputs run the same bf16 kernels: identical values, and
       // fp32 gradients for the fp32 leaves.

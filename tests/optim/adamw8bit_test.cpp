@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <memopt/detail/optimizer_state.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/optim/adamw8bit.hpp>
 
@@ -21,16 +22,10 @@ using memopt::optim::AdamW8bit;
 using memopt::optim::AdamW8bitParamState;
 using memopt::optim::kQuantBlockSize;
 
-// torch::optim::AdamW's state of p (its key: a string of the TensorImpl address in LibTorch 1.x,
-// the address in 2.x).
-template <class StateMap = decltype(std::declval<torch::optim::Optimizer&>().state())>
+// torch::optim::AdamW's state of p (detail::optimizer_state_key: the key in either LibTorch).
 torch::optim::AdamWParamState& adamw_state(torch::optim::Optimizer& opt, const torch::Tensor& p) {
-  using Key = typename std::decay_t<StateMap>::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    return static_cast<torch::optim::AdamWParamState&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
-  } else {
-    return static_cast<torch::optim::AdamWParamState&>(*opt.state().at(static_cast<Key>(p.unsafeGetTensorImpl())));
-  }
+  return static_cast<torch::optim::AdamWParamState&>(
+      *opt.state().at(memopt::detail::optimizer_state_key(opt.state(), p)));
 }
 
 // Half the widest gap between neighbouring codes: the worst nearest-code error, in units of absmax.

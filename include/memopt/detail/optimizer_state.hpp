@@ -3,6 +3,7 @@
 // itself in 2.x. Written against the map's key type, so both compile.
 #pragma once
 
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -15,7 +16,9 @@ template <class StateMap>
 typename StateMap::key_type optimizer_state_key(const StateMap&, const torch::Tensor& p) {
   using Key = typename StateMap::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream key;  // the pointer as LibTorch's own key prints it
+    key << p.unsafeGetTensorImpl();
+    return key.str();
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }

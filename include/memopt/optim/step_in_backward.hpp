@@ -155,7 +155,9 @@ class StepInBackward : public torch::optim::Optimizer {
   };
 
   std::shared_ptr<Shared> state_;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  // The node holder: a shared_ptr before LibTorch 2.15, an intrusive_ptr since.
+  using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+  std::vector<std::pair<NodePtr, uintptr_t>> hooks_;
 };
 
 }  // namespace memopt::optim
