@@ -28,6 +28,7 @@
 #include <memopt/planner.hpp>
 
 #include "common/checkpoint_flags.hpp"
+#include "common/device.hpp"
 #include "common/distributed.hpp"
 
 namespace {
@@ -52,6 +53,7 @@ struct Args {
   std::string prompt = "The jury said";
   int64_t sample_tokens = 48;
   double temperature = 0.8;
+  std::string device = "cpu";
   std::string checkpoint = "every", precision = "auto", offload = "none", policies = "fixed", memory_budget;
   int64_t accum = 4;
   bool estimate_only = false;
@@ -82,14 +84,14 @@ memopt::data::SourceOptions source_options(const Args& a) {
 
 // Mean next-token loss over the first `max_batches` sequential held-out batches.
 double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const memopt::data::TokenShard>& shard,
-                    const Args& a) {
+                    const Args& a, const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model->eval();
   memopt::data::SequentialLoader loader(shard, memopt::data::LoaderOptions(a.micro_batch, a.seq_len));
   double sum = 0, count = 0;
   for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
-    const memopt::Batch batch = loader.next();                            // (B, T)
-    auto autocast = memopt::precision::Bf16Autocast{}.autocast(c10::kCPU);
+    const memopt::Batch batch = loader.next().to(device);                 // (B, T)
+    auto autocast = memopt::precision::Bf16Autocast{}.autocast(device.type());
     sum += model->loss_sum(batch, memopt::checkpoint::None{}).item<double>();
     count += batch.num_targets().item<double>();
   }
@@ -102,6 +104,7 @@ int run(const Args& a) {
   TORCH_CHECK(a.micro_batch >= 1, "llama_lm: --micro_batch must be >= 1 (got ", a.micro_batch,
               "). HINT: 8 fits in a few hundred MiB at the default size.");
   TORCH_CHECK(a.seq_len >= 1, "llama_lm: --seq_len must be >= 1 (got ", a.seq_len, "). HINT: try 256.");
+  const torch::Device device = examples::parse_device(a.device, "llama_lm");
   TORCH_CHECK(a.seq_len <= a.max_seq_len, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
               "--max_seq_len ", a.max_seq_len, "). HINT: lower --seq_len or raise --max_seq_len.");
   auto policies = memopt::memory::PolicyDesc::parse(a.checkpoint, a.precision, a.offload, a.accum);
@@ -171,7 +174,7 @@ int run(const Args& a) {
     const auto chosen = memopt::choose_policies(
         desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::StandardTrainers>(),
         memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
-            .machine(memopt::MachineModel::from_device(torch::kCPU)),
+            .machine(memopt::MachineModel::from_device(device)),
         a.calibrate ? measure : memopt::MeasureStep());
     policies = chosen.policies;
     micro_batch = chosen.micro_batch;
@@ -184,6 +187,7 @@ int run(const Args& a) {
   options.accum_steps(policies.accum);
 
   memopt::models::Llama model(config);
+  model->to(device);  // the Trainer follows the parameters: batches go where they are
   if (train) train->check_vocab(config.vocab_size());
   val->check_vocab(config.vocab_size());
 
@@ -193,7 +197,7 @@ int run(const Args& a) {
              params / 1e6, config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(),
              config.vocab_size(), val->size(),
              train ? fmt::format("{} tokens in memory", train->size()) : fmt::format("a stream of {}", fmt::join(a.dataset, " ")));
-  const double before = heldout_loss(model, val, a);
+  const double before = heldout_loss(model, val, a, device);
   fmt::print("held-out loss before training {:.3f} (perplexity {:.1f})\n", before, std::exp(before));
 
   // The run-time choice becomes a compiled Trainer: no runtime branch on a policy in the loop.
@@ -246,7 +250,7 @@ int run(const Args& a) {
                "assumed {} steps\n", result.steps, a.steps, a.epochs, a.steps);
   }
   if (examples::stopped_by_signal(result, result.steps, "llama_lm")) return 0;
-  const double after = heldout_loss(model, val, a);
+  const double after = heldout_loss(model, val, a, device);
   fmt::print("held-out loss after {} steps {:.3f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",
              result.steps, after, std::exp(after), result.tokens_per_s, result.seconds);
   fmt::print("{}", result.memory.table());
@@ -288,6 +292,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval_batches", a.eval_batches, "held-out batches to evaluate")->capture_default_str();
   app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();
+  app.add_option("--device", a.device, "cpu | cuda[:N]: where the model trains")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of init, data order and sampling")->capture_default_str();
   app.add_option("--prompt", a.prompt, "prompt of the generated sample")->capture_default_str();
   app.add_option("--sample_tokens", a.sample_tokens, "tokens to generate")->capture_default_str();
@@ -335,9 +340,10 @@ int main(int argc, char** argv) {
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
     memopt::log_performance_info();
-    const auto precision = memopt::machine::resolve_precision(a.precision);
+    const auto precision = memopt::machine::resolve_precision(a.precision, examples::parse_device(a.device, "llama_lm"));
     fmt::print("{:>13}: {} ({})\n", "precision", precision.precision, precision.reason);
     a.precision = precision.precision;
+    std::fflush(stdout);
     return run(a);
   });
 }

@@ -246,7 +246,8 @@ class MemoryTrace : public Callback {
 
 /// Writes a JSON object per log line to `path` (metrics.jsonl): event "train", step, max_steps,
 /// loss, lr, grad_norm, tokens_per_s, step_seconds, eta_seconds, skipped_steps, tracked_mib (live
-/// tensors), peak_mib (the run's tracked peak so far), rss_mib, peak_rss_mib, plus what `extra`
+/// tensors), peak_mib (the run's tracked peak so far), rss_mib, peak_rss_mib (on a GPU also
+/// cuda_allocated_mib, cuda_reserved_mib, cuda_peak_mib: one value per device), plus what `extra`
 /// adds; write() appends other lines (a summary). Keeps the run's tracked peak, which survives
 /// MemoryMonitor resetting the tracker's peak every step. scripts/plot draws the file.
 ///   auto log = std::make_shared<memopt::callbacks::JsonlMetrics>("runs/a/metrics.jsonl");
@@ -280,6 +281,11 @@ class JsonlMetrics : public Callback {
                         {"peak_mib", memory::mib(run_peak_)},
                         {"rss_mib", memory::mib(l.memory.rss_bytes)},
                         {"peak_rss_mib", memory::mib(l.memory.peak_rss_bytes)}};
+    for (const auto& c : l.memory.cuda) {  // CUDA builds with a GPU: the caching allocator's figures
+      j["cuda_allocated_mib"].push_back(memory::mib(c.allocated_bytes));
+      j["cuda_reserved_mib"].push_back(memory::mib(c.reserved_bytes));
+      j["cuda_peak_mib"].push_back(memory::mib(c.peak_allocated_bytes));
+    }
     if (extra_) extra_(l, j);
     write(j);
   }

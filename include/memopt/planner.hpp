@@ -33,6 +33,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "memopt/machine.hpp"
 #include "memopt/memory/estimator.hpp"
 #include "memopt/trainer.hpp"
 
@@ -169,10 +170,11 @@ struct MachineModel {
     MachineModel m;
     if (device.is_cuda()) return m.matmul_flops_per_s(5e13).bf16_speedup(2.0).half_speed_rows(2048).fp16(true)
                                   .disk_offload(false).memory_bytes_per_s(1e12);
-    // AMX tiles: bf16 matmuls ~5× fp32 (not measured here: 4× at the step level is assumed);
-    // without avx512_bf16 bf16 is emulated: an earlier machine of this project (AVX-512, no
-    // BF16) ran bf16 steps at 0.54× fp32 (README, "Memory levers").
-    return m.bf16_speedup(cpu_has("amx_bf16") ? 4.0 : cpu_has("avx512_bf16") ? 2.0 : 0.5);
+    // Measured on this machine (machine::matmul_speed(), once per process), never assumed: bf16
+    // matmuls run 0.03x (AVX2-only) to ~5x (AMX) fp32 on the CPUs seen so far. The step runs
+    // at ~0.4 of the GEMM peak (the cost model's fit: 1.2e11 step-level vs ~300 GFLOP/s).
+    const auto& speed = machine::matmul_speed();
+    return m.matmul_flops_per_s(0.4 * speed.fp32_gflops * 1e9).bf16_speedup(speed.bf16_over_fp32());
   }
 };
 

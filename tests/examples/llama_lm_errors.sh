@@ -52,5 +52,10 @@ expect_error bad_policies "policies.*sometimes" --policies sometimes --data "$tm
 expect_error negative_save_every "save_every must be >= 0 \(got -2\)" --save_every -2 --data "$tmp/nowhere"
 expect_error zero_keep_checkpoints "keep_checkpoints must be >= 1 \(got 0\)" --keep_checkpoints 0 --data "$tmp/nowhere"
 expect_error negative_max_skips "max_consecutive_skips must be >= 0 \(got -1\)" --max_skips -1 --data "$tmp/nowhere"
+expect_error bad_device "device must be cpu or cuda\[:N\] \(got 'tpu'\)" --device tpu --data "$tmp/nowhere"
+if ! nvidia-smi -L > /dev/null 2>&1; then  # no GPU here: a CUDA run must stop at start, saying why
+  expect_error cuda_without_gpu "device cuda:1: (no CUDA GPU is visible|this build's LibTorch .* has no CUDA)" \
+    --device cuda:1 --data "$tmp/nowhere"
+fi
 
 finish

@@ -1,0 +1,36 @@
+// tests/machine_test.cpp — memopt/machine.hpp: the GEMM probe and the precision it chooses.
+#include <catch2/catch.hpp>
+
+#include <memopt/machine.hpp>
+
+TEST_CASE("cpu_kind names the best bf16 instructions /proc/cpuinfo reports", "[machine]") {
+  const std::string kind = memopt::cpu_kind();
+  if (memopt::cpu_has("amx_bf16")) CHECK(kind == "amx");
+  else if (memopt::cpu_has("avx512_bf16")) CHECK(kind == "avx512_bf16");
+  else if (memopt::cpu_has("avx2")) CHECK(kind == "avx2");
+  else CHECK(kind == "other");
+  CHECK(memopt::cpu_flags().find(kind == "amx" ? "amx_bf16" : kind == "other" ? "" : kind) != std::string::npos);
+}
+
+TEST_CASE("matmul_speed measures both dtypes once per process", "[machine]") {
+  const auto& first = memopt::machine::matmul_speed();
+  CHECK(first.size == 512);
+  CHECK(first.threads == at::get_num_threads());
+  CHECK(first.fp32_gflops > 0.1);  // even the reference BLAS does ~5 GFLOP/s
+  CHECK(first.bf16_gflops > 0.01);
+  CHECK(first.bf16_over_fp32() == Approx(first.bf16_gflops / first.fp32_gflops));
+  CHECK(&memopt::machine::matmul_speed() == &first);  // the same figures, not a second probe
+}
+
+TEST_CASE("choose_precision follows the measured ratio and says why", "[machine]") {
+  const double ratio = memopt::machine::matmul_speed().bf16_over_fp32();
+  const auto bf16 = memopt::machine::choose_precision(torch::kCPU, ratio * 0.5);  // bf16 clears the bar
+  const auto fp32 = memopt::machine::choose_precision(torch::kCPU, ratio * 2.0);  // it does not
+  CHECK(bf16.precision == "bf16");
+  CHECK(fp32.precision == "fp32");
+  CHECK_THAT(fp32.reason, Catch::Contains("GFLOP/s") && Catch::Contains(memopt::cpu_kind()));
+  CHECK(memopt::machine::choose_precision(torch::Device(torch::kCUDA, 0)).precision == "bf16");
+  CHECK(memopt::machine::resolve_precision("fp32").precision == "fp32");
+  CHECK(memopt::machine::resolve_precision("auto").precision ==
+        memopt::machine::choose_precision(torch::kCPU).precision);
+}
