@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """benchmarks/report.py — turns `scripts/bench` JSON lines into the README's markdown tables:
-  trainer          one row per configuration, memopt next to the PyTorch eager peer, with
-                   the ratios the suite printed
+  trainer          one row per configuration, memopt next to the PyTorch 2.x peers (eager and
+                   torch.compile), with the ratios the suite printed
   distill          one row per strategy, with its ratios to the naive baseline
   distill_quality  one row per student: masked-token CE at three mask ratios
   stack            one row per memory lever added, with its ratios to the fp32 baseline
@@ -252,22 +252,31 @@ def main(path):
         if r["name"] not in rows:
             rows[r["name"]] = {}
             order.append(r["name"])
-        rows[r["name"]][r["impl"]] = r
+        key = r["impl"] + (":" + r["peer"] if r["impl"] == "ratio" and "peer" in r else "")
+        rows[r["name"]][key] = r
     for name, render in RENDER.items():
         if name in suites:
             render(suites[name])
     if not order:
         return
-    print("| configuration | memopt tok/s | PyTorch tok/s | ratio | memopt peak tracked | memopt peak RSS | PyTorch peak RSS | ratio | loss first → last (both) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    first = next(iter(rows[order[0]].values()))
+    print(f"LibTorch / PyTorch {first.get('torch_version', '?')}, CPU flags: {first.get('cpu_flags', '?')}\n")
+    print("| configuration | memopt tok/s | eager tok/s | ratio | compile tok/s | ratio | memopt peak tracked "
+          "| memopt peak RSS | eager peak RSS | ratio | compile peak RSS | loss first → last (memopt; peers) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in order:
-        m, p, q = (rows[name].get(k) for k in ("memopt", "pytorch", "ratio"))
-        if not (m and p and q):
+        m, e, c = (rows[name].get(k) for k in ("memopt", "pytorch", "pytorch_compile"))
+        qe, qc = rows[name].get("ratio:eager", rows[name].get("ratio")), rows[name].get("ratio:compile")
+        if not (m and e and qe):
             continue
-        same = "same" if abs(m["loss_last"] - p["loss_last"]) < 1e-3 * abs(p["loss_last"]) else "differ"
-        print(f"| {name} | {m['tokens_per_s']:.0f} | {p['tokens_per_s']:.0f} | **{q['tokens_per_s']:.2f}×** | "
-              f"{m['peak_tracked_mib']:.0f} MiB | {m['peak_rss_mib']:.0f} MiB | {p['peak_rss_mib']:.0f} MiB | "
-              f"**{q['peak_rss_mib']:.2f}×** | {m['loss_first']:.4f} → {m['loss_last']:.4f} ({same}) |")
+        peers = [x for x in (e, c) if x]
+        same = "same" if all(abs(m["loss_last"] - x["loss_last"]) < 1e-3 * abs(x["loss_last"]) for x in peers) else "differ"
+        ctok = f"{c['tokens_per_s']:.0f}" if c else "—"
+        cq = f"**{qc['tokens_per_s']:.2f}×**" if qc else "—"
+        crss = f"{c['peak_rss_mib']:.0f} MiB" if c else "—"
+        print(f"| {name} | {m['tokens_per_s']:.0f} | {e['tokens_per_s']:.0f} | **{qe['tokens_per_s']:.2f}×** | {ctok} | {cq} | "
+              f"{m['peak_tracked_mib']:.0f} MiB | {m['peak_rss_mib']:.0f} MiB | {e['peak_rss_mib']:.0f} MiB | "
+              f"**{qe['peak_rss_mib']:.2f}×** | {crss} | {m['loss_first']:.4f} → {m['loss_last']:.4f} ({same}) |")
     if overhead:
         print(f"\nTrainer step time / hand-written LibTorch loop: **{overhead['step_time']:.3f}×**")
 

@@ -1,11 +1,11 @@
 // benchmarks/stack_bench.cpp — the "stack" table: one LLaMA (8 layers × d512, seq 1024,
-// vocab 4096) trained on the Brown corpus with one more memory lever per row, one row per
+// vocab 4096) trained on the King James corpus with one more memory lever per row, one row per
 // process (so the peak RSS printed is that row's alone). Every row sees the same init, the
 // same batches and the same effective batch (2 × 1024 tokens per step, no accumulation:
 // optimizer-in-backward cannot accumulate), and prints one JSON line: name (the lever
 // added), peak_tracked_mib, peak_rss_mib, tokens_per_s, loss_last.
 //
-//   memopt_bench_stack --row bf16 --data data/brown/train.bin
+//   memopt_bench_stack --row bf16 --data data/kjv/train.bin
 //   scripts/bench stack            # every row, in order
 #include <chrono>
 #include <cstdint>
@@ -26,7 +26,7 @@ namespace {
 
 struct StackConfig {
   std::string row = "fp32";
-  std::string data = "data/brown/train.bin";
+  std::string data = "data/kjv/train.bin";
   std::string offload_dir;  // offload::Disk's folder ("": $MEMOPT_OFFLOAD_DIR or the temp folder)
   int64_t layers = 8, dim = 512, heads = 8, seq = 1024, batch = 2, vocab = 4096;
   int64_t steps = 3, warmup = 1;

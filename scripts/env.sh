@@ -3,5 +3,7 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # ccache may reuse objects built with the precompiled header only with these settings.
 export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
+# Paths relative to the checkout: a fresh clone elsewhere (CI) reuses this machine's cache.
+export CCACHE_BASEDIR="$ROOT"
 JOBS="${JOBS:-$(nproc)}"
 GENERATOR=(-G Ninja)

@@ -1,6 +1,6 @@
 // benchmarks/data/stream_bench.cpp — memopt::data::StreamLoader against loading a corpus
 // whole, one mode per process (so each peak RSS is its own), one JSON line on stdout:
-//   generate   a text corpus of --bytes bytes from data/brown/train.txt's lines, their order
+//   generate   a text corpus of --bytes bytes from data/kjv/train.txt's lines, their order
 //              shuffled per pass (seeded), so it is not one block repeated; no tokenization
 //   stream     StreamLoader (B 8, T 256, shuffle buffer 1000, one epoch) to the end of the
 //              file (or --max_tokens): tokens/s, and RSS growth over the RSS before the loader
@@ -10,9 +10,9 @@
 //              in-memory TokenShard + RandomWindowLoader (--layout shard); batches drawn to
 //              the end
 //
-//   memopt_bench_data --mode generate --bytes 268435456 --out build-release/bench-data/brown-256MiB.txt
-//   memopt_bench_data --mode stream --data build-release/bench-data/brown-256MiB.txt \
-//       --tokenizer data/brown/tokenizer.model --workers 2
+//   memopt_bench_data --mode generate --bytes 268435456 --out build-release/bench-data/kjv-256MiB.txt
+//   memopt_bench_data --mode stream --data build-release/bench-data/kjv-256MiB.txt \
+//       --tokenizer data/kjv/tokenizer.model --workers 2
 //   scripts/bench data               # the suite: corpora, runs, the trainer's rate, ratio lines
 #include <algorithm>
 #include <chrono>
@@ -45,11 +45,11 @@ struct BenchConfig {
   // generate
   int64_t bytes = int64_t{256} << 20;
   std::string out;
-  std::string source = "data/brown/train.txt";
+  std::string source = "data/kjv/train.txt";
   uint64_t seed = 1234;
   // stream, load_all
   std::string data;
-  std::string tokenizer = "data/brown/tokenizer.model";
+  std::string tokenizer = "data/kjv/tokenizer.model";
   int64_t workers = 2;
   int64_t max_tokens = 0;  // 0: the whole corpus
   int64_t batch = 8;
@@ -109,12 +109,12 @@ class Consumption {
 /// new seeded order, the last line cut short (and ended by '\n').
 nlohmann::ordered_json generate(const BenchConfig& cfg) {
   TORCH_CHECK(!cfg.out.empty(), "memopt_bench_data: --mode generate needs --out FILE. HINT: e.g. --out "
-              "build-release/bench-data/brown-256MiB.txt");
+              "build-release/bench-data/kjv-256MiB.txt");
   TORCH_CHECK(cfg.bytes >= 2, "memopt_bench_data: --bytes must be >= 2 (got ", cfg.bytes, "). HINT: 268435456 is 0.25 GiB");
   const auto start = Clock::now();
   std::ifstream in(cfg.source);
   TORCH_CHECK(in.good(), "memopt_bench_data: cannot read '", cfg.source, "'. HINT: scripts/fetch_corpus, then "
-              "memopt_prepare_corpus (or scripts/demo) write data/brown/train.txt");
+              "memopt_prepare_corpus (or scripts/demo) write data/kjv/train.txt");
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) {
     if (!line.empty()) lines.push_back(std::move(line));

@@ -55,7 +55,7 @@ struct BenchConfig {
   int threads = 1;
   std::string precision = "bf16";
   std::string checkpoint = "every";
-  std::string data;  // a token shard (data/brown/train.bin); empty: random tokens
+  std::string data;  // a token shard (data/kjv/train.bin); empty: random tokens
   bool sharded = false;
   std::string param_gather = "broadcast";
   int64_t bucket_mib = 25;  // the gradient all-reduce's bucket size (TrainerOptions::bucket_mib)

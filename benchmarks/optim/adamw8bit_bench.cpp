@@ -1,10 +1,10 @@
 // benchmarks/optim/adamw8bit_bench.cpp — fp32 AdamW (offload::None) against 8-bit AdamW
-// (offload::Int8State) training the same LLaMA on the Brown corpus shards: the same init,
+// (offload::Int8State) training the same LLaMA on the King James corpus shards: the same init,
 // the same batches, --steps optimizer steps. One impl per process (so peak RSS is its own);
 // prints one JSON line: the mean loss of the last 10 steps, the held-out loss, the
 // optimizer state's bytes, peak tracked/RSS memory, tokens/s and the optimizer step's time.
 //
-//   memopt_bench_adamw8bit --impl adamw8bit --steps 150 --data data/brown
+//   memopt_bench_adamw8bit --impl adamw8bit --steps 150 --data data/kjv
 //   scripts/bench adamw8bit          # both impls and their ratio line
 
 #include <chrono>
@@ -28,7 +28,7 @@
 namespace {
 
 struct BenchConfig {
-  std::string data = "data/brown";
+  std::string data = "data/kjv";
   std::string impl = "adamw8bit";
   int64_t steps = 150;
   int64_t layers = 4;
@@ -162,7 +162,7 @@ nlohmann::ordered_json run(const BenchConfig& cfg) {
 
 int main(int argc, char** argv) {
   BenchConfig cfg;
-  CLI::App app{"memopt_bench_adamw8bit: fp32 AdamW or 8-bit AdamW training a LLaMA on the Brown corpus, one JSON line"};
+  CLI::App app{"memopt_bench_adamw8bit: fp32 AdamW or 8-bit AdamW training a LLaMA on the King James corpus, one JSON line"};
   app.add_option("--impl", cfg.impl, "adamw: offload::None; adamw8bit: offload::Int8State")
       ->check(CLI::IsMember({"adamw", "adamw8bit"}));
   app.add_option("--data", cfg.data, "folder with train.bin and val.bin")->capture_default_str();

@@ -1,4 +1,4 @@
-// examples/00_llama_lm — trains a LLaMA-style language model on the Brown corpus with the
+// examples/00_llama_lm — trains a LLaMA-style language model on the King James corpus with the
 // Trainer the flags name (--checkpoint, --precision, --accum, --offload; by default
 // checkpoint::EveryBlock, precision::Bf16Autocast, 4 micro-batches per step), or the one the
 // planner picks for a memory budget (--policies auto --memory_budget 1GiB): the fastest
@@ -34,7 +34,7 @@
 namespace {
 
 struct Args {
-  std::string data = "data/brown";
+  std::string data = "data/kjv";
   int64_t steps = 80;
   int64_t micro_batch = 4;
   int64_t seq_len = 128;
@@ -275,7 +275,7 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"Train a LLaMA-style LM on the Brown corpus with memopt's Trainer"};
+  CLI::App app{"Train a LLaMA-style LM on the King James corpus with memopt's Trainer"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();

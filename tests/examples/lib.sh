@@ -1,6 +1,7 @@
 # tests/examples/lib.sh — sourced by the example tests (after `set -uo pipefail`): a temporary
-# folder $tmp removed at exit, pass/fail counters (ok, fail, finish), a tiny corpus in the
-# Brown corpus's format for memopt_prepare_corpus, and readers of memory figures.
+# folder $tmp removed at exit, pass/fail counters (ok, fail, finish), tiny corpora in the
+# Brown corpus's and the King James text's formats for memopt_prepare_corpus, and readers of
+# memory figures.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -53,12 +54,32 @@ brown_corpus() {
   done
 }
 
+# Writes DIR/kjv.txt in `bible -f`'s format ("Ge1:1 the quick fox ... ."): for each book, chapters
+# 1..CHAPTERS of verses 1..VERSES of WORDS words; the same arguments give the same bytes.
+#   kjv_corpus DIR BOOKS CHAPTERS VERSES WORDS OFFSET
+#     BOOKS: book abbreviations ("Ge Exo 1Sm"); OFFSET: added to every word index.
+# The words are brown_words's.
+kjv_corpus() {
+  local dir="$1" books="$2" chapters="$3" verses="$4" nwords="$5" offset="$6" b=0 book c v w line
+  mkdir -p "$dir"
+  for book in $books; do
+    b=$((b + 1))
+    for c in $(seq 1 "$chapters"); do
+      for v in $(seq 1 "$verses"); do
+        line=""
+        for w in $(seq 1 "$nwords"); do line+=" ${brown_words[$(( (b * 11 + c * 7 + v * 3 + w * 5 + offset) % 16 ))]}"; done
+        printf '%s%d:%d%s.\n' "$book" "$c" "$v" "$line"
+      done
+    done
+  done > "$dir/kjv.txt"
+}
+
 # tiny_data PREPARE DIR: brown_corpus's 30 documents of genre a, prepared by PREPARE
 # (memopt_prepare_corpus) into DIR (token shards + a 120-piece tokenizer); the test stops
 # with a FAIL line when that fails.
 tiny_data() {
   brown_corpus "$tmp/raw" a 30 8 0
-  if ! "$1" --raw "$tmp/raw" --out "$2" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
+  if ! "$1" --corpus brown --raw "$tmp/raw" --out "$2" --vocab 120 --heldout_every 5 > /dev/null 2>&1; then
     echo "FAIL memopt_prepare_corpus could not prepare the test corpus"
     exit 1
   fi

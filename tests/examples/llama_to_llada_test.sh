@@ -84,6 +84,15 @@ expect_run comprehensive_sparse_kd --teacher_model "$tmp/teacher" --output_dir "
 expect_run student_from_checkpoint --teacher_model "$tmp/teacher" --output_dir "$tmp/again" \
   --student_model "$tmp/simple/student" --strategy simple --alpha 0
 
+# ---- CUDA (where a GPU is visible): student on the GPU, teacher on the CPU, and both on the GPU ----
+if nvidia-smi -L > /dev/null 2>&1; then
+  expect_run cuda_student_cpu_teacher --teacher_model "$tmp/teacher" --output_dir "$tmp/cuda_split" \
+    --device cuda --teacher_device cpu
+  expect_run cuda_both --teacher_model "$tmp/teacher" --output_dir "$tmp/cuda_both" --device cuda:0
+else
+  echo "skip cuda runs: no GPU visible"
+fi
+
 # ---- bad input ----
 expect_error() {  # expect_error NAME REGEX ARGS...
   local name="$1" regex="$2" out rc
@@ -125,5 +134,13 @@ expect_error student_vocab "student_model.*vocab_size 5" --teacher_model "$tmp/t
   --student_model "$tmp/student.json"
 expect_error missing_shards "data/train.bin" --teacher_model "$tmp/teacher" --output_dir "$tmp/e7" \
   --data_format shards
+expect_error bad_device "device must be cpu or cuda\[:N\] \(got 'tpu'\)" --teacher_model "$tmp/teacher" \
+  --output_dir "$tmp/e8" --device tpu
+expect_error bad_teacher_device "teacher_device must be cpu or cuda\[:N\] \(got 'gpu'\)" \
+  --teacher_model "$tmp/teacher" --output_dir "$tmp/e9" --teacher_device gpu
+if ! nvidia-smi -L > /dev/null 2>&1; then  # no GPU here: a CUDA run must stop at start, saying why
+  expect_error cuda_without_gpu "teacher_device cuda: (no CUDA GPU is visible|this build's LibTorch .* has no CUDA)" \
+    --teacher_model "$tmp/teacher" --output_dir "$tmp/e10" --teacher_device cuda
+fi
 
 finish

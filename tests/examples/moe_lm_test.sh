@@ -14,7 +14,7 @@ source "$(dirname "$0")/lib.sh"
 # ---- a tiny corpus: 30 documents of word/tag lines, a 120-piece BPE model ----
 tiny_data "$prepare" "$tmp/data"
 
-tiny=(--seq_len 32 --batch_size 2 --eval_batches 1 --log_interval 1 --threads 1 --warmup 1)
+tiny=(--seq_len 32 --batch_size 2 --eval_batches 1 --log_interval 1 --threads 1 --warmup 1 --precision fp32)
 
 expect_run() {  # expect_run NAME ARGS... : exit 0, a held-out loss, router statistics, a summary line
   local name="$1" out
@@ -102,5 +102,10 @@ expect_error negative_aux "aux_loss_coef and z_loss_coef.*got -1" --aux_loss_coe
 expect_error missing_state "$tmp/nowhere" --resume "$tmp/nowhere"
 expect_error resume_other_settings "config.top_k: 0 in the checkpoint, 1 now" --resume "$tmp/halves/checkpoints/step-00000004" --top_k 1
 expect_error missing_corpus "$tmp/none/train.bin" --data "$tmp/none"
+expect_error bad_device "device must be cpu or cuda\[:N\] \(got 'tpu'\)" --device tpu
+expect_error bad_precision "precision must be auto, fp32 or bf16 \(got 'fp16'\)" --precision fp16
+if ! nvidia-smi -L > /dev/null 2>&1; then  # no GPU here: a CUDA run must stop at start, saying why
+  expect_error cuda_without_gpu "device cuda: (no CUDA GPU is visible|this build's LibTorch .* has no CUDA)" --device cuda
+fi
 
 finish

@@ -499,6 +499,11 @@ TEST_CASE("config.json round-trips and takes HF defaults", "[io][pretrained]") {
   CHECK(defaults.rms_norm_eps() == 1e-6);
   CHECK(defaults.rope_theta() == 10000.0);
   CHECK(defaults.causal());
+
+  // transformers 5 writes theta inside rope_parameters (and head_dim); both are read.
+  write_text(path, R"({"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "head_dim": 32, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}})");
+  CHECK(memopt::io::read_llama_config(path).rope_theta() == 500000.0);
 }
 
 TEST_CASE("bad config.json files give errors naming the file and field", "[io][pretrained]") {
@@ -520,6 +525,12 @@ TEST_CASE("bad config.json files give errors naming the file and field", "[io][p
   rejects([](auto& j) { j["rope_scaling"] = {{"type", "linear"}}; }, {"\"rope_scaling\" is {\"type\":\"linear\"}"});
   rejects([](auto& j) { j["attention_bias"] = true; }, {"\"attention_bias\" is true"});
   rejects([](auto& j) { j["num_attention_heads"] = 5; }, {"hidden_size / num_attention_heads"});
+  rejects([](auto& j) { j["rope_parameters"] = {{"rope_theta", 1e4}, {"rope_type", "llama3"}}; },
+          {"\"rope_parameters\" is {", "llama3", "the default one"});
+  rejects([](auto& j) { j["rope_theta"] = 1e4; j["rope_parameters"] = {{"rope_theta", 5e5}}; },
+          {"\"rope_theta\" is 10000 but rope_parameters.rope_theta is 500000"});
+  rejects([](auto& j) { j["rope_parameters"] = 5e5; }, {"\"rope_parameters\" must be an object (got 500000"});
+  rejects([](auto& j) { j["head_dim"] = 7; }, {"\"head_dim\" is 7", "hidden_size / num_attention_heads wide"});
   write_text(path, "{\"vocab_size\": ");
   require_error([&] { memopt::io::read_llama_config(path); }, {path, "not valid JSON"});
   require_error([&] { memopt::io::read_llama_config(dir.file("none.json")); }, {"cannot open config", "none.json"});

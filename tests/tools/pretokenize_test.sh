@@ -4,7 +4,7 @@
 # >= 3 shards, byte-identical for --workers 1 and 3, with a progress line on stderr (a line when
 # stderr is not a terminal, a bar redrawn in place when it is) and a summary line on stdout; an
 # existing --out needs --force. Exits 77 (ctest: skipped) after the cases that need no tokenizer
-# when data/brown/tokenizer.model is missing (scripts/demo makes it).
+# when data/kjv/tokenizer.model is missing (scripts/demo makes it).
 # Usage: pretokenize_test.sh path/to/memopt-pretokenize REPOSITORY_ROOT
 set -uo pipefail
 bin="$1"
@@ -47,16 +47,16 @@ expect_error "--split bogus" "split" "$tmp/a.txt" --tokenizer x --out "$tmp/o" -
 expect_hint "missing tokenizer" "--tokenizer '$tmp/nope.model' does not exist" "$tmp/a.txt" --tokenizer "$tmp/nope.model" --out "$tmp/o"
 [ -e "$tmp/o" ] && fail "a failed run created --out"
 
-model="$root/data/brown/tokenizer.model"
+model="$root/data/kjv/tokenizer.model"
 if [ ! -f "$model" ]; then
   echo "skip: $model is missing (scripts/demo makes it); the cases below need a tokenizer"
   [ "$failures" -eq 0 ] && exit 77
   exit 1
 fi
 
-# ---- a corpus: 3 JSONL files and a text file cut from data/brown/val.txt ----
+# ---- a corpus: 3 JSONL files and a text file cut from data/kjv/val.txt ----
 mkdir -p "$tmp/corpus"
-head -n 600 "$root/data/brown/val.txt" | python3 -c '
+head -n 600 "$root/data/kjv/val.txt" | python3 -c '
 import json, sys
 lines = sys.stdin.read().splitlines()
 for part in range(3):
@@ -64,7 +64,7 @@ for part in range(3):
         for i, line in enumerate(lines[part * 150:(part + 1) * 150]):
             f.write(json.dumps({"id": i, "text": line}) + "\n")
 ' "$tmp/corpus"
-sed -n '451,600p' "$root/data/brown/val.txt" >"$tmp/corpus/rest.txt"
+sed -n '451,600p' "$root/data/kjv/val.txt" >"$tmp/corpus/rest.txt"
 
 printf '\n  \n\n' >"$tmp/blank.txt"
 expect_hint "no document in the sources" "no (non-blank )?document" "$tmp/blank.txt" --tokenizer "$model" --out "$tmp/o"

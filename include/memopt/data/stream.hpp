@@ -122,7 +122,7 @@ inline std::vector<int32_t> load_tokens(std::vector<SourceFile> files, const Tok
 /// A stream of language-model batches (see the top of this file). Deterministic for a seed;
 /// epochs(0) streams without end. Implements has_next(n) so the Trainer stops cleanly when
 /// a finite stream runs out.
-///   auto tok = std::make_shared<const memopt::data::Tokenizer>("data/brown/tokenizer.model");
+///   auto tok = std::make_shared<const memopt::data::Tokenizer>("data/kjv/tokenizer.model");
 ///   memopt::data::StreamLoader loader({"corpus/*.jsonl"}, tok, memopt::data::StreamOptions(8, 256));
 ///   memopt::Batch batch = loader.next();   // inputs, targets: (8, 256) int64
 class StreamLoader {

@@ -182,7 +182,7 @@ struct StringHash {
 }  // namespace detail
 
 /// A SentencePiece BPE model (text <-> ids), loaded from a .model file.
-///   memopt::data::Tokenizer tok("data/brown/tokenizer.model");
+///   memopt::data::Tokenizer tok("data/kjv/tokenizer.model");
 ///   std::vector<int32_t> ids = tok.encode("The jury said.");
 class Tokenizer {
  public:
@@ -195,7 +195,7 @@ class Tokenizer {
   explicit Tokenizer(const std::string& model_path) : path_(model_path) {
     std::ifstream in(model_path, std::ios::binary);
     TORCH_CHECK(in.good(), "memopt::data: tokenizer model '", model_path,
-                "' does not exist or cannot be read. HINT: for data/brown run "
+                "' does not exist or cannot be read. HINT: for data/kjv run "
                 "scripts/fetch_corpus, then memopt_prepare_corpus (or scripts/demo)");
     const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     parse(bytes);
@@ -405,7 +405,7 @@ class Tokenizer {
   [[noreturn]] void fail(const std::string& what) const {
     TORCH_CHECK(false, "memopt::data: cannot load tokenizer model '", path_, "': ", what,
                 ". HINT: pass a SentencePiece BPE model (spm_train --model_type=bpe); for "
-                "data/brown rebuild it with memopt_prepare_corpus --force");
+                "data/kjv rebuild it with memopt_prepare_corpus --force");
   }
 
   void parse(std::string_view bytes) {

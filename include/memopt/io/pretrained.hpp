@@ -148,7 +148,10 @@ inline nlohmann::json to_json(const models::LlamaConfig& config, torch::Dtype dt
 /// 10000, num_key_value_heads = num_attention_heads); vocab_size, hidden_size,
 /// num_hidden_layers and num_attention_heads are required. "attention_dropout" becomes
 /// LlamaConfig::dropout (which memopt also applies to residual branches); torch_dtype is
-/// ignored. Tied embeddings, rope_scaling, biases and activations other than silu are rejected.
+/// ignored. RoPE's theta is read where either transformers writes it: "rope_theta" (4.x) or
+/// "rope_parameters": {"rope_theta", "rope_type": "default"} (5.x). Tied embeddings, rope_scaling,
+/// other rope types, a head_dim other than hidden_size / num_attention_heads, biases and
+/// activations other than silu are rejected.
 ///   auto config = memopt::io::read_llama_config("checkpoints/tiny/config.json");
 inline models::LlamaConfig read_llama_config(const std::string& path) {
   std::ifstream in(path);
@@ -175,6 +178,25 @@ inline models::LlamaConfig read_llama_config(const std::string& path) {
     fields.unsupported("rope_scaling", *scaling, "memopt's RoPE has no scaling; set rope_scaling to null");
   for (const char* bias : {"attention_bias", "mlp_bias"})
     if (fields.bool_or(bias, false)) fields.unsupported(bias, true, "memopt's projections have no bias");
+  // transformers 5 moved rope_theta into rope_parameters; a theta read from neither would
+  // silently fall back to 10000 and give wrong logits.
+  double rope_theta = fields.number_or("rope_theta", 10000.0);
+  if (const auto* rope = fields.find("rope_parameters")) {
+    TORCH_CHECK(rope->is_object(), fields.where("rope_parameters"), " must be an object (got ",
+                detail::snippet(*rope), "). HINT: {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}");
+    const detail::ConfigFields rope_fields(path + " (rope_parameters)", *rope);
+    if (const std::string type = rope_fields.string_or("rope_type", "default"); type != "default")
+      fields.unsupported("rope_parameters", *rope, "memopt's RoPE is the default one; no scaling types");
+    const double theta = rope_fields.number_or("rope_theta", rope_theta);
+    TORCH_CHECK(fields.find("rope_theta") == nullptr || theta == rope_theta, fields.where("rope_theta"), " is ",
+                rope_theta, " but rope_parameters.rope_theta is ", theta, ". HINT: keep one of them.");
+    rope_theta = theta;
+  }
+  const int64_t heads = fields.required_int("num_attention_heads");
+  if (const auto* head_dim = fields.find("head_dim");
+      head_dim != nullptr && (!head_dim->is_number_integer() ||
+                              head_dim->get<int64_t>() * heads != fields.required_int("hidden_size")))
+    fields.unsupported("head_dim", *head_dim, "memopt's heads are hidden_size / num_attention_heads wide");
 
   auto config = models::LlamaConfig()
                     .vocab_size(fields.required_int("vocab_size"))
@@ -184,7 +206,7 @@ inline models::LlamaConfig read_llama_config(const std::string& path) {
                     .num_key_value_heads(fields.int_or("num_key_value_heads", 0))
                     .intermediate_size(fields.int_or("intermediate_size", 11008))
                     .max_position_embeddings(fields.int_or("max_position_embeddings", 2048))
-                    .rope_theta(fields.number_or("rope_theta", 10000.0))
+                    .rope_theta(rope_theta)
                     .rms_norm_eps(fields.number_or("rms_norm_eps", 1e-6))
                     .dropout(fields.number_or("attention_dropout", 0.0))
                     .initializer_range(fields.number_or("initializer_range", 0.02))

@@ -1,0 +1,105 @@
+// tests/models/llama_hf_test.cpp — memopt's LLaMA against HF transformers' LlamaForCausalLM on the
+// same weights: tests/models/hf_llama_reference.py builds one (GQA: 4 heads, 2 key/value heads;
+// rope_theta 500000; rms_norm_eps 1e-5; untied embeddings), writes it with save_pretrained and
+// its logits and every parameter's gradient of the summed cross-entropy; memopt loads the folder
+// with io::load_pretrained and must reproduce them. memopt's Llama has no tied embeddings
+// (load_pretrained rejects tie_word_embeddings: true), so there is no tied variant to compare.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "support.hpp"
+
+#include <memopt/batch.hpp>
+#include <memopt/io/pretrained.hpp>
+#include <memopt/io/safetensors.hpp>
+#include <memopt/models/llama.hpp>
+#include <memopt/policies/checkpoint.hpp>
+
+using memopt::test::TempDir;
+
+namespace {
+
+// fp32 on both sides. Measured max |diff| / max |reference|: 0 on the logits and on every
+// gradient (LibTorch 2.15 against PyTorch 2.15 on the CPU: the same kernels in the same order).
+// 1e-5 leaves room for another BLAS or another LibTorch than the venv's (a reordered sum moves
+// fp32 results by ~1e-7 relative) and still fails on real mistakes: a wrong rope_theta moves
+// the logits by ~1e-2 relative (the second test).
+constexpr double kRelTol = 1e-5;
+
+double relative_diff(const torch::Tensor& got, const torch::Tensor& want) {
+  const double scale = std::max(want.abs().max().item<double>(), 1e-30);
+  return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>() / scale;
+}
+
+struct Reference {
+  std::string model_dir;
+  std::shared_ptr<const memopt::io::SafetensorsFile> file;
+};
+
+/// Runs hf_llama_reference.py into `dir` (FAIL with its output when it cannot).
+Reference make_reference(const TempDir& dir) {
+  const std::string script = std::string(MEMOPT_TEST_BASELINES) + "/../models/hf_llama_reference.py";
+  const std::string log = dir.file("reference.log");
+  const int status = std::system((std::string(MEMOPT_TEST_PYTHON) + " '" + script + "' '" + dir.path.string() +
+                                  "' > '" + log + "' 2>&1").c_str());
+  std::ifstream in(log);
+  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(output);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    FAIL(MEMOPT_TEST_PYTHON << " could not build the transformers reference. HINT: run scripts/deps "
+                               "(requirements.txt installs transformers into .venv)");
+  return {dir.file("model"), memopt::io::SafetensorsFile::open(dir.file("reference.safetensors"))};
+}
+
+}  // namespace
+
+TEST_CASE("Llama equals transformers' LlamaForCausalLM: logits and every gradient (GQA, rope_theta 5e5)",
+          "[llama][hf]") {
+  TempDir dir("memopt_hf");
+  const auto ref = make_reference(dir);
+  memopt::models::Llama model = memopt::io::load_pretrained(ref.model_dir);
+  REQUIRE(model->config.num_key_value_heads() == 2);
+  REQUIRE(model->config.rope_theta() == 500000.0);  // from transformers 5's rope_parameters
+
+  const memopt::Batch batch{ref.file->get("inputs"), ref.file->get("targets")};
+  const torch::Tensor logits = model->forward(batch.inputs);  // (B, T, V)
+  const double logits_diff = relative_diff(logits, ref.file->get("logits"));
+  INFO("logits: max relative difference " << logits_diff);
+  CHECK(logits_diff <= kRelTol);
+
+  const torch::Tensor loss = model->loss_sum(batch, memopt::checkpoint::None{});
+  CHECK(loss.item<double>() == Approx(ref.file->get("loss").item<double>()).epsilon(1e-6));
+  loss.backward();
+  int64_t compared = 0;
+  double worst = 0;
+  for (const auto& item : model->named_parameters()) {
+    INFO(item.key());
+    REQUIRE(item.value().grad().defined());
+    const double diff = relative_diff(item.value().grad(), ref.file->get("grad." + item.key()));
+    worst = std::max(worst, diff);
+    CHECK(diff <= kRelTol);
+    ++compared;
+  }
+  INFO("worst gradient: max relative difference " << worst);
+  CHECK(compared == static_cast<int64_t>(ref.file->names().size()) - 4);  // every HF gradient, no more
+  WARN("HF LlamaForCausalLM vs memopt: logits " << logits_diff << ", worst gradient " << worst
+                                                << " (max |diff| / max |reference|)");
+}
+
+TEST_CASE("the transformers comparison can fail: another rope_theta moves the logits", "[llama][hf]") {
+  TempDir dir("memopt_hf");
+  const auto ref = make_reference(dir);
+  auto config = memopt::io::read_llama_config(ref.model_dir + "/config.json");
+  memopt::models::Llama wrong(config.rope_theta(10000.0));
+  memopt::io::load_state_dict(*wrong, *memopt::io::SafetensorsFile::open(ref.model_dir + "/model.safetensors"));
+  torch::NoGradGuard no_grad;
+  CHECK(relative_diff(wrong->forward(ref.file->get("inputs")), ref.file->get("logits")) > 100 * kRelTol);
+}
