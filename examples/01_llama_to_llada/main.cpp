@@ -298,8 +298,8 @@ bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& me
              a.teacher_steps, p.checkpoint);
   std::fflush(stdout);
   if (a.teacher_steps > 0) {
-    // fp32 whatever the strategy: on CPUs without AMX/AVX512-BF16 (the 2-core reference
-    // machine) bf16 matmuls are ~2x slower than fp32, and the teacher is not what is measured.
+    // fp32 whatever the strategy: the teacher is not what is measured, and its quality bounds
+    // the student's. --teacher_dtype bf16 (or auto's measured choice) casts it after training.
     Plan fp32 = p;
     fp32.precision = "fp32";
     const int stopped = with_policies(fp32, [&](auto ckpt, auto prec) {
