@@ -229,6 +229,7 @@ class MetricsJsonl : public memopt::Callback {
     out_.open(path, std::ios::app);
     TORCH_CHECK(out_, "llama_to_llada: cannot write '", path, "'. HINT: check --output_dir is writable.");
   }
+  bool main_rank_only() const override { return true; }
   void on_log(const memopt::LogLine& l) override {
     nlohmann::json j = {{"event", distiller_ ? "distill" : "teacher"},
                         {"step", l.step},

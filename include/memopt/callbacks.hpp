@@ -22,7 +22,7 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/version.hpp"
-#include "memopt/dist/world.hpp"
+#include "memopt/dist/env.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/timeline.hpp"
 
@@ -58,10 +58,15 @@ struct LogLine {
   double eta_seconds = 0;     // time left: the mean wall time per step since fit() began × the steps left
 };
 
-/// Override what you need; the Trainer calls these in order at each step.
+/// Override what you need; the Trainer calls these in order at each step, on every rank of a
+/// data-parallel run (a callback that frees memory or clears gradients must run everywhere);
+/// one that only reports (prints, writes a file) says so with main_rank_only(), and then runs
+/// on rank 0 alone.
 ///   struct Print : memopt::Callback { void on_log(const memopt::LogLine& l) override { ... } };
 struct Callback {
   virtual ~Callback() = default;
+  /// true: a reporter, called on rank 0 only (it reports for all ranks).
+  virtual bool main_rank_only() const { return false; }
   virtual void on_step_begin(int64_t /*step*/) {}
   virtual void on_step_end(const StepStats& /*stats*/) {}
   virtual void on_log(const LogLine& /*line*/) {}
@@ -92,6 +97,7 @@ inline std::string format_duration(double seconds) {
 class ProgressBar : public Callback {
  public:
   explicit ProgressBar(std::FILE* out = stderr) : out_(out), tty_(isatty(fileno(out)) != 0) {}
+  bool main_rank_only() const override { return true; }
 
   void on_step_end(const StepStats& stats) override {
     run_peak_ = std::max(run_peak_, memory::Tracker::instance().peak_bytes());  // an atomic load
@@ -174,6 +180,7 @@ class ReleaseCache : public Callback {
 class MemoryMonitor : public Callback {
  public:
   explicit MemoryMonitor(std::FILE* out = stderr) : out_(out) {}
+  bool main_rank_only() const override { return true; }
 
   void on_step_begin(int64_t /*step*/) override { memory::Tracker::instance().reset_peaks(); }
 
@@ -219,6 +226,7 @@ class MemoryTrace : public Callback {
     TORCH_CHECK(steps >= 0, "memopt::callbacks::MemoryTrace: steps must be >= 0 (got ", steps,
                 "). HINT: 0 traces the whole run; 2 traces the first two steps.");
   }
+  bool main_rank_only() const override { return true; }
   void on_step_begin(int64_t /*step*/) override {
     if (!started_) memory::Tracker::instance().start_timeline(capacity_);
     started_ = true;
@@ -255,13 +263,15 @@ class MemoryTrace : public Callback {
 class JsonlMetrics : public Callback {
  public:
   using Extra = std::function<void(const LogLine&, nlohmann::json&)>;
-  /// Data parallel: only rank 0 opens (and truncates) the file; other ranks write nothing.
+  /// Data parallel: only rank 0 (RANK, read without starting the process group) opens and
+  /// truncates the file; on other ranks write() writes nothing.
   explicit JsonlMetrics(const std::string& path, bool append = false, Extra extra = {}) : extra_(std::move(extra)) {
-    if (dist::world().rank() != 0) return;
+    if (dist::Env::from_environment().rank != 0) return;
     out_.open(path, append ? std::ios::app : std::ios::trunc);
     TORCH_CHECK(out_.good(), "memopt::callbacks::JsonlMetrics: cannot write '", path,
                 "'. HINT: check that the output directory exists and is writable.");
   }
+  bool main_rank_only() const override { return true; }
   void on_step_end(const StepStats&) override {
     run_peak_ = std::max(run_peak_, memory::Tracker::instance().snapshot().peak_bytes);
   }

@@ -287,9 +287,10 @@ class Trainer {
                 "not installed. HINT: call memopt::init() first in main()");
   }
 
-  /// Adds a callback (called in the order added). Data parallel: on rank 0 only (it logs for all).
+  /// Adds a callback (called in the order added). Data parallel: on every rank, but a reporter
+  /// (Callback::main_rank_only()) on rank 0 only.
   Trainer& add_callback(std::shared_ptr<Callback> cb) {
-    if (world_->rank() != 0) return *this;
+    if (cb->main_rank_only() && world_->rank() != 0) return *this;
     callbacks_.push_back(std::move(cb));
     return *this;
   }
@@ -354,7 +355,7 @@ class Trainer {
     const auto fit_start = std::chrono::steady_clock::now();  // the ETA: mean wall time per step since here
     while (step_ < options_.max_steps()) {
       if constexpr (FiniteSource<Loader>) {
-        if ((result.data_exhausted = !loader.has_next(accum_.micro_steps()))) break;
+        if ((result.data_exhausted = out_of_data(loader))) break;
       }
       StepStats s = step(loader, loss_fn);
       tokens_since_log += s.tokens;
@@ -811,6 +812,19 @@ class Trainer {
     groups = std::move(kept);
     param_share_ = std::make_unique<dist::ParamShare>(*world_, params_, owner, options_.param_gather());
     return others;
+  }
+
+  // Whether this rank, or any other, cannot fill the next step. Data parallel: one 4-byte
+  // all-reduce, so that the ranks stop at the same step (with finite streamed data dealt by
+  // rank, one rank runs dry first; alone, it would start the end-of-run checkpoint while the
+  // others wait for it in the next step's collectives).
+  template <FiniteSource Loader>
+  bool out_of_data(Loader& loader) {
+    const bool dry = !loader.has_next(accum_.micro_steps());
+    if (!world_->distributed()) return dry;
+    torch::Tensor any = torch::scalar_tensor(dry ? 1.0F : 0.0F, torch::kFloat);
+    world_->all_reduce_sum({any}, "out-of-data agreement");
+    return any.item<float>() > 0;
   }
 
   // The global batch's target and token counts (one small all-reduce before forward).

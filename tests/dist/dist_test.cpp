@@ -8,7 +8,8 @@
 // autocast too; GradientSync's all-reduce and reduce-scatter sum what they should where they
 // should; no collective runs on a non-final micro-step; a sharded rank holds half the
 // optimizer state (give or take one tensor); a checkpoint written by both ranks resumes bit
-// for bit; different model shapes are refused.
+// for bit; different model shapes are refused; callbacks run on every rank (reporters on rank 0);
+// ranks whose finite data runs out at different steps stop together, with one checkpoint.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -294,4 +295,69 @@ TEST_CASE("Different model shapes on the ranks are an error naming the rank", "[
   memopt::models::Llama model(tiny_config(memopt::dist::world().rank() == 0 ? 32 : 64));
   memopt::test::require_error([&] { Fp32Trainer trainer(*model, base_options()); }, "memopt::dist",
                               {"rank 1's model shapes differ from rank 0's", "same model"});
+}
+
+TEST_CASE("Callbacks run on every rank, reporters on rank 0 only", "[dist]") {
+  if (!launched()) return;
+  auto& world = memopt::dist::world();
+  struct Count : memopt::Callback {
+    int64_t ends = 0;
+    void on_step_end(const memopt::StepStats& /*stats*/) override { ++ends; }
+  };
+  struct Reporter : Count {
+    bool main_rank_only() const override { return true; }
+  };
+  torch::manual_seed(1);
+  memopt::models::Llama model(tiny_config());
+  RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
+  RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
+  Fp32Trainer trainer(*model, base_options().max_steps(3));
+  auto count = std::make_shared<Count>();
+  auto reporter = std::make_shared<Reporter>();
+  auto release = std::make_shared<memopt::callbacks::ReleaseCache>(1);
+  trainer.add_callback(count).add_callback(reporter).add_callback(release);
+  trainer.fit(slice, memopt::LossSum<memopt::models::Llama>{&model});
+  INFO("rank " << world.rank());
+  CHECK(count->ends == 3);
+  CHECK(release->releases() == 3);  // frees memory on rank 1 too
+  CHECK(reporter->ends == (world.rank() == 0 ? 3 : 0));
+}
+
+namespace {
+// `left` micro-batches, then none: a FiniteSource, like a stream of documents dealt by rank.
+struct FiniteLoader {
+  RandomWindowLoader inner;
+  int64_t left;
+  memopt::Batch next() {
+    --left;
+    return inner.next();
+  }
+  bool has_next(int64_t n) const { return left >= n; }
+};
+}  // namespace
+
+TEST_CASE("Ranks whose data runs out at different steps stop together, with one final checkpoint", "[dist]") {
+  if (!launched()) return;
+  auto& world = memopt::dist::world();
+  const char* dir = std::getenv("MEMOPT_TEST_DIR");
+  REQUIRE(dir != nullptr);
+  const std::string ckpt = std::string(dir) + "/uneven";
+  torch::manual_seed(1);
+  memopt::models::Llama model(tiny_config());
+  // Rank 0 could fill 6 steps of 2 micro-batches, rank 1 only 2 (5 micro-batches).
+  FiniteLoader loader{RandomWindowLoader(tokens(), LoaderOptions(2, 16).seed(7 + world.rank())),
+                      world.rank() == 0 ? 12 : 5};
+  Fp32Trainer trainer(*model, base_options().max_steps(100).checkpoint_dir(ckpt));
+  const memopt::FitResult result = trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
+  INFO("rank " << world.rank());
+  CHECK(result.steps == 2);
+  CHECK(result.data_exhausted);
+  CHECK(trainer.steps_taken() == 2);
+  world.barrier("test: both ranks done");
+  std::vector<std::string> saved;
+  for (const auto& entry : std::filesystem::directory_iterator(ckpt))
+    if (entry.path().filename().string().rfind("step-", 0) == 0) saved.push_back(entry.path().filename().string());
+  CHECK(saved == std::vector<std::string>{"step-00000002"});
+  const auto all = world.all_gather(flat_weights(model), "test: weights");
+  CHECK(torch::equal(all[0], all[1]));  // the same weights: every step was taken by both ranks
 }
