@@ -1,8 +1,8 @@
 // tests/nn/nn_test.cpp — memopt/nn/attention.hpp and memopt/nn/cross_entropy.hpp. The
-// blockwise attention against the math path (values and gradients: causal, bidirectional,
-// padded keys and fully padded rows, grouped KV heads, ragged blocks, bf16), its memory
-// against the math path's, and its errors; the chunked cross-entropy against the full
-// logits; and the LLaMA model with either attention and either loss.
+// blockwise attention and LibTorch's SDPA (attention_sdpa) against the math path (values and
+// gradients: causal, bidirectional, padded keys and fully padded rows, grouped KV heads,
+// ragged blocks, bf16), their memory against the math path's, and their errors; the chunked
+// cross-entropy against the full logits; and the LLaMA model with each attention and loss.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -75,13 +75,17 @@ struct Result {
   torch::Tensor out, dq, dk, dv;
 };
 
+enum class Path { kMath, kBlockwise, kSdpa };
+
 // Forward + backward of one path on fresh leaves holding the inputs' values.
-Result run(const Case& c, const Inputs& in, bool blockwise, c10::ScalarType dtype) {
+Result run(const Case& c, const Inputs& in, Path path, c10::ScalarType dtype) {
   auto q = in.q.detach().to(dtype).requires_grad_();
   auto k = in.k.detach().to(dtype).requires_grad_();
   auto v = in.v.detach().to(dtype).requires_grad_();
   torch::Tensor out;
-  if (blockwise) {
+  if (path == Path::kSdpa) {
+    out = memopt::nn::attention_sdpa(q, k, v, c.causal, 0.0, false, in.mask);
+  } else if (path == Path::kBlockwise) {
     out = memopt::nn::attention_blockwise(q, k, v,
                                           memopt::nn::BlockwiseAttentionOptions()
                                               .causal(c.causal)
@@ -213,20 +217,52 @@ torch::Tensor full_cross_entropy_sum(const torch::Tensor& hidden, const torch::T
 
 }  // namespace
 
-TEST_CASE("attention_blockwise equals the math path in fp32, values and gradients", "[attention]") {
-  for (const auto& c : attention_cases()) {
-    DYNAMIC_SECTION(c.name) {
-      const auto in = make_inputs(c, torch::kFloat);
-      const auto want = run(c, in, /*blockwise=*/false, torch::kFloat);
-      const auto got = run(c, in, /*blockwise=*/true, torch::kFloat);
-      check_close(got, want, kFp32Atol, c.name);
-      if (c.padded) {  // rows with no key: output 0, gradients 0, no NaN
-        CHECK(got.out[c.B - 1].abs().max().item<double>() == 0.0);
-        CHECK(got.dq[c.B - 1].abs().max().item<double>() == 0.0);
-        CHECK(got.dk[c.B - 1].abs().max().item<double>() == 0.0);
-        if (c.causal) CHECK(got.out[0].select(1, 0).abs().max().item<double>() == 0.0);
+TEST_CASE("attention_blockwise and attention_sdpa equal the math path in fp32, values and gradients", "[attention]") {
+  for (const auto path : {Path::kBlockwise, Path::kSdpa}) {
+    for (const auto& c : attention_cases()) {
+      DYNAMIC_SECTION((path == Path::kSdpa ? "sdpa: " : "blockwise: ") << c.name) {
+        const auto in = make_inputs(c, torch::kFloat);
+        const auto want = run(c, in, Path::kMath, torch::kFloat);
+        const auto got = run(c, in, path, torch::kFloat);
+        check_close(got, want, kFp32Atol, c.name);
+        if (c.padded) {  // rows with no key: output 0, gradients 0, no NaN
+          CHECK(got.out[c.B - 1].abs().max().item<double>() == 0.0);
+          CHECK(got.dq[c.B - 1].abs().max().item<double>() == 0.0);
+          CHECK(got.dk[c.B - 1].abs().max().item<double>() == 0.0);
+          if (c.causal) CHECK(got.out[0].select(1, 0).abs().max().item<double>() == 0.0);
+        }
       }
     }
+  }
+}
+
+TEST_CASE("attention_sdpa in bf16 stays within the bf16 math path's own error of fp32", "[attention]") {
+  for (const auto& c : {Case{.name = "causal GQA", .H = 8, .KV = 2},
+                        Case{.name = "bidirectional padded", .causal = false, .padded = true}}) {
+    DYNAMIC_SECTION(c.name) {
+      const auto in = make_inputs(c, torch::kBFloat16);
+      const auto reference = run(c, in, Path::kMath, torch::kFloat);
+      const auto math = run(c, in, Path::kMath, torch::kBFloat16);
+      const auto sdpa = run(c, in, Path::kSdpa, torch::kBFloat16);
+      REQUIRE(sdpa.out.scalar_type() == torch::kBFloat16);
+      check_within_reference_error(sdpa, math, reference, "sdpa bf16 vs fp32");
+    }
+  }
+}
+
+TEST_CASE("attention_sdpa keeps far less memory than the math path at T = 2048", "[attention][memory]") {
+  // The same problem as the blockwise memory test; LibTorch's CPU flash kernel holds no
+  // (T, T) tensor. With a key padding mask (bidirectional) it stays linear too.
+  for (const bool padded : {false, true}) {
+    Case c{.name = "memory", .B = 1, .H = 4, .KV = 4, .T = 2048, .D = 32, .causal = !padded, .padded = padded};
+    const auto in = make_inputs(c, torch::kFloat);
+    const int64_t math = peak_of([&] { run(c, in, Path::kMath, torch::kFloat); });
+    const int64_t sdpa = peak_of([&] { run(c, in, Path::kSdpa, torch::kFloat); });
+    const int64_t scores = c.B * c.H * c.T * c.T * 4;
+    INFO("padded " << padded << ": peak tracked bytes: math " << math << ", sdpa " << sdpa
+                   << " (one (B, H, T, T) fp32 tensor: " << scores << ")");
+    CHECK(math >= scores);
+    CHECK(sdpa < scores / 4);
   }
 }
 
@@ -235,9 +271,9 @@ TEST_CASE("attention_blockwise in bf16 stays within the bf16 math path's own err
                         Case{.name = "bidirectional padded", .causal = false, .padded = true}}) {
     DYNAMIC_SECTION(c.name) {
       const auto in = make_inputs(c, torch::kBFloat16);  // bf16 values; the fp32 reference runs on them exactly
-      const auto reference = run(c, in, /*blockwise=*/false, torch::kFloat);
-      const auto math = run(c, in, /*blockwise=*/false, torch::kBFloat16);
-      const auto blockwise = run(c, in, /*blockwise=*/true, torch::kBFloat16);
+      const auto reference = run(c, in, Path::kMath, torch::kFloat);
+      const auto math = run(c, in, Path::kMath, torch::kBFloat16);
+      const auto blockwise = run(c, in, Path::kBlockwise, torch::kBFloat16);
       REQUIRE(blockwise.out.scalar_type() == torch::kBFloat16);
       REQUIRE(blockwise.dq.scalar_type() == torch::kBFloat16);
       check_within_reference_error(blockwise, math, reference, "blockwise bf16 vs fp32");
@@ -247,7 +283,7 @@ TEST_CASE("attention_blockwise in bf16 stays within the bf16 math path's own err
       Result autocast;
       {
         memopt::detail::AutocastGuard guard({c10::kCPU, true, c10::kBFloat16});
-        autocast = run(c, in, /*blockwise=*/true, torch::kFloat);
+        autocast = run(c, in, Path::kBlockwise, torch::kFloat);
       }
       REQUIRE(autocast.out.scalar_type() == torch::kBFloat16);
       REQUIRE(autocast.dq.scalar_type() == torch::kFloat);
@@ -262,7 +298,7 @@ TEST_CASE("attention_blockwise runs under NoGradGuard and InferenceMode", "[atte
                .kv_block = 32};
   const auto in = make_inputs(c, torch::kFloat);
   const auto options = memopt::nn::BlockwiseAttentionOptions().q_block(c.q_block).kv_block(c.kv_block);
-  const auto want = run(c, in, /*blockwise=*/false, torch::kFloat).out;
+  const auto want = run(c, in, Path::kMath, torch::kFloat).out;
   {
     torch::NoGradGuard no_grad;
     const auto y = memopt::nn::attention_blockwise(in.q, in.k, in.v, options);
@@ -285,8 +321,8 @@ TEST_CASE("attention_blockwise keeps far less memory than the math path at T = 2
   c.q_block = memopt::nn::kAttentionQBlock;
   c.kv_block = memopt::nn::kAttentionKvBlock;
   const auto in = make_inputs(c, torch::kFloat);
-  const int64_t math = peak_of([&] { run(c, in, /*blockwise=*/false, torch::kFloat); });
-  const int64_t blockwise = peak_of([&] { run(c, in, /*blockwise=*/true, torch::kFloat); });
+  const int64_t math = peak_of([&] { run(c, in, Path::kMath, torch::kFloat); });
+  const int64_t blockwise = peak_of([&] { run(c, in, Path::kBlockwise, torch::kFloat); });
   const int64_t scores = c.B * c.H * c.T * c.T * 4;
   INFO("peak tracked bytes: math " << math << ", blockwise " << blockwise << " (one (B, H, T, T) fp32 tensor: "
                                    << scores << ")");
@@ -306,6 +342,14 @@ TEST_CASE("the blockwise attention rejects dropout and bad inputs with a HINT", 
       [] { memopt::models::Llama(small_llama(true).attention_kind(AttentionKind::kBlockwise).dropout(0.1)); },
       "memopt::models::LlamaConfig", {"dropout 0.1", "kMath"});
   REQUIRE_NOTHROW(memopt::nn::Attention(memopt::nn::AttentionOptions(64, 4).kind(AttentionKind::kMath).dropout(0.1)));
+  REQUIRE_NOTHROW(memopt::nn::Attention(memopt::nn::AttentionOptions(64, 4).kind(AttentionKind::kSdpa).dropout(0.1)));
+  const auto x = torch::randn({1, 4, 8, 16});
+  memopt::test::require_error(
+      [&] { memopt::nn::attention_sdpa(x, x, x, /*causal=*/true, 0.1, /*training=*/true, torch::ones({1, 8}, torch::kBool)); },
+      "memopt::nn::attention_sdpa", {"dropout 0.1", "blockwise"});
+  memopt::test::require_error(
+      [&] { memopt::nn::attention_sdpa(x, x, x, /*causal=*/false, 0.0, false, torch::ones({1, 7}, torch::kBool)); },
+      "memopt::nn::attention_sdpa", {"key_padding_mask", "[1, 7]"});
 
   const auto q = torch::randn({1, 4, 8, 16}), kv = torch::randn({1, 3, 8, 16});
   memopt::test::require_error([&] { memopt::nn::attention_blockwise(q, kv, kv); },
@@ -322,13 +366,15 @@ TEST_CASE("the blockwise attention rejects dropout and bad inputs with a HINT", 
       "memopt::nn::attention_blockwise", {"q_block"});
 }
 
-TEST_CASE("Llama gives the same logits and gradients with blockwise attention", "[attention][llama]") {
-  for (const bool causal : {true, false}) {
-    DYNAMIC_SECTION((causal ? "causal" : "bidirectional")) {
+TEST_CASE("Llama gives the same logits and gradients with blockwise attention and SDPA", "[attention][llama]") {
+  using memopt::nn::AttentionKind;
+  for (const auto& [causal, kind] : {std::pair{true, AttentionKind::kBlockwise}, std::pair{false, AttentionKind::kBlockwise},
+                                     std::pair{true, AttentionKind::kSdpa}, std::pair{false, AttentionKind::kSdpa}}) {
+    DYNAMIC_SECTION((causal ? "causal " : "bidirectional ") << (kind == AttentionKind::kSdpa ? "sdpa" : "blockwise")) {
       torch::manual_seed(11);
       memopt::models::Llama math(small_llama(causal));
       auto blockwise = copy_of(math, small_llama(causal)
-                                         .attention_kind(memopt::nn::AttentionKind::kBlockwise)
+                                         .attention_kind(kind)
                                          .attention_block_size(16));  // T = 40: ragged blocks
       const auto batch = small_batch(2, 40, 97);
       {

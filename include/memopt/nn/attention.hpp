@@ -1,9 +1,11 @@
 // memopt/nn/attention.hpp — multi-head attention with rotary embeddings and optional
 // grouped KV heads (LLaMA's self_attn, HF parameter names), causal or bidirectional, on
-// two paths: attention_math keeps the (T, T) scores (the reference; dropout), and
-// attention_blockwise runs FlashAttention-2's online softmax over query and key blocks:
-// memory linear in T, each block's scores recomputed in backward from the saved
-// log-sum-exp, grouped KV heads never repeated.
+// three paths: attention_math keeps the (T, T) scores (the reference; dropout);
+// attention_sdpa calls LibTorch 2.x's scaled_dot_product_attention (its flash kernel on the
+// CPU: memory linear in T); attention_blockwise is memopt's FlashAttention-2 (online softmax
+// over query and key blocks, scores recomputed in backward from the saved log-sum-exp,
+// grouped KV heads never repeated), kept for causal attention with key padding, where SDPA
+// would need a (T, T) mask. docs/memory_levers.md has the figures behind the choice.
 #pragma once
 
 #include <algorithm>
@@ -61,6 +63,7 @@ inline torch::Tensor attention_math(const torch::Tensor& q, const torch::Tensor&
 enum class AttentionKind {
   kMath,       ///< attention_math: (B, H, T, T) scores in memory; supports dropout.
   kBlockwise,  ///< attention_blockwise: memory linear in T; no dropout.
+  kSdpa,       ///< attention_sdpa: LibTorch's SDPA (CPU flash kernel), memory linear in T.
 };
 
 /// Default blocks of attention_blockwise (query and key positions per head). At B=1, H=8,
@@ -399,6 +402,37 @@ inline torch::Tensor attention_blockwise(const torch::Tensor& q, const torch::Te
   return y.transpose(1, 2);  // (B, H, Tq, D)
 }
 
+/// ATen's scaled_dot_product_attention, with attention_math's conventions: q (B, H, T, D), k
+/// and v (B, KV, Tk, D) (grouped heads through enable_gqa, never repeated), key_padding_mask
+/// (B, Tk) bool with true = a real token, a batch row with no real key outputs 0. LibTorch
+/// 2.x runs its flash kernel (memory linear in T) where it can: no mask, causal or not, or a
+/// key padding mask without causality. Causal attention with key padding would need a
+/// (T, T) mask, so it runs attention_blockwise instead (dropout must then be 0).
+///   auto y = memopt::nn::attention_sdpa(q, k, v, /*causal=*/true, 0.0, false);  // (B, H, T, D)
+inline torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    bool causal, double dropout, bool training,
+                                    const torch::Tensor& key_padding_mask = {}) {
+  const bool gqa = q.size(1) != k.size(1);
+  const double p = training ? dropout : 0.0;
+  if (!key_padding_mask.defined()) return at::scaled_dot_product_attention(q, k, v, {}, p, causal, {}, gqa);
+  if (causal) {
+    TORCH_CHECK(p == 0.0, "memopt::nn::attention_sdpa: causal attention with a key padding mask runs the blockwise "
+                "path, which has no dropout (got dropout ", dropout, "). HINT: use attention_math for attention "
+                "dropout with padding, or set dropout 0.");
+    return attention_blockwise(q, k, v, BlockwiseAttentionOptions().causal(true).key_padding_mask(key_padding_mask));
+  }
+  const int64_t B = k.size(0), Tk = k.size(2);
+  TORCH_CHECK(key_padding_mask.scalar_type() == torch::kBool && key_padding_mask.dim() == 2 &&
+                  key_padding_mask.size(0) == B && key_padding_mask.size(1) == Tk,
+              "memopt::nn::attention_sdpa: key_padding_mask must be bool (B, Tk) = (", B, ", ", Tk, ") (got ",
+              key_padding_mask.scalar_type(), " ", key_padding_mask.sizes(), "). HINT: true marks a real token.");
+  // A row with no real key would be all -inf (NaN in SDPA): let it see every key, then zero it.
+  const auto alive = key_padding_mask.any(-1).view({B, 1, 1, 1});                    // (B, 1, 1, 1)
+  const auto allowed = key_padding_mask.view({B, 1, 1, Tk}).logical_or(alive.logical_not());  // (B, 1, 1, Tk)
+  auto y = at::scaled_dot_product_attention(q, k, v, allowed, p, false, {}, gqa);  // (B, H, T, D)
+  return y * alive.to(y.scalar_type());
+}
+
 /// Repeats each of the KV heads n_rep times: (B, KV, T, D) -> (B, KV·n_rep, T, D).
 inline torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep) {
   if (n_rep == 1) return x;
@@ -415,7 +449,7 @@ struct AttentionOptions {
   TORCH_ARG(int64_t, num_kv_heads) = 0;
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(double, dropout) = 0.0;
-  /// kBlockwise: attention_blockwise (memory linear in T; dropout must be 0).
+  /// kBlockwise: attention_blockwise (memory linear in T; dropout must be 0); kSdpa: attention_sdpa.
   TORCH_ARG(AttentionKind, kind) = AttentionKind::kMath;
   /// Blocks of the blockwise path: query and key positions per block.
   TORCH_ARG(int64_t, q_block) = kAttentionQBlock;
@@ -481,6 +515,8 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
     if (options.kind() == AttentionKind::kBlockwise) {
       auto blockwise = BlockwiseAttentionOptions().causal(causal).key_padding_mask(key_padding);
       y = attention_blockwise(q, k, v, blockwise.q_block(options.q_block()).kv_block(options.kv_block()));
+    } else if (options.kind() == AttentionKind::kSdpa) {
+      y = attention_sdpa(q, k, v, causal, options.dropout(), is_training(), key_padding);
     } else {
       const bool training = is_training();
       const double dropout = options.dropout();
