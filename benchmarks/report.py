@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""benchmarks/report.py — turns `scripts/bench` JSON lines into the README's markdown tables:
+"""benchmarks/report.py — turns `scripts/bench` JSON lines into the markdown tables of README.md and docs/:
   trainer          one row per configuration, memopt next to the PyTorch 2.x peers (eager and
                    torch.compile), with the ratios the suite printed
   distill          one row per strategy, with its ratios to the naive baseline
@@ -234,6 +234,13 @@ RENDER = {"distill": distill, "distill_quality": distill_quality, "stack": stack
           "gritlm_quality": gritlm_quality, "estimator": estimator, "planner": planner}
 
 
+def at_step(peer: dict, memopt: dict) -> float:
+    """The peer's loss after as many steps as memopt took (torch.compile warms up one step more)."""
+    n = memopt.get("warmup", 0) + memopt.get("steps", 0)
+    losses = peer.get("losses", [])
+    return losses[n - 1] if 0 < n <= len(losses) else peer["loss_last"]
+
+
 def main(path):
     rows, order = {}, []
     overhead = None
@@ -270,7 +277,7 @@ def main(path):
         if not (m and e and qe):
             continue
         peers = [x for x in (e, c) if x]
-        same = "same" if all(abs(m["loss_last"] - x["loss_last"]) < 1e-3 * abs(x["loss_last"]) for x in peers) else "differ"
+        same = "same" if all(abs(m["loss_last"] - at_step(x, m)) < 1e-3 * abs(m["loss_last"]) for x in peers) else "differ"
         ctok = f"{c['tokens_per_s']:.0f}" if c else "—"
         cq = f"**{qc['tokens_per_s']:.2f}×**" if qc else "—"
         crss = f"{c['peak_rss_mib']:.0f} MiB" if c else "—"

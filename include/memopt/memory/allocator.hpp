@@ -69,7 +69,7 @@ struct AllocatorOptions {
   /// memopt's default for training: every block from the heap (mmap_max 0) and freed memory
   /// kept up to 1 GB at its top (trim_threshold), so each step reuses the last one's pages.
   /// On this project's 2-core machine it made a d256 LLaMA step at micro-batch 8 1.7-2x
-  /// faster than glibc's defaults for +3% peak RSS (README, "Allocator settings").
+  /// faster than glibc's defaults for +3% peak RSS (docs/memory_levers.md, "Allocator settings").
   static AllocatorOptions training() { return AllocatorOptions().mmap_max(0).trim_threshold(int64_t{1} << 30); }
 
   /// Parses "key:value,key:value". Sizes take B, KB, MB, GB (powers of 1024) or no unit.
