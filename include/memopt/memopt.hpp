@@ -1,6 +1,6 @@
 // memopt/memopt.hpp — the umbrella header: the Trainer, its policies, memory tracking,
-// the building blocks and the LLaMA model. Data and tokenizer headers are separate
-// (memopt/data/*.hpp) because the tokenizer needs SentencePiece.
+// the building blocks and the LLaMA model. The data headers (memopt/data/*.hpp: sources,
+// streaming, shards, the tokenizer) are included one by one, as a program needs them.
 #pragma once
 
 #include "memopt/batch.hpp"

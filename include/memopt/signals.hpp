@@ -63,7 +63,7 @@ class StopSignals {
   struct sigaction previous_int_ {};
 };
 
-/// "SIGTERM", "SIGINT", or "signal N".
+/// "SIGTERM", "SIGINT", or "signal" for any other.
 inline const char* signal_name(int sig) {
   switch (sig) {
     case SIGTERM: return "SIGTERM";

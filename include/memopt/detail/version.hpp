@@ -1,5 +1,5 @@
 // memopt/detail/version.hpp — not API. LibTorch version and build feature macros that
-// the version adapters in detail/ switch on (memopt targets 1.13 and 2.x).
+// the version adapters in detail/ switch on (memopt targets LibTorch 2.11 - 2.15).
 #pragma once
 
 #include <torch/version.h>

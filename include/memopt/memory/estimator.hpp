@@ -9,7 +9,8 @@
 // activations are counted per tensor-size class — (B, T, C), (B, T, KV·D), (B, T, F),
 // (B, H, T, T), (B, T, V) — with bytes per element for each class that follow from what
 // autograd saves in models/llama.hpp under each policy (the counts are listed in
-// detail::block_saved(); tests/memory/estimator_test.cpp checks them against the tracker).
+// detail::block_saved(); the [estimator] cases of tests/planner_test.cpp check them against the
+// tracker).
 //
 //   auto e = memopt::memory::estimate(memopt::memory::ModelDesc::llama(cfg),
 //                                     memopt::memory::RunDesc{8, 256},

@@ -20,7 +20,6 @@ namespace memopt::precision {
 /// Everything in fp32.
 struct Fp32 {
   static std::string name() { return "precision::Fp32"; }
-  static constexpr c10::ScalarType kComputeDtype = c10::kFloat;
   struct NoGuard {};
   NoGuard autocast(c10::DeviceType) const { return {}; }
   void backward(const torch::Tensor& loss) const { loss.backward(); }
@@ -35,7 +34,6 @@ struct Fp32 {
 /// and clears the cast cache, so the next step casts the updated weights again.
 struct Bf16Autocast {
   static std::string name() { return "precision::Bf16Autocast"; }
-  static constexpr c10::ScalarType kComputeDtype = c10::kBFloat16;
   memopt::detail::AutocastGuard autocast(c10::DeviceType device) const {
     return memopt::detail::AutocastGuard({device, true, c10::kBFloat16});
   }
@@ -56,7 +54,6 @@ struct Bf16Autocast {
 /// Build the model in fp32 as usual; the Trainer hands its parameters over (they become bf16).
 struct Bf16Pure {
   static std::string name() { return "precision::Bf16Pure"; }
-  static constexpr c10::ScalarType kComputeDtype = c10::kBFloat16;
   struct NoGuard {};
   NoGuard autocast(c10::DeviceType) const { return {}; }  // the weights are bf16 already
   void backward(const torch::Tensor& loss) const { loss.backward(); }
@@ -232,7 +229,6 @@ struct Scaled {
   }
   static_assert(Dtype == c10::kHalf || Dtype == c10::kBFloat16 || Dtype == c10::kFloat,
                 "memopt::precision::Scaled<Dtype>: Dtype must be kHalf, kBFloat16 or kFloat");
-  static constexpr c10::ScalarType kComputeDtype = Dtype;
 
   memopt::detail::AutocastGuard autocast(c10::DeviceType device) const {
     TORCH_CHECK(!(Dtype == c10::kHalf && device == c10::kCPU),
