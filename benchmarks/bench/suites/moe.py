@@ -38,15 +38,16 @@ def moe_run(ctx: Context, out: Path, args: list[str], line_args: tuple[str, ...]
 
 # ---- suite: moe ----
 # The seed's before/after memory story per preset (moe-nano, moe-micro), effective batch 16 x 256
-# tokens: original = one-hot dense dispatch, fp32, no checkpointing, micro-batch 16; optimized =
+# tokens: original = one-hot dense dispatch, fp32 (--precision fp32: moe_lm's default, auto, may
+# take bf16), no checkpointing, micro-batch 16; optimized =
 # sort-based dispatch, bf16 autocast, checkpoint::EveryBlock, micro-batch 4 x accumulation 4.
 # One process each, 3 steps (the first included); then ratio lines (optimized / original;
 # target: memory <= 0.25). ~6 min on an idle 2-core machine (--quick: 1 step of 2 x 32 tokens).
 MOE_SIZE = "--steps 3 --warmup 1 --seq_len 256 --eval_batches 0"
-MOE_FLAGS = {"original": "--dispatch dense --batch_size 16 --grad_accum 1",
+MOE_FLAGS = {"original": "--dispatch dense --precision fp32 --batch_size 16 --grad_accum 1",
              "optimized": "--dispatch sorted --mixed_precision --gradient_checkpointing --batch_size 4 --grad_accum 4"}
 MOE_QUICK_SIZE = "--steps 1 --warmup 0 --seq_len 32 --eval_batches 0"
-MOE_QUICK_FLAGS = {"original": "--dispatch dense --batch_size 2 --grad_accum 1",
+MOE_QUICK_FLAGS = {"original": "--dispatch dense --precision fp32 --batch_size 2 --grad_accum 1",
                    "optimized": "--dispatch sorted --mixed_precision --gradient_checkpointing --batch_size 1 --grad_accum 2"}
 
 
@@ -73,7 +74,7 @@ def moe(ctx: Context) -> list[Step]:
 # the fastest setting that fits the effective batch of 16 in one micro-batch, else the one with
 # the largest micro-batch); then each recommendation is run at its micro-batch ("verified"
 # lines: the measured peak RSS, within the budget or not). ~10 min (--quick: 2 budgets, tiny).
-MOE_BUDGET_SETTINGS = {"fp32": "", "bf16": "--mixed_precision", "fp32_ckpt": "--gradient_checkpointing",
+MOE_BUDGET_SETTINGS = {"fp32": "--precision fp32", "bf16": "--mixed_precision", "fp32_ckpt": "--precision fp32 --gradient_checkpointing",
                        "bf16_ckpt": "--mixed_precision --gradient_checkpointing"}
 MOE_BUDGET = {"micros": ("4", "16"), "budgets": ("2", "4", "8", "16"),
               "common": "--steps 2 --warmup 1 --seq_len 256 --eval_batches 0"}
