@@ -14,6 +14,22 @@ finish() {  # the summary line; the exit status of the script
   [ "$failures" -eq 0 ]
 }
 
+# expect_failure NAME REGEX CMD...: CMD exits 1, and its output matches REGEX and carries a HINT
+# (the rule for bad input); the ok line quotes the first line naming an error.
+expect_failure() {
+  local name="$1" regex="$2" out rc
+  shift 2
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne 1 ]; then
+    fail "$name: exit code $rc (want 1). Output: $out"
+  elif ! grep -Eq "$regex" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
+    fail "$name: output does not match /$regex/ and HINT: $out"
+  else
+    ok "$name: $({ grep -m1 -i error <<<"$out" || head -n1 <<<"$out"; } | head -c 160)"
+  fi
+}
+
 # table_peak TEXT: the figure of the "  peak N MiB" line of a memory estimate table.
 table_peak() { sed -n 's/^  peak *\([0-9.]*\) MiB.*/\1/p' <<<"$1"; }
 # run_peak DIR: the last peak_tracked_mib in DIR/metrics.jsonl.
