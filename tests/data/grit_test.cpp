@@ -449,14 +449,19 @@ void write_fake_brown(const TempDir& dir) {
   std::ofstream(dir.file("README")) << "not a document\n";
 }
 
-/// {document, sentence number} of each "Doc cXNN sentence k" in `text`, in order.
-std::vector<std::pair<std::string, int>> sentences_of(const std::string& text) {
-  static const std::regex pattern("Doc (c[a-r][0-9][0-9]) sentence ([0-9]+) has some words\\.");
+/// {group 1, group 2 as a number} of each match of `pattern` in `text`, in order.
+std::vector<std::pair<std::string, int>> numbered_matches(const std::string& text, const std::regex& pattern) {
   std::vector<std::pair<std::string, int>> out;
   for (std::sregex_iterator it(text.begin(), text.end(), pattern), end; it != end; ++it) {
     out.emplace_back((*it)[1].str(), std::stoi((*it)[2].str()));
   }
   return out;
+}
+
+/// {document, sentence number} of each "Doc cXNN sentence k" in `text`, in order.
+std::vector<std::pair<std::string, int>> sentences_of(const std::string& text) {
+  static const std::regex pattern("Doc (c[a-r][0-9][0-9]) sentence ([0-9]+) has some words\\.");
+  return numbered_matches(text, pattern);
 }
 
 }  // namespace
@@ -584,11 +589,7 @@ void write_fake_kjv(const TempDir& dir) {
 /// {chapter, verse} of each "Chapter BkC verse k" in `text`, in order.
 std::vector<std::pair<std::string, int>> verses_of(const std::string& text) {
   static const std::regex pattern("Chapter ([A-Za-z]+[0-9]+) verse ([0-9]+) has some words\\.");
-  std::vector<std::pair<std::string, int>> out;
-  for (std::sregex_iterator it(text.begin(), text.end(), pattern), end; it != end; ++it) {
-    out.emplace_back((*it)[1].str(), std::stoi((*it)[2].str()));
-  }
-  return out;
+  return numbered_matches(text, pattern);
 }
 
 std::string book_of(const std::string& chapter) { return chapter.substr(0, chapter.find_first_of("0123456789")); }

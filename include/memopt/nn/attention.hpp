@@ -89,6 +89,14 @@ struct BlockwiseAttentionOptions {
 
 namespace memopt::detail {
 
+// A key padding mask must be bool (B, Tk) for keys k (B, KV, Tk, D); `who` names the caller.
+inline void check_key_padding_mask(const torch::Tensor& mask, const torch::Tensor& k, const char* who) {
+  TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.size(0) == k.size(0) &&
+                  mask.size(1) == k.size(2),
+              who, ": key_padding_mask must be bool (B, Tk) = (", k.size(0), ", ", k.size(2), ") (got ",
+              mask.scalar_type(), " ", mask.sizes(), "). HINT: true marks a real token.");
+}
+
 // The dtype x's matmuls run in: autocast's when autocast is on for x's device, else x's.
 inline c10::ScalarType matmul_dtype(const torch::Tensor& x) {
   const auto state = AutocastState::current(x.device().type());
@@ -388,12 +396,7 @@ inline torch::Tensor attention_blockwise(const torch::Tensor& q, const torch::Te
               "memopt::nn::attention_blockwise: q_block and kv_block must be >= 1 (got ", options.q_block(), " and ",
               options.kv_block(), "). HINT: the defaults are ", kAttentionQBlock, " and ", kAttentionKvBlock, ".");
   const auto& mask = options.key_padding_mask();
-  if (mask.defined()) {
-    TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.size(0) == k.size(0) &&
-                    mask.size(1) == k.size(2),
-                "memopt::nn::attention_blockwise: key_padding_mask must be bool (B, Tk) = (", k.size(0), ", ",
-                k.size(2), ") (got ", mask.scalar_type(), " ", mask.sizes(), "). HINT: true marks a real token.");
-  }
+  if (mask.defined()) detail::check_key_padding_mask(mask, k, "memopt::nn::attention_blockwise");
   const auto dtype = detail::matmul_dtype(q);
   const auto maybe_mask = mask.defined() ? c10::optional<torch::Tensor>(mask) : c10::nullopt;
   auto y = detail::BlockwiseAttentionFunction::apply(q.transpose(1, 2).to(dtype), k.to(dtype), v.to(dtype),
@@ -421,11 +424,8 @@ inline torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor&
                 "dropout with padding, or set dropout 0.");
     return attention_blockwise(q, k, v, BlockwiseAttentionOptions().causal(true).key_padding_mask(key_padding_mask));
   }
+  detail::check_key_padding_mask(key_padding_mask, k, "memopt::nn::attention_sdpa");
   const int64_t B = k.size(0), Tk = k.size(2);
-  TORCH_CHECK(key_padding_mask.scalar_type() == torch::kBool && key_padding_mask.dim() == 2 &&
-                  key_padding_mask.size(0) == B && key_padding_mask.size(1) == Tk,
-              "memopt::nn::attention_sdpa: key_padding_mask must be bool (B, Tk) = (", B, ", ", Tk, ") (got ",
-              key_padding_mask.scalar_type(), " ", key_padding_mask.sizes(), "). HINT: true marks a real token.");
   // A row with no real key would be all -inf (NaN in SDPA): let it see every key, then zero it.
   const auto alive = key_padding_mask.any(-1).view({B, 1, 1, 1});                    // (B, 1, 1, 1)
   const auto allowed = key_padding_mask.view({B, 1, 1, Tk}).logical_or(alive.logical_not());  // (B, 1, 1, Tk)
