@@ -486,6 +486,45 @@ TEST_CASE("StepInBackward with accumulation or clipping is rejected", "[offload]
   // accum::Fixed<N > 1> with StepInBackward does not compile: tests/compile_fail.
 }
 
+TEST_CASE("An accum_steps the Accum policy would ignore is an error", "[accum]") {
+  memopt::models::Llama model(tiny_llama(0.0));
+  using Fixed2 = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Fixed<2>>;
+  memopt::test::require_error([&] { Fixed2(*model, memopt::TrainerOptions().accum_steps(3)); }, "memopt::Trainer",
+                              {"accum_steps is 3", "accum::Fixed<2>", "runs 2 micro-batch"});
+  memopt::test::require_error([&] { memopt::Trainer<>(*model, memopt::TrainerOptions().accum_steps(4)); },
+                              "memopt::Trainer", {"accum_steps is 4", "accum::None", "accum::Runtime"});
+  CHECK(Fixed2(*model, memopt::TrainerOptions().accum_steps(2)).accum().micro_steps() == 2);  // the same count
+  CHECK(Fixed2(*model, memopt::TrainerOptions()).accum().micro_steps() == 2);                 // left at 1
+  using Runtime = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime>;
+  CHECK(Runtime(*model, memopt::TrainerOptions().accum_steps(3)).accum().micro_steps() == 3);
+}
+
+TEST_CASE("Policies save their own state through hooks::SavesState", "[precision]") {
+  static_assert(memopt::hooks::SavesState<memopt::precision::Fp16Scaled>);
+  static_assert(memopt::hooks::SavesState<memopt::precision::Bf16Pure>);
+  static_assert(!memopt::hooks::SavesState<memopt::precision::Fp32>);
+  static_assert(memopt::hooks::SkipStep<memopt::precision::Fp16Scaled>);
+  static_assert(memopt::hooks::SkipsOnLocalGrads<memopt::precision::Fp16Scaled>);
+  static_assert(!memopt::hooks::SkipsOnLocalGrads<memopt::precision::Bf16Pure>);
+  memopt::precision::Scaled<c10::kFloat> scaled;
+  scaled.scaler().load(1024.0, 7);
+  torch::serialize::OutputArchive out;
+  scaled.save_state(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream in_bytes(bytes.str());
+  torch::serialize::InputArchive in;
+  in.load_from(in_bytes);
+  memopt::precision::Scaled<c10::kFloat> restored;
+  restored.load_state(in);
+  CHECK(restored.scaler().current_scale() == 1024.0);
+  CHECK(restored.scaler().clean_steps() == 7);
+  torch::serialize::InputArchive empty_archive;
+  memopt::test::require_error([&] { restored.load_state(empty_archive); }, "memopt::Trainer::load_state",
+                              {"'loss_scale'"});
+  CHECK_NOTHROW(memopt::precision::Bf16Pure().load_state(empty_archive));  // no masters yet: nothing to read
+}
+
 TEST_CASE("Bf16Pure: bf16 weights and activations, fp32 masters, losses track fp32", "[precision]") {
   auto losses_of = [](auto trainer_tag, double lr, std::vector<torch::Tensor>* masters_out) {
     using T = typename decltype(trainer_tag)::type;

@@ -31,7 +31,7 @@
 
 #include "bench_main.hpp"
 #include "memopt/data/loader.hpp"
-#include "memopt/dist/data_parallel.hpp"
+#include "memopt/dist.hpp"
 #include "memopt/memopt.hpp"
 
 namespace {

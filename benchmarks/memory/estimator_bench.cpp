@@ -18,6 +18,8 @@
 #include "bench_main.hpp"
 #include "memopt/memopt.hpp"
 #include "memopt/memory/estimator.hpp"
+#include "memopt/models/distill.hpp"
+#include "memopt/models/moe.hpp"
 #include "memopt/planner.hpp"
 
 namespace {
@@ -105,10 +107,10 @@ int main(int argc, char** argv) {
       llama = memopt::models::Llama(config), model = llama.ptr();
     }
     model->train();
-    const auto desc = c.experts > 0      ? memopt::memory::ModelDesc::moe(moe_config)
-                      : c.kd_top_k >= 0 ? memopt::memory::ModelDesc::llada_distill(student_config, config,
+    const auto desc = c.experts > 0      ? memopt::models::describe(moe_config)
+                      : c.kd_top_k >= 0 ? memopt::models::describe_distill(student_config, config,
                                                                                     distill_options, c.teacher_bf16)
-                                         : memopt::memory::ModelDesc::llama(config);
+                                         : memopt::models::describe(config);
     const auto predicted = memopt::memory::estimate(desc, {c.micro, c.seq}, policies);
     std::cerr << predicted.table();
 

@@ -154,15 +154,15 @@ int run(const Args& a) {
                     .max_position_embeddings(a.max_seq_len)
                     .dropout(a.dropout);
   if (a.target_params > 0) {  // --target-params: the shape nearest that many parameters
-    config = memopt::memory::shape_for_params(static_cast<int64_t>(a.target_params), config);
+    config = memopt::models::shape_for_params(static_cast<int64_t>(a.target_params), config);
     fmt::print("llama_lm: --target-params {:.3g} -> {} layers, d{}, {} heads: {:.2f} M parameters\n", a.target_params,
                config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(),
-               static_cast<double>(memopt::memory::ModelDesc::llama(config).num_parameters()) / 1e6);
+               static_cast<double>(memopt::models::describe(config).num_parameters()) / 1e6);
   }
   config.validate();
 
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
-  const auto desc = memopt::memory::ModelDesc::llama(config);
+  const auto desc = memopt::models::describe(config);
   int64_t micro_batch = a.micro_batch;
   const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps
       options, [&] { return memopt::models::Llama(config); },

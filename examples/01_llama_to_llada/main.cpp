@@ -479,7 +479,7 @@ int run(const Args& a, const CLI::App& app) {
     const LlamaConfig teacher = teacher_config(a, data);
     const auto options = memopt::models::DistillOptions(teacher.vocab_size()).alpha(a.alpha).top_k(plan.kd_top_k);
     auto policies = policies_of(plan);
-    const auto desc = memopt::memory::ModelDesc::llada_distill(student_config(a, teacher), teacher, options,
+    const auto desc = memopt::models::describe_distill(student_config(a, teacher), teacher, options,
                                                                 plan.teacher_dtype == "bf16");
     if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder only
       std::vector<memopt::memory::PolicyDesc> candidates{policies};

@@ -284,8 +284,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
     TORCH_CHECK(a.dispatch == "sorted", "moe_lm: the memory estimate models the sorted dispatch (got --dispatch ",
                 a.dispatch, "). HINT: drop --dispatch dense, or measure it with a short run.");
     auto policies = policies_of(a);
-    const auto desc = a.dense ? memopt::memory::ModelDesc::llama(cfg.dense_equivalent())
-                              : memopt::memory::ModelDesc::moe(cfg);
+    const auto desc = a.dense ? memopt::models::describe(cfg.dense_equivalent())
+                              : memopt::models::describe(cfg);
     int64_t micro = a.batch_size;
     if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the micro-batch finder only
       const auto chosen = memopt::choose_policies(

@@ -418,7 +418,7 @@ void plan_step(Args& a, const GritFormat& format) {
                     ? memopt::models::LlamaConfig().hidden_size(a.hidden_size).num_hidden_layers(a.layers)
                           .num_attention_heads(a.heads).max_position_embeddings(max_len)
                     : memopt::io::read_llama_config((fs::path(a.init_model) / "config.json").string());
-  const auto desc = memopt::memory::ModelDesc::llama(config.vocab_size(format.vocab_size()));
+  const auto desc = memopt::models::describe(config.vocab_size(format.vocab_size()));
   memopt::memory::GritRunDesc run;
   run.queries = a.batch_size;
   run.query_len = a.query_max_len;

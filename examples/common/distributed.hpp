@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <memopt/dist/world.hpp>
+#include <memopt/dist.hpp>  // data parallel: a Trainer in a job of several ranks trains on them all
 #include <memopt/trainer.hpp>
 
 namespace examples {

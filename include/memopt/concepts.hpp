@@ -60,6 +60,15 @@ concept MasterGroups = requires(P& p, std::vector<torch::optim::OptimizerParamGr
 template <class P>
 concept CastWeights = requires(P& p, const std::vector<torch::Tensor>& params) { p.cast_weights(params); };
 
+/// Optional: `p.skip_step()` is called when the Trainer skips a step on a non-finite loss or
+/// gradient norm (Scaled: the loss scale backs off). Without it nothing happens.
+template <class P>
+concept SkipStep = requires(P& p) { p.skip_step(); };
+/// Optional: `P::kSkipsOnLocalGrads` true means step() decides from this rank's gradients
+/// whether to skip (Scaled's inf/nan check), so it cannot shard the optimizer state.
+template <class P>
+concept SkipsOnLocalGrads = requires { requires P::kSkipsOnLocalGrads; };
+
 // ---- Accum: how many micro-batches make one optimizer step ----
 /// `p.micro_steps()` is the number of micro-batches per optimizer step.
 template <class P>
@@ -91,6 +100,17 @@ concept AfterStep = requires(P& p, torch::optim::Optimizer& opt) { p.after_step(
 /// backward, as soon as its gradient is ready (offload::StepInBackward).
 template <class P>
 concept StepsInBackward = requires { requires P::kStepsInBackward; };
+
+// ---- Any policy: state a resumed run needs ----
+/// Optional: `p.save_state(archive)` writes the policy's state into the Trainer's archive
+/// (trainer.pt) and `p.load_state(archive)` reads it back (Scaled: the loss scale; Bf16Pure:
+/// the fp32 master weights). Without it the policy has no state to save.
+template <class P>
+concept SavesState = requires(const P& cp, P& p, torch::serialize::OutputArchive& out,
+                              torch::serialize::InputArchive& in) {
+  cp.save_state(out);
+  p.load_state(in);
+};
 
 }  // namespace hooks
 

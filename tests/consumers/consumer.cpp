@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #ifdef MEMOPT_CONSUMER_UMBRELLA
+#include <memopt/dist.hpp>    // memopt::dist: data parallel training (a world of one here)
 #include <memopt/memopt.hpp>  // the umbrella header: proves every installed header is there
 #else
 #include <memopt/batch.hpp>  // the headers one by one: proves they stand on their own

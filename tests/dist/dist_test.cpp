@@ -20,7 +20,7 @@
 #include <torch/torch.h>
 
 #include <memopt/data/loader.hpp>
-#include <memopt/dist/data_parallel.hpp>
+#include <memopt/dist.hpp>
 #include <memopt/memopt.hpp>
 
 #include "support.hpp"
@@ -245,7 +245,7 @@ TEST_CASE("No collective runs on a non-final micro-step", "[dist]") {
     RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
     RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
     memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Fixed<4>> trainer(
-        *model, base_options().shard_optimizer_state(sharded).bucket_mib(1));
+        *model, base_options().accum_steps(4).shard_optimizer_state(sharded).bucket_mib(1));
     std::vector<int64_t> seen;  // collectives() at each micro-step's forward
     auto loss = [&](const memopt::Batch& batch, const memopt::checkpoint::None& ckpt) {
       seen.push_back(world.collectives());

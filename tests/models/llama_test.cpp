@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -208,4 +209,32 @@ TEST_CASE("Llama rejects sequences longer than max_position_embeddings", "[llama
                       Catch::Contains("max_position_embeddings") && Catch::Contains("HINT"));
   // At the limit it runs.
   REQUIRE_NOTHROW(model->forward(tokens.slice(1, 0, too_long - 1)));
+}
+
+TEST_CASE("shape_for_params sizes a LLaMA to about the target, with LLaMA-like proportions", "[llama]") {
+  const auto base = memopt::models::LlamaConfig().vocab_size(4096).max_position_embeddings(64);
+  for (const int64_t target : {int64_t{2'000'000}, int64_t{5'300'000}, int64_t{30'000'000}, int64_t{125'000'000},
+                               int64_t{1'000'000'000}}) {
+    const auto c = memopt::models::shape_for_params(target, base);
+    const auto params = static_cast<double>(memopt::models::describe(c).num_parameters());
+    INFO(target << " -> " << c.num_hidden_layers() << " layers, d" << c.hidden_size() << ", " << params);
+    CHECK(std::abs(std::log(params / static_cast<double>(target))) < 0.1);  // within ~10%
+    CHECK(c.hidden_size() % 64 == 0);
+    CHECK(c.hidden_size() / c.num_hidden_layers() >= 32);
+    CHECK(c.hidden_size() / c.num_hidden_layers() <= 128);
+    CHECK(c.vocab_size() == 4096);
+    CHECK_NOTHROW(c.validate());
+  }
+  // The counting matches the built model.
+  const auto c = memopt::models::shape_for_params(3'000'000, base);
+  memopt::models::Llama model(c);
+  int64_t built = 0;
+  for (const auto& p : model->parameters()) built += p.numel();
+  CHECK(built == memopt::models::describe(c).num_parameters());
+  // The reference shape (4 layers, d256) is what 5.3 M parameters give.
+  const auto ref = memopt::models::shape_for_params(5'310'720, base);
+  CHECK(ref.hidden_size() == 256);
+  CHECK(ref.num_hidden_layers() == 4);
+  memopt::test::require_error([&] { memopt::models::shape_for_params(0, base); }, "shape_for_params",
+                              {"target_params must be >= 1 (got 0)"});
 }

@@ -1,5 +1,5 @@
-// memopt/dist/data_parallel.hpp — the pieces of data-parallel training the Trainer uses
-// when dist::world() has more than one rank:
+// memopt/dist/data_parallel.hpp — the pieces of data-parallel training dist::DataParallel
+// (dist/step_sync.hpp) gives the Trainer when dist::world() has more than one rank:
 //   - check_model + broadcast_module: the same parameter names and shapes on every rank
 //     (else an error naming the rank and both shapes), then rank 0's weights everywhere;
 //   - GradientSync: every gradient summed over the ranks in fp32 buckets of bucket_bytes
@@ -27,14 +27,9 @@
 
 #include <memopt/dist/world.hpp>
 #include <memopt/optim/clip.hpp>
+#include <memopt/step_sync.hpp>  // ParamGather
 
 namespace memopt::dist {
-
-/// How updated parameters reach the other ranks after a sharded optimizer step.
-enum class ParamGather {
-  kBroadcast,  // each owner broadcasts its parameters (world broadcasts of 1/world of the bytes)
-  kAllgather,  // one all-gather of every rank's parameters, padded to the largest share
-};
 
 /// Fails on every rank unless all ranks have the same parameter and buffer names, shapes
 /// and dtypes, naming the first difference.

@@ -9,10 +9,10 @@
 // activations are counted per tensor-size class — (B, T, C), (B, T, KV·D), (B, T, F),
 // (B, H, T, T), (B, T, V) — with bytes per element for each class that follow from what
 // autograd saves in models/llama.hpp under each policy (the counts are listed in
-// detail::block_saved(); the [estimator] cases of tests/planner_test.cpp check them against the
+// detail::block_saved(); tests/memory/estimator_test.cpp checks them against the
 // tracker).
 //
-//   auto e = memopt::memory::estimate(memopt::memory::ModelDesc::llama(cfg),
+//   auto e = memopt::memory::estimate(memopt::models::describe(cfg),
 //                                     memopt::memory::RunDesc{8, 256},
 //                                     memopt::memory::PolicyDesc::parse("every", "bf16", "none", 2));
 //   fmt::print("{}", e.table());   // … peak 412.3 MiB (backward)
@@ -29,10 +29,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "memopt/memory/model_desc.hpp"
 #include "memopt/memory/report.hpp"
-#include "memopt/models/distill.hpp"
-#include "memopt/models/llama.hpp"
-#include "memopt/models/moe.hpp"
 #include "memopt/optim/adamw8bit.hpp"
 #include "memopt/optim/disk_adamw.hpp"
 #include "memopt/policies/checkpoint.hpp"
@@ -176,134 +174,6 @@ PolicyDesc describe(int64_t accum = 1) {
   return d;
 }
 
-/// The model's shape as the estimator needs it: a LLaMA (models/llama.hpp) or a LLaMA whose
-/// feed-forward is a mixture of experts (models/moe.hpp).
-///   auto desc = memopt::memory::ModelDesc::llama(cfg);
-struct ModelDesc {
-  int64_t vocab_size = 0, hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, ffn_size = 0;
-  nn::AttentionKind attention = nn::AttentionKind::kMath;
-  int64_t loss_chunk_size = 0;  // > 0: the head and loss run fused by chunks (no (B·T, V) logits)
-  bool dropout = false;         // dropout masks are saved too
-  int64_t frozen_parameter_bytes = 0;  // a distillation teacher's weights (no gradients, no state)
-  int64_t teacher_target_bytes = 0;    // per token: the teacher's logits (dense) or top-k values + indices
-  int64_t teacher_vocab = 0;           // > 0: the teacher's (B, T, V) logits exist while its targets are made
-  bool kd = false;                     // the loss adds a KD term: a second (B, T, V) log-softmax
-  int64_t kd_classes = 0;              //   over the teacher's top-k (or all V) classes per token
-  int64_t num_experts = 0;      // > 0: a mixture of experts (sorted dispatch) replaces the SwiGLU
-  int64_t top_k = 0;            //   experts per token; ffn_size is each expert's width
-  bool checkpoint_experts = false;
-
-  static ModelDesc llama(const models::LlamaConfig& c) {
-    ModelDesc d;
-    d.vocab_size = c.vocab_size();
-    d.hidden_size = c.hidden_size();
-    d.num_layers = c.num_hidden_layers();
-    d.num_heads = c.num_attention_heads();
-    d.num_kv_heads = c.kv_heads();
-    d.ffn_size = c.ffn_size();
-    d.attention = c.attention_kind();
-    d.loss_chunk_size = c.loss_chunk_size();
-    d.dropout = c.dropout() > 0;
-    return d;
-  }
-  static ModelDesc moe(const models::MoeConfig& c) {
-    TORCH_CHECK(c.dispatch() == models::MoeDispatch::kSorted, "memopt::memory::ModelDesc::moe: the estimator models "
-                "the sorted dispatch (got the dense one). HINT: estimate with MoeDispatch::kSorted; the dense "
-                "dispatch adds (tokens, experts, capacity) one-hot tensors.");
-    ModelDesc d = llama(c.base());
-    d.num_experts = c.num_experts();
-    d.top_k = c.top_k();
-    d.checkpoint_experts = c.checkpoint_experts();
-    return d;
-  }
-  /// A LLaMA → LLaDA distillation step (models/distill.hpp): the student, plus the frozen
-  /// teacher's weights (4 or 2 B/param), its targets held through the student's step and,
-  /// when alpha > 0, the KD term's log-softmax.
-  static ModelDesc llada_distill(const models::LlamaConfig& student, const models::LlamaConfig& teacher,
-                                 const models::DistillOptions& options, bool teacher_bf16_weights) {
-    ModelDesc d = llama(student);
-    if (options.alpha() <= 0) return d;
-    d.frozen_parameter_bytes = llama(teacher).num_parameters() * (teacher_bf16_weights ? 2 : 4);
-    d.kd = true;
-    d.teacher_vocab = teacher.vocab_size();
-    const int64_t K = options.top_k() > 0 ? options.top_k() : teacher.vocab_size();
-    d.kd_classes = K;
-    d.teacher_target_bytes = options.top_k() > 0 ? K * (4 + 8) + 4 : K * (teacher_bf16_weights ? 2 : 4);
-    return d;
-  }
-  /// Rows each token sends through the feed-forward: 1, or top_k for a mixture of experts.
-  int64_t ffn_rows() const { return num_experts > 0 ? top_k : 1; }
-  int64_t head_dim() const { return hidden_size / num_heads; }
-  int64_t kv_dim() const { return num_kv_heads * head_dim(); }
-
-  /// Every parameter tensor's element count, in the model's registration order.
-  std::vector<int64_t> parameter_numels() const {
-    const int64_t C = hidden_size, KV = kv_dim(), F = ffn_size;
-    std::vector<int64_t> n{vocab_size * C};  // embed_tokens
-    for (int64_t l = 0; l < num_layers; ++l) {
-      for (int64_t x : {C * C, C * KV, C * KV, C * C}) n.push_back(x);  // q, k, v, o
-      if (num_experts > 0) n.push_back(num_experts * C);                 // the router
-      for (int64_t e = 0; e < std::max<int64_t>(num_experts, 1); ++e)
-        for (int64_t x : {F * C, F * C, C * F}) n.push_back(x);          // gate, up, down
-      n.push_back(C);  // the norms
-      n.push_back(C);
-    }
-    n.push_back(C);               // norm
-    n.push_back(vocab_size * C);  // lm_head
-    return n;
-  }
-  int64_t num_parameters() const {
-    int64_t s = 0;
-    for (int64_t x : parameter_numels()) s += x;
-    return s;
-  }
-  /// Forward FLOPs of one token through the model (matmuls; attention at sequence length T).
-  double forward_flops_per_token(int64_t T) const {
-    const double C = hidden_size, KV = kv_dim(), F = ffn_size;
-    const double block = 2 * (C * C + 2 * C * KV + C * C + 3 * C * F * static_cast<double>(ffn_rows()) +
-                               C * static_cast<double>(num_experts)) + 4.0 * T * C;
-    return num_layers * block + 2 * C * vocab_size;
-  }
-};
-
-/// `base` (vocab, positions, dropout, ...) with the shape whose parameter count is nearest
-/// `target_params` (on a log scale) among shapes of width a multiple of 64, heads of 64
-/// dimensions (32 below width 128) and width / layers between 32 and 128 (GPT-2's and
-/// LLaMA's aspect ratios); among counts within 2% of the best, the aspect nearest 64. The
-/// embeddings count too, so a small target with a large vocabulary gets a thin model; a
-/// target below the smallest shape gets the smallest (check num_parameters()).
-///   auto cfg = memopt::memory::shape_for_params(25'000'000, LlamaConfig().vocab_size(4096));
-inline models::LlamaConfig shape_for_params(int64_t target_params, models::LlamaConfig base) {
-  TORCH_CHECK(target_params >= 1, "memopt::memory::shape_for_params: target_params must be >= 1 (got ", target_params,
-              "). HINT: pass a parameter count such as 25000000 (25M)");
-  struct Shape {
-    int64_t dim, layers;
-    double error, aspect;
-  };
-  std::vector<Shape> shapes;
-  for (int64_t dim = 64; dim <= 16384; dim += 64) {
-    auto c = base;
-    c.hidden_size(dim).num_attention_heads(dim >= 128 ? dim / 64 : dim / 32).num_key_value_heads(0).intermediate_size(0);
-    const auto one = static_cast<double>(ModelDesc::llama(c.num_hidden_layers(1)).num_parameters());
-    const double per_layer = static_cast<double>(ModelDesc::llama(c.num_hidden_layers(2)).num_parameters()) - one;
-    for (int64_t layers = (dim + 127) / 128; layers <= dim / 32; ++layers) {
-      const double p = one + per_layer * static_cast<double>(layers - 1);
-      shapes.push_back({dim, layers, std::abs(std::log(p / static_cast<double>(target_params))),
-                        std::abs(std::log(static_cast<double>(dim) / static_cast<double>(layers) / 64.0))});
-    }
-  }
-  const double best = std::min_element(shapes.begin(), shapes.end(), [](const Shape& a, const Shape& b) {
-                        return a.error < b.error;
-                      })->error;
-  const Shape* pick = nullptr;
-  for (const auto& s : shapes) {
-    if (s.error <= best + 0.02 && (pick == nullptr || s.aspect < pick->aspect)) pick = &s;
-  }
-  return base.hidden_size(pick->dim).num_hidden_layers(pick->layers)
-      .num_attention_heads(pick->dim >= 128 ? pick->dim / 64 : pick->dim / 32).num_key_value_heads(0)
-      .intermediate_size(0);
-}
-
 /// One micro-batch: B sequences of T tokens.
 struct RunDesc {
   int64_t micro_batch = 1;
@@ -360,7 +230,7 @@ struct PerElement {
 };
 
 // What one LLaMA block (models/llama.hpp) keeps for backward, per element, counted from the
-// code and checked against the tracker (tests/planner_test.cpp):
+// code and checked against the tracker (tests/memory/estimator_test.cpp):
 //   fp32: two RMSNorms (x·rsqrt and its weighted output: 2 tensors each), q and k before and
 //     after RoPE, the head-major copies the attention matmuls take, v, the attention output
 //     before o_proj, the residual h, the block output: 12 (B, T, C); gate, up, silu(gate) and
@@ -440,7 +310,7 @@ inline int64_t state_bytes(OffloadKind o, const std::vector<int64_t>& numels) {
 inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDesc& pol) {
   TORCH_CHECK(m.num_layers >= 1 && m.hidden_size >= 1 && m.vocab_size >= 1 && m.num_heads >= 1,
               "memopt::memory::estimate: the model description is empty (layers ", m.num_layers, ", hidden ",
-              m.hidden_size, "). HINT: build it with ModelDesc::llama(config).");
+              m.hidden_size, "). HINT: build it with models::describe(config).");
   TORCH_CHECK(run.micro_batch >= 1 && run.seq_len >= 1, "memopt::memory::estimate: micro_batch and seq_len must be "
               ">= 1 (got ", run.micro_batch, " and ", run.seq_len, ").");
   const auto numels = m.parameter_numels();

@@ -61,6 +61,22 @@ struct DistillOptions {
   }
 };
 
+/// A LLaMA → LLaDA distillation step as the memory estimator sees it: the student, plus the
+/// frozen teacher's weights (4 or 2 B/param), its targets held through the student's step and,
+/// when alpha > 0, the KD term's log-softmax.
+inline memory::ModelDesc describe_distill(const LlamaConfig& student, const LlamaConfig& teacher,
+                                          const DistillOptions& options, bool teacher_bf16_weights) {
+  memory::ModelDesc d = describe(student);
+  if (options.alpha() <= 0) return d;
+  d.frozen_parameter_bytes = describe(teacher).num_parameters() * (teacher_bf16_weights ? 2 : 4);
+  d.kd = true;
+  d.teacher_vocab = teacher.vocab_size();
+  const int64_t K = options.top_k() > 0 ? options.top_k() : teacher.vocab_size();
+  d.kd_classes = K;
+  d.teacher_target_bytes = options.top_k() > 0 ? K * (4 + 8) + 4 : K * (teacher_bf16_weights ? 2 : 4);
+  return d;
+}
+
 /// Running sums of the two loss terms since the last read (tensors: no host sync).
 struct DistillTerms {
   torch::Tensor diffusion_sum;  // 0-dim: Σ CE/p over masked positions

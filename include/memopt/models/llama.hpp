@@ -4,6 +4,8 @@
 // (model.layers.N.self_attn.q_proj.weight, lm_head.weight, …) so real checkpoints load.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -12,6 +14,7 @@
 
 #include "memopt/batch.hpp"
 #include "memopt/concepts.hpp"
+#include "memopt/memory/model_desc.hpp"
 #include "memopt/nn/attention.hpp"
 #include "memopt/nn/cross_entropy.hpp"
 #include "memopt/nn/mlp.hpp"
@@ -96,6 +99,60 @@ struct LlamaConfig {
                 attention_block_size_, " and ", loss_chunk_size_, "). HINT: 0 picks the default.");
   }
 };
+
+/// This model's shape as the memory estimator and the planner see it (memory/model_desc.hpp).
+///   auto e = memopt::memory::estimate(memopt::models::describe(cfg), run, policies);
+inline memory::ModelDesc describe(const LlamaConfig& c) {
+  memory::ModelDesc d;
+  d.vocab_size = c.vocab_size();
+  d.hidden_size = c.hidden_size();
+  d.num_layers = c.num_hidden_layers();
+  d.num_heads = c.num_attention_heads();
+  d.num_kv_heads = c.kv_heads();
+  d.ffn_size = c.ffn_size();
+  d.attention = c.attention_kind();
+  d.loss_chunk_size = c.loss_chunk_size();
+  d.dropout = c.dropout() > 0;
+  return d;
+}
+
+/// `base` (vocab, positions, dropout, ...) with the shape whose parameter count is nearest
+/// `target_params` (on a log scale) among shapes of width a multiple of 64, heads of 64
+/// dimensions (32 below width 128) and width / layers between 32 and 128 (GPT-2's and
+/// LLaMA's aspect ratios); among counts within 2% of the best, the aspect nearest 64. The
+/// embeddings count too, so a small target with a large vocabulary gets a thin model; a
+/// target below the smallest shape gets the smallest (check num_parameters()).
+///   auto cfg = memopt::models::shape_for_params(25'000'000, LlamaConfig().vocab_size(4096));
+inline LlamaConfig shape_for_params(int64_t target_params, LlamaConfig base) {
+  TORCH_CHECK(target_params >= 1, "memopt::models::shape_for_params: target_params must be >= 1 (got ", target_params,
+              "). HINT: pass a parameter count such as 25000000 (25M)");
+  struct Shape {
+    int64_t dim, layers;
+    double error, aspect;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t dim = 64; dim <= 16384; dim += 64) {
+    auto c = base;
+    c.hidden_size(dim).num_attention_heads(dim >= 128 ? dim / 64 : dim / 32).num_key_value_heads(0).intermediate_size(0);
+    const auto one = static_cast<double>(describe(c.num_hidden_layers(1)).num_parameters());
+    const double per_layer = static_cast<double>(describe(c.num_hidden_layers(2)).num_parameters()) - one;
+    for (int64_t layers = (dim + 127) / 128; layers <= dim / 32; ++layers) {
+      const double p = one + per_layer * static_cast<double>(layers - 1);
+      shapes.push_back({dim, layers, std::abs(std::log(p / static_cast<double>(target_params))),
+                        std::abs(std::log(static_cast<double>(dim) / static_cast<double>(layers) / 64.0))});
+    }
+  }
+  const double best = std::min_element(shapes.begin(), shapes.end(), [](const Shape& a, const Shape& b) {
+                        return a.error < b.error;
+                      })->error;
+  const Shape* pick = nullptr;
+  for (const auto& s : shapes) {
+    if (s.error <= best + 0.02 && (pick == nullptr || s.aspect < pick->aspect)) pick = &s;
+  }
+  return base.hidden_size(pick->dim).num_hidden_layers(pick->layers)
+      .num_attention_heads(pick->dim >= 128 ? pick->dim / 64 : pick->dim / 32).num_key_value_heads(0)
+      .intermediate_size(0);
+}
 
 /// RMSNorm through the policy: recomputed in backward under checkpoint::Selective.
 template <CheckpointPolicy Checkpoint>

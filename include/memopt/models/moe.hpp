@@ -300,6 +300,18 @@ struct MoeConfig {
   }
 };
 
+/// This model's shape as the memory estimator and the planner see it (sorted dispatch only).
+inline memory::ModelDesc describe(const MoeConfig& c) {
+  TORCH_CHECK(c.dispatch() == MoeDispatch::kSorted, "memopt::models::describe(MoeConfig): the estimator models "
+              "the sorted dispatch (got the dense one). HINT: estimate with MoeDispatch::kSorted; the dense "
+              "dispatch adds (tokens, experts, capacity) one-hot tensors.");
+  memory::ModelDesc d = describe(c.base());
+  d.num_experts = c.num_experts();
+  d.top_k = c.top_k();
+  d.checkpoint_experts = c.checkpoint_experts();
+  return d;
+}
+
 /// A block's output and router statistics, packed in one flat tensor (a checkpointed
 /// block has one output): [ h (B·T·C) | lb_loss | z_loss | dropped | load (E) ].
 struct MoeBlockOutput {

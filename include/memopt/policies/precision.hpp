@@ -15,6 +15,16 @@
 
 #include "memopt/detail/autocast.hpp"
 
+namespace memopt::detail {
+/// Reads `key` of a Trainer's archive into `value`, or fails naming the key (the policies'
+/// and the Trainer's load_state).
+template <class T>
+void read_state_entry(torch::serialize::InputArchive& archive, const std::string& key, T& value) {
+  TORCH_CHECK(archive.try_read(key, value), "memopt::Trainer::load_state: the archive has no '", key,
+              "' entry. HINT: load a state written by Trainer::save_state of a Trainer with the same policies.");
+}
+}  // namespace memopt::detail
+
 namespace memopt::precision {
 
 /// Everything in fp32.
@@ -110,6 +120,19 @@ struct Bf16Pure {
 
   /// The fp32 master of each parameter, in the optimizer's order: (bf16 weight, fp32 master).
   const std::vector<std::pair<torch::Tensor, torch::Tensor>>& masters() const { return pairs_; }
+
+  /// The fp32 masters ("master_0", ...): a resumed run steps from them, not from the bf16 weights.
+  void save_state(torch::serialize::OutputArchive& archive) const {
+    for (size_t i = 0; i < pairs_.size(); ++i) archive.write("master_" + std::to_string(i), pairs_[i].second);
+  }
+  void load_state(torch::serialize::InputArchive& archive) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      torch::Tensor master;
+      memopt::detail::read_state_entry(archive, "master_" + std::to_string(i), master);
+      pairs_[i].second.copy_(master);
+    }
+  }
 
  private:
   std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs_;
@@ -252,6 +275,20 @@ struct Scaled {
 
   /// The Trainer skipped the step on a non-finite loss or gradient norm: the scale backs off.
   void skip_step() { scaler_.skip(); }
+  /// Decides from this rank's gradients whether to skip: no sharded optimizer state.
+  static constexpr bool kSkipsOnLocalGrads = true;
+
+  /// The loss scale and its clean-step count ("loss_scale", "loss_scale_clean_steps").
+  void save_state(torch::serialize::OutputArchive& archive) const {
+    archive.write("loss_scale", torch::tensor(scaler_.current_scale(), torch::kDouble));
+    archive.write("loss_scale_clean_steps", torch::tensor(scaler_.clean_steps(), torch::kLong));
+  }
+  void load_state(torch::serialize::InputArchive& archive) {
+    torch::Tensor scale, clean_steps;
+    memopt::detail::read_state_entry(archive, "loss_scale", scale);
+    memopt::detail::read_state_entry(archive, "loss_scale_clean_steps", clean_steps);
+    scaler_.load(scale.item<double>(), clean_steps.item<int64_t>());
+  }
 
   LossScaler& scaler() { return scaler_; }
   const LossScaler& scaler() const { return scaler_; }

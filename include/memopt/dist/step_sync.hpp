@@ -1,0 +1,122 @@
+// memopt/dist/step_sync.hpp — dist::DataParallel: the StepSync (step_sync.hpp) of a Trainer
+// in a job of several ranks. Each rank trains on its own rows of the global batch; after
+// the last micro-batch the gradients are summed over the ranks (all-reduce, or with
+// shard_optimizer_state a reduce-scatter onto each tensor's owner: ZeRO-1), the global
+// gradient norm is clipped, and a sharded step shares the updated parameters. Counts,
+// stop signals and running out of data are agreed by all ranks, so they stop together.
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "memopt/dist/data_parallel.hpp"
+#include "memopt/dist/world.hpp"
+#include "memopt/step_sync.hpp"
+
+namespace memopt::dist {
+
+/// Data parallel training over `world` (dist::world(): the job torchrun started).
+class DataParallel final : public StepSync {
+ public:
+  explicit DataParallel(World& world, SyncOptions options = {}) : world_(&world), options_(options) {
+    TORCH_CHECK(options_.bucket_bytes >= 4, "memopt::dist::DataParallel: bucket_bytes must be >= 4 (got ",
+                options_.bucket_bytes, "). HINT: 25 MiB buckets suit most models");
+  }
+
+  int rank() const override { return world_->rank(); }
+  int size() const override { return world_->size(); }
+  bool sharded() const override { return param_share_ != nullptr; }
+
+  std::vector<torch::Tensor> setup(torch::nn::Module& model, const std::vector<torch::Tensor>& params,
+                                   std::vector<torch::optim::OptimizerParamGroup>& groups) override {
+    check_model(*world_, model);      // the same names and shapes everywhere, or an error naming the rank
+    broadcast_module(*world_, model);  // rank 0's initial weights on every rank
+    if (!options_.shard_optimizer_state) {
+      grad_sync_ = std::make_unique<GradientSync>(*world_, params, options_.bucket_bytes);  // all-reduce
+      return {};
+    }
+    const std::vector<int> owner = owners(params, world_->size());
+    grad_sync_ = std::make_unique<GradientSync>(*world_, params, options_.bucket_bytes, owner);  // reduce-scatter
+    std::set<const void*> mine;
+    std::vector<torch::Tensor> others;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (owner[i] == world_->rank()) {
+        mine.insert(params[i].unsafeGetTensorImpl());
+      } else {
+        others.push_back(params[i]);
+      }
+    }
+    std::vector<torch::optim::OptimizerParamGroup> kept;
+    for (auto& group : groups) {
+      std::vector<torch::Tensor> owned;
+      for (const auto& p : group.params())
+        if (mine.count(p.unsafeGetTensorImpl())) owned.push_back(p);
+      if (!owned.empty()) kept.emplace_back(owned, group.options().clone());
+    }
+    TORCH_CHECK(!kept.empty(), "memopt::Trainer: rank ", world_->rank(), " owns no parameter (", params.size(),
+                " tensors over ", world_->size(), " ranks). HINT: use fewer ranks or shard_optimizer_state(false)");
+    groups = std::move(kept);
+    param_share_ = std::make_unique<ParamShare>(*world_, params, owner, options_.param_gather);
+    return others;
+  }
+
+  // One 4-byte all-reduce: with finite streamed data dealt by rank, one rank runs dry first;
+  // alone, it would start the end-of-run checkpoint while the others wait in the next step.
+  bool any(bool local, const char* what) override {
+    torch::Tensor any = torch::scalar_tensor(local ? 1.0F : 0.0F, torch::kFloat);
+    world_->all_reduce_sum({any}, what);
+    return any.item<float>() > 0;
+  }
+
+  void sum_counts(torch::Tensor& num_targets, int64_t& tokens) override {
+    torch::Tensor counts = torch::stack({num_targets.to(torch::kCPU, torch::kDouble),
+                                         torch::scalar_tensor(static_cast<double>(tokens), torch::kDouble)});
+    world_->all_reduce_sum({counts}, "target count all-reduce");
+    num_targets = counts[0].to(num_targets.device(), torch::kFloat);
+    tokens = static_cast<int64_t>(counts[1].item<double>());
+  }
+
+  int sync_gradients(torch::Tensor& loss_sum, int local_signal) override {
+    torch::Tensor signal = torch::scalar_tensor(static_cast<float>(local_signal), loss_sum.options());
+    grad_sync_->sync({loss_sum, signal});
+    return signal.item<float>() > 0 ? (local_signal != 0 ? local_signal : SIGTERM) : 0;
+  }
+
+  torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm) override {
+    return sharded() ? dist::clip_grad_norm_(*world_, params, max_norm) : optim::clip_grad_norm_(params, max_norm);
+  }
+
+  void share_params() override {
+    if (param_share_) param_share_->share();
+  }
+
+  void barrier(const char* what) override { world_->barrier(what); }
+
+  // Through the store: rank 0 reads every other rank's entry.
+  nlohmann::json gather(const nlohmann::json& mine, const std::string& key) override {
+    if (world_->rank() != 0) {
+      world_->store_set(fmt::format("{}/{}", key, world_->rank()), mine.dump());
+      return nullptr;
+    }
+    nlohmann::json all = nlohmann::json::array({mine});
+    for (int r = 1; r < world_->size(); ++r)
+      all.push_back(nlohmann::json::parse(world_->store_get(fmt::format("{}/{}", key, r))));
+    return all;
+  }
+
+ private:
+  World* world_;
+  SyncOptions options_;
+  std::unique_ptr<GradientSync> grad_sync_;  // the gradient all-reduce / reduce-scatter
+  std::unique_ptr<ParamShare> param_share_;  // sharded optimizer state: parameters after the step
+};
+
+}  // namespace memopt::dist

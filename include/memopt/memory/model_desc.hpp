@@ -1,0 +1,67 @@
+// memopt/memory/model_desc.hpp — ModelDesc: a model's shape as the memory estimator and the
+// planner see it (parameter tensors, activation-size classes, FLOPs per token). Each model
+// header builds its own (models::describe), so the estimator depends on no model.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "memopt/nn/attention.hpp"  // AttentionKind
+
+namespace memopt::memory {
+
+/// The model's shape as the estimator needs it: a LLaMA, a LLaMA whose feed-forward is a
+/// mixture of experts, a distillation step. Models describe themselves: models::describe(cfg)
+/// (models/llama.hpp, models/moe.hpp), models::describe_distill (models/distill.hpp).
+///   auto desc = memopt::models::describe(cfg);
+struct ModelDesc {
+  int64_t vocab_size = 0, hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, ffn_size = 0;
+  nn::AttentionKind attention = nn::AttentionKind::kMath;
+  int64_t loss_chunk_size = 0;  // > 0: the head and loss run fused by chunks (no (B·T, V) logits)
+  bool dropout = false;         // dropout masks are saved too
+  int64_t frozen_parameter_bytes = 0;  // a distillation teacher's weights (no gradients, no state)
+  int64_t teacher_target_bytes = 0;    // per token: the teacher's logits (dense) or top-k values + indices
+  int64_t teacher_vocab = 0;           // > 0: the teacher's (B, T, V) logits exist while its targets are made
+  bool kd = false;                     // the loss adds a KD term: a second (B, T, V) log-softmax
+  int64_t kd_classes = 0;              //   over the teacher's top-k (or all V) classes per token
+  int64_t num_experts = 0;      // > 0: a mixture of experts (sorted dispatch) replaces the SwiGLU
+  int64_t top_k = 0;            //   experts per token; ffn_size is each expert's width
+  bool checkpoint_experts = false;
+
+  /// Rows each token sends through the feed-forward: 1, or top_k for a mixture of experts.
+  int64_t ffn_rows() const { return num_experts > 0 ? top_k : 1; }
+  int64_t head_dim() const { return hidden_size / num_heads; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim(); }
+
+  /// Every parameter tensor's element count, in the model's registration order.
+  std::vector<int64_t> parameter_numels() const {
+    const int64_t C = hidden_size, KV = kv_dim(), F = ffn_size;
+    std::vector<int64_t> n{vocab_size * C};  // embed_tokens
+    for (int64_t l = 0; l < num_layers; ++l) {
+      for (int64_t x : {C * C, C * KV, C * KV, C * C}) n.push_back(x);  // q, k, v, o
+      if (num_experts > 0) n.push_back(num_experts * C);                 // the router
+      for (int64_t e = 0; e < std::max<int64_t>(num_experts, 1); ++e)
+        for (int64_t x : {F * C, F * C, C * F}) n.push_back(x);          // gate, up, down
+      n.push_back(C);  // the norms
+      n.push_back(C);
+    }
+    n.push_back(C);               // norm
+    n.push_back(vocab_size * C);  // lm_head
+    return n;
+  }
+  int64_t num_parameters() const {
+    int64_t s = 0;
+    for (int64_t x : parameter_numels()) s += x;
+    return s;
+  }
+  /// Forward FLOPs of one token through the model (matmuls; attention at sequence length T).
+  double forward_flops_per_token(int64_t T) const {
+    const double C = hidden_size, KV = kv_dim(), F = ffn_size;
+    const double block = 2 * (C * C + 2 * C * KV + C * C + 3 * C * F * static_cast<double>(ffn_rows()) +
+                               C * static_cast<double>(num_experts)) + 4.0 * T * C;
+    return num_layers * block + 2 * C * vocab_size;
+  }
+};
+
+}  // namespace memopt::memory

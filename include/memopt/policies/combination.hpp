@@ -1,0 +1,54 @@
+// memopt/policies/combination.hpp — the policy combinations a Trainer refuses, and why: at
+// compile time where the policy types say so (static_assert), else with an error naming the
+// setting and a HINT when the Trainer is built.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+#include "memopt/concepts.hpp"
+#include "memopt/runtime.hpp"  // detail::policy_name
+#include "memopt/step_sync.hpp"
+#include "memopt/trainer_options.hpp"
+
+namespace memopt {
+
+/// Checks that Trainer<Checkpoint, Precision, Accum, Offload> can train with these options, this
+/// Accum value and these ranks.
+template <class Checkpoint, class Precision, class Accum, class Offload>
+void check_combination(const TrainerOptions& options, const Accum& accum, const StepSync& sync) {
+  TORCH_CHECK(options.accum_steps() == 1 || options.accum_steps() == accum.micro_steps(),
+              "memopt::Trainer: TrainerOptions::accum_steps is ", options.accum_steps(), " but ",
+              detail::policy_name<Accum>(), " runs ", accum.micro_steps(), " micro-batch(es) a step. HINT: use "
+              "accum::Runtime for a run-time count, give the policy its count, or leave accum_steps at 1");
+  if constexpr (hooks::SkipsOnLocalGrads<Precision>) {
+    TORCH_CHECK(!(sync.distributed() && options.shard_optimizer_state()), "memopt::Trainer: a sharded optimizer "
+                "state cannot combine with ", detail::policy_name<Precision>(), " (its inf/nan check sees only this "
+                "rank's shard). HINT: use bf16, or shard_optimizer_state(false)");
+  }
+  if constexpr (hooks::StepsInBackward<Offload>) {
+    // One gradient per parameter per step, taken whole: nothing that needs every gradient at once.
+    static_assert(!hooks::PrepareGrads<Precision>,
+                  "memopt::Trainer: offload::StepInBackward cannot combine with a precision policy that prepares "
+                  "the gradients before the step (Scaled's inf/nan check, Bf16Pure's master weights): use "
+                  "precision::Fp32 or Bf16Autocast");
+    if constexpr (requires { typename std::integral_constant<int64_t, Accum::micro_steps()>; })
+      static_assert(Accum::micro_steps() == 1,
+                    "memopt::Trainer: offload::StepInBackward cannot combine with gradient accumulation "
+                    "(each micro-batch's gradient would update the weights): use accum::None");
+    TORCH_CHECK(accum.micro_steps() == 1,
+                "memopt::Trainer: offload::StepInBackward needs 1 micro-batch per step (got accumulation over ",
+                accum.micro_steps(), "). HINT: use offload::None for gradient accumulation.");
+    TORCH_CHECK(options.grad_clip() == 0,
+                "memopt::Trainer: offload::StepInBackward cannot clip by the global gradient norm (got grad_clip ",
+                options.grad_clip(), "): each update runs before the other gradients exist. "
+                "HINT: set TrainerOptions().grad_clip(0).");
+    TORCH_CHECK(!sync.distributed(), "memopt::Trainer: offload::StepInBackward updates each weight inside "
+                "backward, before the gradients are summed over the ranks (world size ", sync.size(),
+                "). HINT: use offload::None, Int8 or Disk for data-parallel training");
+  }
+}
+
+}  // namespace memopt
