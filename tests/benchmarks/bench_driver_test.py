@@ -131,6 +131,10 @@ assert ctx.failures == 1 and "could not create the teacher" in err.getvalue() an
 (tmp / "v").mkdir()
 (tmp / "v" / "metrics.jsonl").write_text('{"peak_rss_mib":100.5}\n{"peak_rss_mib":2048.5,"x":1}\n')
 assert M.within(tmp / "v", "2") == "false" and M.within(tmp / "v", "4") == "true" and M.within(tmp / "w", "2") == ""
+# a verified run over its budget: the next micro-batch scales the per-sequence part (intercept 500)
+assert M.corrected_micro(62, "4548.7", 4096.0, 500.0) == 55  # 62 x 3596 / 4048.7
+assert M.corrected_micro(62, "4000", 4096.0, 500.0) is None and M.corrected_micro(62, "", 4096.0, 500.0) is None
+assert M.corrected_micro(1, "9000", 4096.0, 500.0) is None  # nothing smaller to try
 
 # a derived line that raises is a failure, not a crash
 ctx.failures = 0

@@ -73,7 +73,8 @@ def moe(ctx: Context) -> list[Step]:
 # 8 and 16 GiB, the largest micro-batch per setting and the recommendation ("budget" lines:
 # the fastest setting that fits the effective batch of 16 in one micro-batch, else the one with
 # the largest micro-batch); then each recommendation is run at its micro-batch ("verified"
-# lines: the measured peak RSS, within the budget or not). ~10 min (--quick: 2 budgets, tiny).
+# lines: the measured peak RSS, within the budget or not; one over it runs again, smaller, by its
+# measured cost per sequence). ~10 min (--quick: 2 budgets, tiny).
 MOE_BUDGET_SETTINGS = {"fp32": "--precision fp32", "bf16": "--mixed_precision", "fp32_ckpt": "--precision fp32 --gradient_checkpointing",
                        "bf16_ckpt": "--mixed_precision --gradient_checkpointing"}
 MOE_BUDGET = {"micros": ("4", "16"), "budgets": ("2", "4", "8", "16"),
@@ -101,24 +102,52 @@ class BudgetVerify(Step):
             ctx.fail("error: moe_bench.py budget failed")
             return False
         ctx.emit(text)
-        for budget in (json.loads(l) for l in text.splitlines() if '"name":"budget"' in l):
+        parsed = [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+        intercept = {f["setting"]: f["rss_intercept_mib"] for f in parsed if f.get("name") == "fit"}
+        for budget in (b for b in parsed if b.get("name") == "budget"):
             micro, flags = budget["micro_batch"], budget["flags"]
             if not isinstance(micro, int) or micro < 1:
                 continue
             gib, micro = str(budget["budget_gib"]), 1 if ctx.quick else micro
-            out = self.work / f"verify-{gib}"
-            verified = ("line", "moe_budget", "verified", flags or "fp32", str(out / "metrics.jsonl"),
-                        f"budget_gib={gib}", f"micro_batch={micro}")
-            moe_run(ctx, out, [*self.common, "--batch_size", str(micro), *flags.split()],
-                    line=lambda _: helper_text(ctx, *verified, f"within_budget={within(out, gib)}")).run(ctx, lines)
+            # The straight line may underestimate far above its two points: a run over the budget is
+            # scaled down by its measured per-sequence cost and run again (at most VERIFY_TRIES runs).
+            for attempt in range(VERIFY_TRIES):
+                out = self.work / f"verify-{gib}-{attempt}"
+                verified = ("line", "moe_budget", "verified", flags or "fp32", str(out / "metrics.jsonl"),
+                            f"budget_gib={gib}", f"micro_batch={micro}", f"attempt={attempt + 1}")
+                moe_run(ctx, out, [*self.common, "--batch_size", str(micro), *flags.split()],
+                        line=lambda _, v=verified, o=out: helper_text(ctx, *v, f"within_budget={within(o, gib)}")
+                        ).run(ctx, lines)
+                micro = corrected_micro(micro, L.last_number(out / "metrics.jsonl", "peak_rss_mib"), float(gib) * 1024,
+                                        intercept.get(budget["recommended"], 0.0))
+                if ctx.quick or micro is None:
+                    break
         return True
 
     def show(self, ctx: Context) -> None:
         print(ctx.shown(helper(ctx, *self.budget_args())))
-        print("# then per budget line with micro_batch >= 1 (--quick: run at micro-batch 1):")
-        moe_run(ctx, self.work / "verify-GIB", [*self.common, "--batch_size", "MICRO_BATCH", "FLAGS"],
+        print("# then per budget line with micro_batch >= 1 (--quick: run at micro-batch 1); a run over its budget"
+              " runs again at MICRO_BATCH x (budget - a) / (peak - a), a the fit's intercept, up to"
+              f" {VERIFY_TRIES} runs (attempt=N):")
+        moe_run(ctx, self.work / "verify-GIB-N", [*self.common, "--batch_size", "MICRO_BATCH", "FLAGS"],
                 line_args=("moe_budget", "verified", "FLAGS", "budget_gib=GIB", "micro_batch=MICRO_BATCH",
-                           "within_budget=true|false")).show(ctx)
+                           "attempt=N", "within_budget=true|false")).show(ctx)
+
+
+VERIFY_TRIES = 3
+
+
+def corrected_micro(micro: int, peak: str, budget_mib: float, intercept_mib: float) -> int | None:
+    """The micro-batch to try next after a run at `micro` peaked at `peak` MiB: None when it fit (or
+    nothing was measured); else `micro` scaled by (budget - a) / (peak - a), a the fit's intercept."""
+    try:
+        measured = float(peak)
+    except ValueError:
+        return None
+    if measured <= budget_mib or measured <= intercept_mib:
+        return None
+    smaller = int(micro * (budget_mib - intercept_mib) / (measured - intercept_mib))
+    return smaller if 1 <= smaller < micro else None
 
 
 def within(out: Path, gib: str) -> str:
