@@ -29,6 +29,7 @@
 
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
+#include "common/cli.hpp"
 #include "common/distributed.hpp"
 
 namespace {
@@ -278,9 +279,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a LLaMA-style LM on the King James corpus with memopt's Trainer"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
-  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (--accum per step)")->capture_default_str();
-  app.add_option("--seq_len,--seq-len", a.seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option(examples::kSteps, a.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (--grad_accum per step)")->capture_default_str();
+  app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--max_seq_len", a.max_seq_len, "the model's maximum sequence length")->capture_default_str();
   app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str();
   app.add_option("--dim", a.dim, "hidden size")->capture_default_str();
@@ -300,7 +301,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", a.checkpoint, "none | every | every-2 | selective")->capture_default_str();
   app.add_option("--precision", a.precision, "fp32 | bf16 | bf16-pure | fp16 (CUDA) | auto (bf16 where measured faster)")
       ->capture_default_str();
-  app.add_option("--accum", a.accum, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option(examples::kAccum, a.accum, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--offload", a.offload, "optimizer state: none | int8 | disk")->capture_default_str();
   app.add_option("--policies", a.policies, "fixed: the flags above; auto: the planner picks for --memory_budget")
       ->capture_default_str();
@@ -318,24 +319,25 @@ int main(int argc, char** argv) {
                    "index.json, a directory or a glob; repeatable")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   data->add_option("--tokenizer", a.tokenizer, "SentencePiece model (default: DATA/tokenizer.model)");
-  data->add_flag("--use-streaming,--use_streaming", a.use_streaming,
+  data->add_flag("--use_streaming", a.use_streaming,
                  "stream --dataset in constant memory (default: tokenize it all into memory first)");
-  data->add_option("--shuffle-buffer-size,--shuffle_buffer_size", a.shuffle_buffer,
+  data->add_option("--shuffle_buffer_size", a.shuffle_buffer,
                    "streaming: sequences drawn from at random (1: reading order)")->capture_default_str();
-  data->add_option("--max-examples,--max_examples", a.max_examples, "documents read per epoch (0: all)")
+  data->add_option("--max_examples", a.max_examples, "documents read per epoch (0: all)")
       ->capture_default_str();
   data->add_option("--stride", a.stride, "streaming: tokens between window starts (0: --seq_len)")->capture_default_str();
   data->add_option("--epochs", a.epochs, "streaming: passes over --dataset (0: until --steps); training ends at "
                    "whichever comes first")->capture_default_str();
-  data->add_option("--text_field,--text-field", a.text_field, "JSONL: the field holding the text")->capture_default_str();
+  data->add_option("--text_field", a.text_field, "JSONL: the field holding the text")->capture_default_str();
   data->add_option("--split", a.split, "plain text: a document a line | paragraph (blank-line separated)")
       ->capture_default_str();
-  data->add_option("--data_workers,--data-workers", a.data_workers, "streaming: tokenizer threads (0: inline)")
+  data->add_option("--data_workers", a.data_workers, "streaming: tokenizer threads (0: inline)")
       ->capture_default_str();
-  app.add_option("--target-params,--target_params", a.target_params,
+  app.add_option("--target_params", a.target_params,
                  "size the model to about N parameters (25M, 1.5e8, 300k): overrides --layers, --dim, --heads")
       ->transform(CLI::AsNumberWithUnit(std::map<std::string, double>{{"k", 1e3}, {"M", 1e6}, {"B", 1e9}},
                                         CLI::AsNumberWithUnit::CASE_SENSITIVE));
+  examples::underscore_option_names(argc, argv);  // --seq-len is --seq_len
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor

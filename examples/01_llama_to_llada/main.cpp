@@ -31,6 +31,7 @@
 
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
+#include "common/cli.hpp"
 #include "common/distributed.hpp"
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
@@ -626,12 +627,12 @@ int main(int argc, char** argv) {
       ->check(one_of({"none", "simple", "comprehensive"}))
       ->capture_default_str();
   app.add_option("--batch_size", a.batch_size, "sequences per micro-batch")->capture_default_str();
-  app.add_option("--gradient_accumulation_steps", a.gradient_accumulation_steps,
+  app.add_option("--gradient_accumulation_steps,--grad_accum,--accum", a.gradient_accumulation_steps,
                  "micro-batches per step (comprehensive; 1 in the other presets unless given)")
       ->capture_default_str();
   app.add_option("--weight_decay", a.weight_decay, "AdamW weight decay")->capture_default_str();
   app.add_option("--warmup_steps", a.warmup_steps, "linear warmup steps (comprehensive)")->capture_default_str();
-  app.add_option("--max_steps", a.max_steps, "distillation steps (0: none)")->capture_default_str();
+  app.add_option("--max_steps,--steps", a.max_steps, "distillation steps (0: none)")->capture_default_str();
   app.add_option("--lr", a.lr, "student peak learning rate")->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--layers", a.layers, "teacher decoder blocks (--train_teacher)")->capture_default_str();
@@ -672,6 +673,7 @@ int main(int argc, char** argv) {
   app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of init, data order, masks and sampling")->capture_default_str();
+  examples::underscore_option_names(argc, argv);  // --seq-len is --seq_len
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor

@@ -33,6 +33,7 @@
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
 #include "common/precision.hpp"
+#include "common/cli.hpp"
 #include "common/distributed.hpp"
 
 namespace {
@@ -333,9 +334,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
   app.add_option("--output_dir", a.output_dir, "metrics.jsonl and state/ go here")->capture_default_str();
   app.add_option("--config", a.config, "preset: " + MoeConfig::preset_names())->capture_default_str();
-  app.add_option("--steps", a.steps, "optimizer steps (in all, a resumed run included)")->capture_default_str();
+  app.add_option(examples::kSteps, a.steps, "optimizer steps (in all, a resumed run included)")->capture_default_str();
   app.add_option("--batch_size", a.batch_size, "sequences per micro-batch")->capture_default_str();
-  app.add_option("--grad_accum", a.grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option(examples::kAccum, a.grad_accum, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
   app.add_flag("--gradient_checkpointing", a.gradient_checkpointing, "recompute every block in backward");
   app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights (= --precision bf16)");
@@ -370,6 +371,7 @@ int main(int argc, char** argv) {
   app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of init and data order")->capture_default_str();
+  examples::underscore_option_names(argc, argv);  // --seq-len is --seq_len
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor

@@ -42,6 +42,7 @@
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
 #include "common/precision.hpp"
+#include "common/cli.hpp"
 #include "common/distributed.hpp"
 #include <memopt/plot.hpp>
 
@@ -589,11 +590,11 @@ int main(int argc, char** argv) {
   a.distributed.add_to(app);
   app.add_option("--init_model", a.init_model, "start from this pretrained LLaMA folder (config.json + "
                  "model.safetensors, same tokenizer); its shape replaces --hidden_size/--layers/--heads");
-  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
+  app.add_option(examples::kSteps, a.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch_size", a.batch_size, "queries per batch (each with group_size passages)")->capture_default_str();
   app.add_option("--gen_batch_size", a.gen_batch_size, "generative sequences per batch")->capture_default_str();
   app.add_option("--group_size", a.group_size, "passages per query: 1 positive + hard negatives")->capture_default_str();
-  app.add_option("--grad_accum", a.grad_accum, "batches per optimizer step")->capture_default_str();
+  app.add_option(examples::kAccum, a.grad_accum, "batches per optimizer step")->capture_default_str();
   app.add_option("--grad_cache_chunk", a.grad_cache_chunk, "GradCache chunk rows (0: off)")->capture_default_str();
   app.add_flag("--split_emb", a.split_emb, "GradCache's split_emb: passages, then queries, whole");
   app.add_flag("--gradient_checkpointing", a.gradient_checkpointing, "recompute every block in backward");
@@ -633,6 +634,7 @@ int main(int argc, char** argv) {
   app.add_option("--log_interval", a.log_interval, "steps between log lines")->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: all available)")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of init, data order and negatives")->capture_default_str();
+  examples::underscore_option_names(argc, argv);  // --seq-len is --seq_len
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor

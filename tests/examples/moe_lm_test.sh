@@ -36,8 +36,9 @@ if grep -q '"expert_load"' "$tmp/plain/metrics.jsonl" && grep -q '"event":"summa
 else
   fail "metrics.jsonl or checkpoints/ incomplete: $(cat "$tmp/plain/metrics.jsonl"; ls -R "$tmp/plain/checkpoints")"
 fi
-expect_run sorted_all_levers --output_dir "$tmp/levers" --steps 2 --gradient_checkpointing --mixed_precision \
-  --grad_accum 2 --checkpoint_experts --router_jitter 0.01 --monitor_memory
+# the seeds' spellings, '-' or '_': --max-steps is --steps, --gradient-accumulation-steps is --grad_accum
+expect_run sorted_all_levers --output_dir "$tmp/levers" --max-steps 2 --gradient_checkpointing --mixed_precision \
+  --gradient-accumulation-steps 2 --checkpoint_experts --router_jitter 0.01 --monitor_memory
 expect_run dense_dispatch_dropless --output_dir "$tmp/dense_dispatch" --steps 2 --dispatch dense \
   --capacity_factor 0 --num_experts 3 --top_k 1
 expect_run dense_equivalent --output_dir "$tmp/dense" --steps 2 --dense

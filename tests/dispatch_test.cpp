@@ -1,0 +1,47 @@
+// Tests for memopt/dispatch.hpp: the runtime → compile-time dispatch reaching the instantiation
+// the flags name, every instantiation describing itself as the flags that reach it, and a
+// combination the list does not hold refused with what it holds.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include <memopt/dispatch.hpp>
+#include <memopt/memopt.hpp>
+
+#include "support.hpp"
+
+namespace {
+// Two instantiations: dispatch to a combination outside the list is an error listing them.
+using TwoTrainers = memopt::TypeList<
+    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::checkpoint::Selective, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
+                    memopt::offload::Disk>>;
+}  // namespace
+
+TEST_CASE("dispatch reaches the instantiation the flags name", "[planner]") {
+  using memopt::memory::PolicyDesc;
+  auto name_of = [](const PolicyDesc& d) {
+    return memopt::dispatch<memopt::StandardTrainers>(d, []<class T>(std::type_identity<T>) { return T::name(); });
+  };
+  CHECK(memopt::StandardTrainers::size == 48);
+  CHECK(name_of(PolicyDesc::parse("none", "fp32", "none")) ==
+        "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>");
+  CHECK(name_of(PolicyDesc::parse("every-2", "bf16-pure", "int8", 4)) ==
+        "Trainer<checkpoint::EveryNth<2>, precision::Bf16Pure, accum::Runtime, offload::Int8State>");
+  CHECK(name_of(PolicyDesc::parse("selective", "fp16", "disk")) ==
+        "Trainer<checkpoint::Selective, precision::Fp16Scaled, accum::Runtime, offload::Disk>");
+  CHECK(name_of(PolicyDesc::parse("every", "bf16", "none")) ==
+        "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::None>");
+  // Every instantiation is reachable, and describes itself as the flags that reach it.
+  const auto all = memopt::candidates<memopt::StandardTrainers>();
+  const auto names = memopt::trainer_names<memopt::StandardTrainers>();
+  for (size_t i = 0; i < all.size(); ++i) CHECK(name_of(all[i]) == names[i]);
+  // A combination the list does not hold: an error that lists what it holds.
+  memopt::test::require_error(
+      [] {
+        memopt::dispatch<TwoTrainers>(PolicyDesc::parse("every-2", "bf16", "disk"),
+                                      []<class T>(std::type_identity<T>) { return 0; });
+      },
+      "memopt::dispatch", {"--checkpoint every-2 --precision bf16 --offload disk", "HINT", "--checkpoint selective"});
+}
