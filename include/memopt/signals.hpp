@@ -21,7 +21,13 @@ inline std::atomic<int>& stop_signal() {  // 0, or the first SIGTERM/SIGINT rece
 
 extern "C" inline void memopt_on_stop_signal(int sig) {
   int expected = 0;
-  if (!stop_signal().compare_exchange_strong(expected, sig) && sig == SIGINT) {
+  if (stop_signal().compare_exchange_strong(expected, sig)) {  // the first: say so (write is async-signal-safe)
+    static const char kInt[] = "\nmemopt: SIGINT: finishing this step, then a checkpoint (SIGINT again: exit now)\n";
+    static const char kTerm[] = "\nmemopt: SIGTERM: finishing this step, then a checkpoint\n";
+    const bool interrupt = sig == SIGINT;
+    [[maybe_unused]] const auto n =
+        ::write(STDERR_FILENO, interrupt ? kInt : kTerm, interrupt ? sizeof kInt - 1 : sizeof kTerm - 1);
+  } else if (sig == SIGINT) {
     static const char kMessage[] = "\nmemopt: second SIGINT: exiting now, without a checkpoint\n";
     [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
     ::_exit(130);  // async-signal-safe

@@ -49,7 +49,8 @@ fi
 pid=$!
 wait_for_checkpoint "$tmp/int" "$pid"
 kill -INT "$pid"
-sleep 0.05  # two pending SIGINTs would merge into one
+# The second only once the first was handled (two pending SIGINTs would merge into one).
+until grep -q "memopt: SIGINT: finishing this step" "$tmp/int.log" || ! kill -0 "$pid" 2> /dev/null; do sleep 0.01; done
 kill -INT "$pid"
 wait "$pid"
 rc=$?
