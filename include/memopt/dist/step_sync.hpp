@@ -26,10 +26,8 @@ namespace memopt::dist {
 /// Data parallel training over `world` (dist::world(): the job torchrun started).
 class DataParallel final : public StepSync {
  public:
-  explicit DataParallel(World& world, SyncOptions options = {}) : world_(&world), options_(options) {
-    TORCH_CHECK(options_.bucket_bytes >= 4, "memopt::dist::DataParallel: bucket_bytes must be >= 4 (got ",
-                options_.bucket_bytes, "). HINT: 25 MiB buckets suit most models");
-  }
+  /// options.bucket_bytes is checked by GradientSync when setup() builds it.
+  explicit DataParallel(World& world, SyncOptions options = {}) : world_(&world), options_(options) {}
 
   int rank() const override { return world_->rank(); }
   int size() const override { return world_->size(); }
