@@ -77,7 +77,6 @@ RowResult train(const StackConfig& cfg, memopt::models::Llama& model, double gra
                      .warmup_steps(0)
                      .decay(memopt::optim::Decay::kConstant)
                      .grad_clip(grad_clip)
-                     .threads(cfg.threads)
                      .max_steps(cfg.warmup + cfg.steps);
   memopt::Trainer<Checkpoint, Precision, memopt::accum::None, Offload> trainer(*model, options, {},
                                                                                std::move(offload));

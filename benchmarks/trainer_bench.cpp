@@ -100,7 +100,6 @@ template <memopt::CheckpointPolicy Checkpoint, memopt::PrecisionPolicy Precision
 BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model) {
   auto options = memopt::TrainerOptions()
                      .accum_steps(cfg.accum)
-                     .threads(cfg.threads)
                      .decay(memopt::optim::Decay::kConstant)  // lr 3e-4 throughout, as the peer
                      .max_steps(cfg.warmup + cfg.steps);
   memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime> trainer(*model, options);

@@ -21,17 +21,20 @@ using TwoTrainers = memopt::TypeList<
 
 TEST_CASE("dispatch reaches the instantiation the flags name", "[planner]") {
   using memopt::memory::PolicyDesc;
+  auto parse = [](const char* c, const char* p, const char* o, int64_t accum = 1) {
+    return memopt::parse_policies<memopt::StandardTrainers>(c, p, o, accum);
+  };
   auto name_of = [](const PolicyDesc& d) {
     return memopt::dispatch<memopt::StandardTrainers>(d, []<class T>(std::type_identity<T>) { return T::name(); });
   };
   CHECK(memopt::StandardTrainers::size == 48);
-  CHECK(name_of(PolicyDesc::parse("none", "fp32", "none")) ==
+  CHECK(name_of(parse("none", "fp32", "none")) ==
         "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>");
-  CHECK(name_of(PolicyDesc::parse("every-2", "bf16-pure", "int8", 4)) ==
+  CHECK(name_of(parse("every-2", "bf16-pure", "int8", 4)) ==
         "Trainer<checkpoint::EveryNth<2>, precision::Bf16Pure, accum::Runtime, offload::Int8State>");
-  CHECK(name_of(PolicyDesc::parse("selective", "fp16", "disk")) ==
+  CHECK(name_of(parse("selective", "fp16", "disk")) ==
         "Trainer<checkpoint::Selective, precision::Fp16Scaled, accum::Runtime, offload::Disk>");
-  CHECK(name_of(PolicyDesc::parse("every", "bf16", "none")) ==
+  CHECK(name_of(parse("every", "bf16", "none")) ==
         "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::None>");
   // Every instantiation is reachable, and describes itself as the flags that reach it.
   const auto all = memopt::candidates<memopt::StandardTrainers>();
@@ -39,8 +42,8 @@ TEST_CASE("dispatch reaches the instantiation the flags name", "[planner]") {
   for (size_t i = 0; i < all.size(); ++i) CHECK(name_of(all[i]) == names[i]);
   // A combination the list does not hold: an error that lists what it holds.
   memopt::test::require_error(
-      [] {
-        memopt::dispatch<TwoTrainers>(PolicyDesc::parse("every-2", "bf16", "disk"),
+      [&] {
+        memopt::dispatch<TwoTrainers>(parse("every-2", "bf16", "disk"),
                                       []<class T>(std::type_identity<T>) { return 0; });
       },
       "memopt::dispatch", {"--checkpoint every-2 --precision bf16 --offload disk", "HINT", "--checkpoint selective"});

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -55,7 +57,7 @@ TEST_CASE("the planner picks the fastest combination that fits, for three budget
   // fp16 is not runnable on this machine model: never chosen, said why.
   const auto p = plan_for(0);
   for (const auto& r : p.rows)
-    if (r.policies.precision == memopt::memory::PrecisionKind::kFp16Scaled) CHECK_THAT(r.verdict, Catch::Contains("CUDA"));
+    if (r.policies.precision.flag == "fp16") CHECK_THAT(r.verdict, Catch::Contains("needs CUDA"));
   // Nothing fits: an error naming the budget and the smallest need.
   memopt::test::require_error([&] { plan_for(1 << 20); }, "memopt::plan", {"1 MiB", "smallest need", "HINT"});
 }
@@ -119,7 +121,7 @@ TEST_CASE("GritLM's plan keeps the batch and picks the GradCache chunk and polic
                                                          .max_position_embeddings(128));
   memopt::memory::GritRunDesc run;
   run.queries = 32, run.query_len = 48, run.group_size = 2, run.passage_len = 96, run.gen_rows = 4, run.gen_len = 128;
-  const auto candidates = memopt::candidates<memopt::CheckpointPrecisionTrainers>();
+  const auto candidates = memopt::candidates<memopt::GradCacheTrainers>();
   auto plan_for = [&](int64_t budget) {
     return memopt::plan_gritlm(desc, run, candidates,
                                memopt::PlanOptions().budget_bytes(budget).machine(memopt::MachineModel().bf16_speedup(0.5)));
@@ -127,7 +129,9 @@ TEST_CASE("GritLM's plan keeps the batch and picks the GradCache chunk and polic
   const auto free = plan_for(0);
   CHECK(free.chosen.chunk == 0);  // one graph: no second forward pass
   CHECK(free.chosen.policies.name() == "checkpoint=none precision=fp32 offload=none accum=1");
-  CHECK(free.rows.size() == candidates.size() * 7);  // one graph + chunks 1 .. 32 below 64 embedding rows
+  // Four whole-batch candidates (one graph each) and four GradCache ones at chunks 1 .. 32 (below 64 rows).
+  CHECK(free.rows.size() == 4 + 4 * 6);
+  for (const auto& r : free.rows) CHECK((r.chunk > 0) == r.policies.split.grad_cache);
   for (const double fraction : {0.6, 0.3, 0.15}) {
     const auto budget = static_cast<int64_t>(fraction * static_cast<double>(free.chosen.estimate.peak));
     const auto p = plan_for(budget);
@@ -147,17 +151,25 @@ TEST_CASE("GritLM's plan keeps the batch and picks the GradCache chunk and polic
 }
 
 TEST_CASE("policy flags and sizes: good values parse, bad ones name the flag and the value", "[planner]") {
-  using memopt::memory::PolicyDesc;
-  const auto d = PolicyDesc::parse("every-3", "bf16-pure", "disk", 8);
-  CHECK(d.checkpoint == memopt::memory::CheckpointKind::kEveryNth);
-  CHECK(d.every == 3);
-  CHECK(d.name() == "checkpoint=every-3 precision=bf16-pure offload=disk accum=8");
-  CHECK(PolicyDesc::parse("every-1", "fp32", "none").checkpoint == memopt::memory::CheckpointKind::kEveryBlock);
-  memopt::test::require_error([] { PolicyDesc::parse("every-x", "fp32", "none"); }, "memopt",
-                              {"--checkpoint", "every-x", "HINT"});
-  memopt::test::require_error([] { PolicyDesc::parse("none", "fp8", "none"); }, "memopt", {"--precision", "fp8", "HINT"});
-  memopt::test::require_error([] { PolicyDesc::parse("none", "fp32", "nvme"); }, "memopt", {"--offload", "nvme", "HINT"});
-  memopt::test::require_error([] { PolicyDesc::parse("none", "fp32", "none", 0); }, "memopt", {"--accum", "0", "HINT"});
+  auto parse = [](const char* c, const char* p, const char* o, int64_t accum = 1) {
+    return memopt::parse_policies<memopt::StandardTrainers>(c, p, o, accum);
+  };
+  const auto d = parse("every-2", "bf16-pure", "disk", 8);
+  CHECK(d.checkpoint.whole_block(2, 4));
+  CHECK(!d.checkpoint.whole_block(3, 4));
+  CHECK(d.precision.half_weights);
+  CHECK(d.name() == "checkpoint=every-2 precision=bf16-pure offload=disk accum=8");
+  // The choices a bad value is told are the list's own flags.
+  memopt::test::require_error([&] { parse("every-x", "fp32", "none"); }, "memopt",
+                              {"--checkpoint", "every-x", "none, every, every-2, selective", "HINT"});
+  memopt::test::require_error([&] { parse("none", "fp8", "none"); }, "memopt",
+                              {"--precision", "fp8", "fp32, bf16, bf16-pure, fp16", "HINT"});
+  memopt::test::require_error([&] { parse("none", "fp32", "nvme"); }, "memopt", {"--offload", "nvme", "HINT"});
+  memopt::test::require_error([&] { parse("none", "fp32", "none", 0); }, "memopt", {"--accum", "0", "HINT"});
+  // A type-fixed count wins over the flag's: accum::Fixed<4> runs 4 micro-batches.
+  using Fixed4 = memopt::TypeList<memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32,
+                                                  memopt::accum::Fixed<4>>>;
+  CHECK(memopt::parse_policies<Fixed4>("none", "fp32", "none", 1).accum == 4);
   CHECK(memopt::parse_bytes("4GiB") == int64_t{4} << 30);
   CHECK(memopt::parse_bytes("512M") == int64_t{512} << 20);
   CHECK(memopt::parse_bytes("1.5G") == int64_t{3} << 29);
@@ -165,4 +177,55 @@ TEST_CASE("policy flags and sizes: good values parse, bad ones name the flag and
   CHECK(memopt::parse_bytes("1048576") == 1048576);
   for (const char* bad : {"", "4XB", "-1G", "GiB", "0"})
     memopt::test::require_error([&] { memopt::parse_bytes(bad); }, "memopt", {"--memory_budget", "HINT"});
+}
+
+TEST_CASE("StepInBackward and PinnedHost are plannable: their descriptions change the estimate and the verdict",
+          "[planner]") {
+  using namespace memopt;
+  using Plannable = TypeList<Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>,
+                             Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::StepInBackward>,
+                             Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::PinnedHost>>;
+  const auto desc = models::describe(models::LlamaConfig().vocab_size(4096).hidden_size(256).num_hidden_layers(4)
+                                         .num_attention_heads(8).max_position_embeddings(128));
+  const auto all = candidates<Plannable>();
+  const int64_t P = desc.num_parameters();
+  // Stepped in backward, the gradients never all exist: no gradient set at the step or in
+  // backward (a short sequence, where the parameters' bytes dominate the step).
+  const auto none_short = memory::estimate(desc, {1, 16}, all[0]);
+  const auto in_backward = memory::estimate(desc, {1, 16}, all[1]);
+  CHECK(in_backward.gradients == 0);
+  CHECK(in_backward.backward_peak < none_short.backward_peak);
+  CHECK(in_backward.peak < none_short.peak - 3 * P);
+  // Pinned host: no state on the device in forward and backward; all of it during the step.
+  const auto none = memory::estimate(desc, {4, 128}, all[0]);
+  const auto pinned = memory::estimate(desc, {4, 128}, all[2]);
+  CHECK(pinned.optimizer_state == 0);
+  CHECK(std::llabs(pinned.backward_peak - (none.backward_peak - 8 * P)) <= 1);
+  CHECK(std::llabs(pinned.optimizer_peak - none.optimizer_peak) <= 1);
+
+  auto plan_on = [&](bool cuda, double clip) {
+    return plan(desc, 128, all, PlanOptions().effective_batch(4).grad_clip(clip).machine(MachineModel().cuda(cuda)));
+  };
+  auto row = [](const Plan& p, std::string_view flag) {
+    for (const auto& r : p.rows)
+      if (r.policies.offload.flag == flag) return r;
+    FAIL("no row for " << flag);
+    return PlanRow{};
+  };
+  const auto cpu = plan_on(false, 1.0);
+  CHECK_THAT(row(cpu, "pinned-host").verdict, Catch::Contains("needs CUDA"));
+  CHECK_THAT(row(cpu, "step-in-backward").verdict, Catch::Contains("--grad_clip 0"));
+  const auto unclipped = plan_on(false, 0.0);
+  CHECK(row(unclipped, "step-in-backward").fits());
+  CHECK(row(unclipped, "step-in-backward").micro_batch == 4);  // it allows no accumulation
+  const auto gpu = plan_on(true, 0.0);
+  CHECK(row(gpu, "pinned-host").fits());
+  CHECK(row(gpu, "pinned-host").seconds > row(gpu, "none").seconds);  // the host link costs time
+  // Just below plain AdamW's peak at micro-batch 4 (its backward): AdamW must split the batch,
+  // the state kept off the device lets pinned-host keep it whole.
+  const auto p = plan(desc, 128, all, PlanOptions().effective_batch(4).grad_clip(0).budget_bytes(none.peak - 1)
+                                          .machine(MachineModel().cuda(true)));
+  INFO(p.explain());
+  CHECK(row(p, "none").micro_batch < 4);
+  CHECK(row(p, "pinned-host").micro_batch == 4);
 }

@@ -215,7 +215,6 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
                std::shared_ptr<const memopt::data::TokenShard> shard) {
   auto options = memopt::TrainerOptions()
                      .accum_steps(cfg.accum)
-                     .threads(cfg.threads)
                      .decay(memopt::optim::Decay::kConstant)  // lr 3e-4 throughout, as trainer_bench
                      .max_steps(cfg.warmup + cfg.steps)
                      .shard_optimizer_state(cfg.sharded)

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   memopt::init();
 
   return memopt::bench::print_line([&] {
-    const auto policies = memopt::memory::PolicyDesc::parse(c.checkpoint, c.precision, c.offload, c.accum);
+    const auto policies = memopt::parse_policies<memopt::StandardTrainers>(c.checkpoint, c.precision, c.offload, c.accum);
     auto config = memopt::bench::llama_config(c.vocab, c.dim, c.layers, c.heads, c.seq)
                       .num_key_value_heads(c.kv_heads)
                       .intermediate_size(c.ffn)

@@ -107,8 +107,7 @@ nlohmann::ordered_json run(const BenchConfig& cfg) {
   const auto options = memopt::TrainerOptions()
                            .lr(cfg.lr)
                            .warmup_steps(cfg.warmup)
-                           .max_steps(cfg.steps)
-                           .threads(cfg.threads);
+                           .max_steps(cfg.steps);
   memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::None, Timed<Offload>> trainer(
       *model, options);
   memopt::data::RandomWindowLoader loader(train, memopt::data::LoaderOptions(cfg.micro, cfg.seq).seed(cfg.seed));

@@ -101,6 +101,15 @@ concept AfterStep = requires(P& p, torch::optim::Optimizer& opt) { p.after_step(
 template <class P>
 concept StepsInBackward = requires { requires P::kStepsInBackward; };
 
+// ---- Any policy: what it does to memory and time ----
+/// `P::describe()` returns the policy's description (memory/policy_desc.hpp: RecomputeDesc,
+/// DtypeDesc, SplitDesc or StateDesc): its flag spelling and its memory and time effects. The
+/// Trainer runs without it; the estimator, the planner, dispatch and the flags need it.
+template <class P, class Desc>
+concept Describes = requires {
+  { P::describe() } -> std::convertible_to<Desc>;
+};
+
 // ---- Any policy: state a resumed run needs ----
 /// Optional: `p.save_state(archive)` writes the policy's state into the Trainer's archive
 /// (trainer.pt) and `p.load_state(archive)` reads it back (Scaled: the loss scale; Bf16Pure:

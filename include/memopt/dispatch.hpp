@@ -1,26 +1,31 @@
 // memopt/dispatch.hpp — runtime → compile-time dispatch: a type list of Trainer
 // instantiations is visited by index, so a policy combination chosen at run time (flags, a
-// plan) runs as its own compiled loop, with no runtime branch on a policy. StandardTrainers is
-// every combination the --checkpoint/--precision/--offload flags name.
+// plan) runs as its own compiled loop, with no runtime branch on a policy. The flags are
+// parsed against the list's own policies (their describe()), so the list is the only place
+// that names them. StandardTrainers is every combination of memopt's
+// --checkpoint/--precision/--offload flags that runs on any device.
 //   memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
 //     T trainer(*model, options.accum_steps(policies.accum));
 //     trainer.fit(loader, loss_fn);                     // T::name() says which ran
 //   });
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
-#include "memopt/memory/estimator.hpp"  // PolicyDesc, describe<Trainer>
+#include "memopt/memory/policy_desc.hpp"  // PolicyDesc, describe<Trainer>
 #include "memopt/trainer.hpp"
 
 namespace memopt {
@@ -42,30 +47,37 @@ struct Concat<TypeList<A...>, TypeList<B...>, Rest...> {
   using type = typename Concat<TypeList<A..., B...>, Rest...>::type;
 };
 
-template <class C, class P, class Offloads>
+template <class C, class P, class A, class Offloads>
 struct RowOf;
-template <class C, class P, class... O>
-struct RowOf<C, P, TypeList<O...>> {
-  using type = TypeList<Trainer<C, P, accum::Runtime, O>...>;
+template <class C, class P, class A, class... O>
+struct RowOf<C, P, A, TypeList<O...>> {
+  using type = TypeList<Trainer<C, P, A, O>...>;
 };
-template <class C, class Precisions, class Offloads>
+template <class C, class P, class Accums, class Offloads>
+struct LineOf;
+template <class C, class P, class... A, class Offloads>
+struct LineOf<C, P, TypeList<A...>, Offloads> {
+  using type = typename Concat<TypeList<>, typename RowOf<C, P, A, Offloads>::type...>::type;
+};
+template <class C, class Precisions, class Accums, class Offloads>
 struct PlaneOf;
-template <class C, class... P, class Offloads>
-struct PlaneOf<C, TypeList<P...>, Offloads> {
-  using type = typename Concat<TypeList<>, typename RowOf<C, P, Offloads>::type...>::type;
+template <class C, class... P, class Accums, class Offloads>
+struct PlaneOf<C, TypeList<P...>, Accums, Offloads> {
+  using type = typename Concat<TypeList<>, typename LineOf<C, P, Accums, Offloads>::type...>::type;
 };
 }  // namespace detail
 
-/// Every Trainer<C, P, accum::Runtime, O> for C, P, O in the three lists (accumulation is a
-/// run-time count: TrainerOptions::accum_steps).
-template <class Checkpoints, class Precisions, class Offloads>
+/// Every Trainer<C, P, A, O> for C, P, A, O in the four lists (by default accum::Runtime: a
+/// run-time count, TrainerOptions::accum_steps).
+template <class Checkpoints, class Precisions, class Offloads, class Accums = TypeList<accum::Runtime>>
 struct TrainerProduct;
-template <class... C, class Precisions, class Offloads>
-struct TrainerProduct<TypeList<C...>, Precisions, Offloads> {
-  using type = typename detail::Concat<TypeList<>, typename detail::PlaneOf<C, Precisions, Offloads>::type...>::type;
+template <class... C, class Precisions, class Offloads, class Accums>
+struct TrainerProduct<TypeList<C...>, Precisions, Offloads, Accums> {
+  using type =
+      typename detail::Concat<TypeList<>, typename detail::PlaneOf<C, Precisions, Accums, Offloads>::type...>::type;
 };
-template <class Checkpoints, class Precisions, class Offloads>
-using TrainerProductT = typename TrainerProduct<Checkpoints, Precisions, Offloads>::type;
+template <class Checkpoints, class Precisions, class Offloads, class Accums = TypeList<accum::Runtime>>
+using TrainerProductT = typename TrainerProduct<Checkpoints, Precisions, Offloads, Accums>::type;
 
 /// The combinations the --checkpoint/--precision/--offload flags name: 4 × 4 × 3 Trainers.
 using StandardTrainers =
@@ -78,6 +90,13 @@ using StandardTrainers =
 using CheckpointPrecisionTrainers =
     TrainerProductT<TypeList<checkpoint::None, checkpoint::EveryBlock>,
                     TypeList<precision::Fp32, precision::Bf16Autocast>, TypeList<offload::None>>;
+
+/// The same × whole micro-batches or GradCache chunks: what the GritLM example compiles and
+/// plan_gritlm() weighs.
+using GradCacheTrainers =
+    TrainerProductT<TypeList<checkpoint::None, checkpoint::EveryBlock>,
+                    TypeList<precision::Fp32, precision::Bf16Autocast>, TypeList<offload::None>,
+                    TypeList<accum::Runtime, accum::GradCache>>;
 
 /// Calls fn(std::type_identity<T>{}) with T the index-th type of the list; every call must
 /// return the same type.
@@ -120,13 +139,41 @@ size_t index_of(const memory::PolicyDesc& want) {
   for (size_t i = 0; i < all.size(); ++i)
     if (all[i].same_types(want)) return i;
   std::string held;
-  for (const auto& d : all)
-    held += fmt::format("\n  --checkpoint {} --precision {} --offload {}", d.checkpoint_flag(), d.precision_flag(),
-                        d.offload_flag());
-  TORCH_CHECK(false, "memopt::dispatch: no compiled Trainer has --checkpoint ", want.checkpoint_flag(),
-              " --precision ", want.precision_flag(), " --offload ", want.offload_flag(),
+  for (const auto& d : all) held += "\n  " + d.flags();
+  TORCH_CHECK(false, "memopt::dispatch: no compiled Trainer has ", want.flags(),
               ". HINT: this program was built with:", held);
   return 0;
+}
+
+/// The policies the flags name, looked up among the list's own descriptions (accum: the
+/// run-time count; `split`: the accumulation flag, "" for the list's first). A value the list
+/// does not hold throws, naming the flag, the value and the choices.
+///   auto p = memopt::parse_policies<memopt::StandardTrainers>("every", "bf16", "none", 4);
+template <class List>
+memory::PolicyDesc parse_policies(std::string_view checkpoint, std::string_view precision, std::string_view offload,
+                                  int64_t accum = 1, std::string_view split = "") {
+  TORCH_CHECK(accum >= 1, "memopt: --accum must be >= 1 (got ", accum, "). HINT: 1 takes one micro-batch per step.");
+  const auto all = candidates<List>(accum);
+  memory::PolicyDesc out = all.front();
+  auto pick = [&](std::string_view flag, std::string_view value, auto field) {
+    std::vector<std::string> choices;
+    for (const auto& d : all) {
+      const auto& axis = d.*field;
+      if (value == axis.flag || (value.empty() && &d == &all.front())) {
+        out.*field = axis;
+        return;
+      }
+      if (std::find(choices.begin(), choices.end(), axis.flag) == choices.end()) choices.push_back(axis.flag);
+    }
+    TORCH_CHECK(false, "memopt: ", flag, " must be ", fmt::format("{}", fmt::join(choices, ", ")), " (got '", value,
+                "'). HINT: those are the ", flag, " values this program was built with.");
+  };
+  pick("--checkpoint", checkpoint, &memory::PolicyDesc::checkpoint);
+  pick("--precision", precision, &memory::PolicyDesc::precision);
+  pick("--offload", offload, &memory::PolicyDesc::offload);
+  pick("accumulation", split, &memory::PolicyDesc::split);
+  out.accum = out.split.fixed_steps > 0 ? out.split.fixed_steps : accum;
+  return out;
 }
 
 /// Runs fn(std::type_identity<T>{}) with T the list's Trainer whose policies are `choice`'s.

@@ -50,16 +50,16 @@ struct MachineModel {
   TORCH_ARG(double, matmul_flops_per_s) = 1.2e11;  // fp32, at the step level (OpenBLAS peak on 2 cores: ~300 GFLOP/s)
   TORCH_ARG(double, bf16_speedup) = 2.0;           // bf16 step speed / fp32 (avx512_bf16: 2.0 measured; AMX: more)
   TORCH_ARG(double, half_speed_rows) = 64;         // rows (tokens) per matmul at which it runs at half speed
-  TORCH_ARG(bool, fp16) = false;                   // fp16 autocast exists (CUDA only)
-  TORCH_ARG(bool, disk_offload) = true;            // offload::Disk runs (CPU parameters only)
+  TORCH_ARG(bool, cuda) = false;                   // the parameters live on a CUDA device
   TORCH_ARG(double, memory_bytes_per_s) = 1e10;    // elementwise work: the optimizer step
   TORCH_ARG(double, disk_bytes_per_s) = 1e9;       // offload::Disk's state streaming
+  TORCH_ARG(double, host_bytes_per_s) = 2e10;      // host ↔ device copies (offload::PinnedHost)
 
  public:
   static MachineModel from_device(const c10::Device& device) {
     MachineModel m;
-    if (device.is_cuda()) return m.matmul_flops_per_s(5e13).bf16_speedup(2.0).half_speed_rows(2048).fp16(true)
-                                  .disk_offload(false).memory_bytes_per_s(1e12);
+    if (device.is_cuda()) return m.matmul_flops_per_s(5e13).bf16_speedup(2.0).half_speed_rows(2048).cuda(true)
+                                  .memory_bytes_per_s(1e12);
     // Measured on this machine (machine::matmul_speed(), once per process), never assumed: bf16
     // matmuls run 0.03x (AVX2-only) to ~5x (AMX) fp32 on the CPUs seen so far. The step runs
     // at ~0.4 of the GEMM peak (the cost model's fit: 1.2e11 step-level vs ~300 GFLOP/s).
@@ -73,6 +73,8 @@ struct PlanOptions {
   TORCH_ARG(int64_t, budget_bytes) = 0;     // 0: no limit (the fastest candidate wins)
   TORCH_ARG(int64_t, effective_batch) = 1;  // sequences per optimizer step: micro-batch × accum
   TORCH_ARG(MachineModel, machine) = {};
+  /// The run's TrainerOptions::grad_clip: offload policies that step inside backward need 0.
+  TORCH_ARG(double, grad_clip) = 1.0;
   /// Measured / predicted peak of one real step, when one was measured (1: trust the estimate).
   TORCH_ARG(double, calibration) = 1.0;
 };
@@ -85,7 +87,7 @@ struct PlanRow {
   memory::Estimate estimate;    // at micro_batch (at 1 when none fits), as the estimator predicts it
   int64_t peak = 0;             // the peak plan() weighed: estimate.peak × PlanOptions::calibration
   double seconds = 0;           // the cost model's step time
-  std::string verdict;          // "fits", "over budget: needs 612 MiB at micro-batch 1", "needs CUDA"
+  std::string verdict;          // "fits", "over budget: needs 612 MiB at micro-batch 1", "cannot run: needs CUDA …"
   bool fits() const { return micro_batch > 0; }
   /// "micro 8" or, for GritLM, "chunk 8" / "one graph".
   std::string shape() const {
@@ -144,41 +146,37 @@ namespace detail {
 // rows × T / (rows × T + machine.half_speed_rows())).
 inline double matmul_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t rows, double tokens, double passes,
                              bool head, const memory::PolicyDesc& p, const MachineModel& machine) {
-  using memory::CheckpointKind;
   const double T = static_cast<double>(seq_len), C = static_cast<double>(m.hidden_size);
   const double head_flops = 2 * C * static_cast<double>(m.vocab_size);
   const double blocks = m.forward_flops_per_token(seq_len) - head_flops;
-  double recompute = 0;
-  switch (p.checkpoint) {
-    case CheckpointKind::kEveryBlock: recompute = blocks; break;
-    case CheckpointKind::kEveryNth:
-      recompute = blocks * static_cast<double>((m.num_layers + p.every - 1) / p.every) /
-                  static_cast<double>(m.num_layers);
-      break;
-    case CheckpointKind::kSelective: recompute = static_cast<double>(m.num_layers) * 4 * T * C; break;
-    case CheckpointKind::kNone: break;
-  }
-  const bool bf16 = p.precision != memory::PrecisionKind::kFp32;
-  const double speed = machine.matmul_flops_per_s() * (bf16 ? machine.bf16_speedup() : 1.0);
+  int64_t whole = 0;  // blocks recomputed whole
+  for (int64_t i = 0; i < m.num_layers; ++i) whole += p.checkpoint.whole_block(i, m.num_layers) ? 1 : 0;
+  double recompute = blocks * static_cast<double>(whole) / static_cast<double>(m.num_layers);
+  if (p.checkpoint.cheap_parts) recompute += static_cast<double>(m.num_layers) * 4 * T * C;
+  const double speed = machine.matmul_flops_per_s() * (p.precision.half_matmuls ? machine.bf16_speedup() : 1.0);
   const double graph_rows = static_cast<double>(rows) * T;
   const double efficiency = graph_rows / (graph_rows + machine.half_speed_rows());
   return tokens * (passes * (blocks + (head ? head_flops : 0)) + recompute) / (speed * efficiency);
 }
 
-// The optimizer step: AdamW's memory traffic (28 B/param; 8-bit AdamW 40 B/param with its
-// (de)quantisation; disk: AdamW plus 16 B/param read and written).
+// The optimizer step: the offload policy's memory traffic (AdamW 28 B/param, 8-bit AdamW 40
+// with its (de)quantisation), plus what it moves to and from disk or over the host link.
 inline double optimizer_seconds(const memory::ModelDesc& m, const memory::PolicyDesc& p, const MachineModel& machine) {
   const double P = static_cast<double>(m.num_parameters());
-  double opt_bytes = 28 * P, disk_bytes = 0;
-  if (p.offload == memory::OffloadKind::kInt8) opt_bytes = 40 * P;
-  if (p.offload == memory::OffloadKind::kDisk) disk_bytes = 16 * P;
-  return opt_bytes / machine.memory_bytes_per_s() + disk_bytes / machine.disk_bytes_per_s();
+  const auto& o = p.offload;
+  return P * (o.step_bytes_per_param / machine.memory_bytes_per_s() + o.disk_bytes_per_param / machine.disk_bytes_per_s() +
+              o.host_bytes_per_param / machine.host_bytes_per_s());
 }
 
-// A candidate that cannot run on this machine, or "" when it can.
-inline std::string cannot_run(const memory::PolicyDesc& p, const MachineModel& machine) {
-  if (p.precision == memory::PrecisionKind::kFp16Scaled && !machine.fp16()) return "needs CUDA (fp16 autocast)";
-  if (p.offload == memory::OffloadKind::kDisk && !machine.disk_offload()) return "needs CPU parameters (disk offload)";
+// Why a candidate cannot run on this machine with these options, or "" when it can.
+inline std::string cannot_run(const memory::PolicyDesc& p, const PlanOptions& options) {
+  const bool cuda = options.machine().cuda();
+  if (p.precision.needs_cuda && !cuda) return fmt::format("cannot run: needs CUDA (precision {})", p.precision.flag);
+  if (p.offload.needs_cuda && !cuda) return fmt::format("cannot run: needs CUDA parameters (offload {})", p.offload.flag);
+  if (p.offload.needs_cpu && cuda) return fmt::format("cannot run: needs CPU parameters (offload {})", p.offload.flag);
+  if (p.offload.steps_in_backward && options.grad_clip() > 0)
+    return fmt::format("cannot run: offload {} steps inside backward, so it cannot clip (needs --grad_clip 0)",
+                       p.offload.flag);
   return "";
 }
 
@@ -242,13 +240,16 @@ inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<
   for (auto policies : candidates) {
     PlanRow row;
     row.policies = policies;
-    row.verdict = detail::cannot_run(policies, options.machine());
+    row.verdict = detail::cannot_run(policies, options);
     if (!row.verdict.empty()) {
       rows.push_back(row);
       continue;
     }
-    for (int64_t micro = E; micro >= 1; --micro) {  // the largest micro-batch dividing E that fits
-      if (E % micro != 0) continue;
+    // The largest micro-batch dividing E that fits (one of E when the type fixes the count or
+    // the state steps in backward, which allows no accumulation).
+    const int64_t fixed = policies.offload.steps_in_backward ? 1 : policies.split.fixed_steps;
+    for (int64_t micro = E; micro >= 1; --micro) {
+      if (E % micro != 0 || (fixed > 0 && E / micro != fixed)) continue;
       row.policies.accum = E / micro;
       row.estimate = memory::estimate(m, {micro, seq_len}, row.policies);
       row.peak = static_cast<int64_t>(static_cast<double>(row.estimate.peak) * options.calibration());
@@ -258,18 +259,23 @@ inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<
       }
     }
     row.seconds = row.fits() ? step_seconds(m, seq_len, row.micro_batch, row.policies, options.machine()) : 0;
-    row.verdict = row.fits() ? "fits" : fmt::format("over budget: needs {:.1f} MiB at micro-batch 1", memory::mib(row.peak));
+    row.verdict = row.fits() ? "fits"
+                  : row.peak > 0 ? fmt::format("over budget: needs {:.1f} MiB at micro-batch {}", memory::mib(row.peak),
+                                               E / row.policies.accum)
+                                 : fmt::format("cannot run: its {} micro-batch(es) per step do not divide the effective "
+                                               "batch {}", fixed, E);
     rows.push_back(row);
   }
   return detail::choose_fastest(std::move(rows), options, "micro-batch 1");
 }
 
 /// GritLM's plan: the batch is the loss (in-batch negatives), so it is never split into
-/// micro-batches; the lever is accum::GradCache's chunk. For each candidate's checkpoint and
-/// precision, one graph (chunk 0) or chunks of `chunks` rows (those below the batch's
-/// embedding rows); the fastest that fits by the cost model, where GradCache adds the
-/// embedding parts' first forward pass without a graph and small chunks run matmuls below
-/// peak. `run.chunk` is ignored; `run.queries` etc. are the step's (maximum) shape.
+/// micro-batches; the lever is the chunk of a candidate that caches gradients
+/// (SplitDesc::grad_cache: accum::GradCache), tried at each of `chunks` rows below the batch's
+/// embedding rows; other candidates run one graph (chunk 0). The fastest that fits by the
+/// cost model wins, where GradCache adds the embedding parts' first forward pass without a
+/// graph and small chunks run matmuls below peak. `run.chunk` is ignored; `run.queries` etc.
+/// are the step's (maximum) shape.
 inline Plan plan_gritlm(const memory::ModelDesc& m, const memory::GritRunDesc& run,
                         const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options,
                         std::vector<int64_t> chunks = {1, 2, 4, 8, 16, 32, 64, 128}) {
@@ -277,14 +283,13 @@ inline Plan plan_gritlm(const memory::ModelDesc& m, const memory::GritRunDesc& r
   const int64_t embed_rows = run.queries * run.group_size;
   chunks.erase(std::remove_if(chunks.begin(), chunks.end(), [&](int64_t c) { return c < 1 || c >= embed_rows; }),
                chunks.end());
-  chunks.insert(chunks.begin(), 0);  // one graph
   std::vector<PlanRow> rows;
   for (const auto& policies : candidates) {
-    for (const int64_t chunk : chunks) {
+    for (const int64_t chunk : policies.split.grad_cache ? chunks : std::vector<int64_t>{0}) {
       PlanRow row;
       row.policies = policies;
       row.chunk = chunk;
-      row.verdict = detail::cannot_run(policies, options.machine());
+      row.verdict = detail::cannot_run(policies, options);
       if (row.verdict.empty()) {
         auto r = run;
         r.chunk = chunk;

@@ -22,7 +22,6 @@
 #include "memopt/concepts.hpp"
 #include "memopt/io/training_state.hpp"
 #include "memopt/loop_types.hpp"
-#include "memopt/memory/allocator.hpp"
 #include "memopt/memory/budget.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/tracker.hpp"
@@ -72,8 +71,6 @@ class Trainer {
       : options_(validated(options)), accum_(std::move(accum)), offload_(std::move(offload)), model_(&model),
         budget_(options_.memory_budget()), state_(options_.checkpoint_dir(), options_.keep_checkpoints()),
         sync_(make_step_sync(options_.data_parallel(), options_.sync_options())) {
-    memory::AllocatorOptions::parse(options_.alloc_conf(), "TrainerOptions::alloc_conf").apply();
-    at::set_num_threads(options_.threads() > 0 ? options_.threads() : default_threads());  // as memopt::init()
     for (const auto& p : model.parameters())
       if (p.requires_grad()) params_.push_back(p);
     TORCH_CHECK(!params_.empty(), "memopt::Trainer: the model has no trainable parameters. "

@@ -9,17 +9,21 @@
 #include <torch/torch.h>
 
 #include "memopt/batch.hpp"
+#include "memopt/memory/policy_desc.hpp"
 #include "memopt/trainer.hpp"
 
 #if !defined(CASE_control) && !defined(CASE_checkpoint_without_run_block) &&   \
     !defined(CASE_precision_without_step) && !defined(CASE_accum_without_micro_steps) && \
     !defined(CASE_offload_without_make_optimizer) && !defined(CASE_accum_fixed_zero) &&   \
-    !defined(CASE_step_in_backward_with_accum)
+    !defined(CASE_step_in_backward_with_accum) && !defined(CASE_checkpoint_without_describe)
 #error "memopt compile_fail: define one CASE_<name> macro (see tests/compile_fail/CMakeLists.txt)"
 #endif
 
 // A user-defined policy for each of the Trainer's four parameters, each with every hook.
 struct MyCheckpoint {
+#if !defined(CASE_checkpoint_without_describe)
+  static memopt::memory::RecomputeDesc describe() { return {.flag = "mine"}; }
+#endif
 #if !defined(CASE_checkpoint_without_run_block)
   torch::Tensor run_block(int64_t, torch::nn::Module&, const memopt::BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
@@ -29,6 +33,7 @@ struct MyCheckpoint {
 };
 
 struct MyPrecision {
+  static memopt::memory::DtypeDesc describe() { return {.flag = "mine"}; }
   struct NoGuard {};
   NoGuard autocast(c10::DeviceType) const { return {}; }
   void backward(const torch::Tensor& loss) const { loss.backward(); }
@@ -41,12 +46,14 @@ struct MyPrecision {
 };
 
 struct MyAccum {
+  static memopt::memory::SplitDesc describe() { return {.flag = "mine", .fixed_steps = 2}; }
 #if !defined(CASE_accum_without_micro_steps)
   static constexpr int64_t micro_steps() { return 2; }
 #endif
 };
 
 struct MyOffload {
+  static memopt::memory::StateDesc describe() { return {.flag = "mine"}; }
 #if !defined(CASE_offload_without_make_optimizer)
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) {
@@ -75,7 +82,9 @@ struct Loader {
 
 int main() {
   torch::nn::Embedding model(8, 4);
-  memopt::Trainer<MyCheckpoint, MyPrecision, Accum, Offload> trainer(*model, memopt::TrainerOptions());
+  using T = memopt::Trainer<MyCheckpoint, MyPrecision, Accum, Offload>;
+  T trainer(*model, memopt::TrainerOptions());
+  (void)memopt::memory::describe<T>();  // what the estimator and the planner know of the policies
   Loader loader;
   trainer.step(loader, [&](const memopt::Batch& b, const auto& ckpt) {
     torch::Tensor x = ckpt.run_block(0, *model, [&](const std::vector<torch::Tensor>& in) { return model(in[0]); },

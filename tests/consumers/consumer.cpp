@@ -78,7 +78,7 @@ int main() {
 
   const double before = eval_loss();
   memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Fp32, memopt::accum::Fixed<2>> trainer(
-      *model, memopt::TrainerOptions().lr(1e-2).weight_decay(0).max_steps(30).log_interval(10).threads(1));
+      *model, memopt::TrainerOptions().lr(1e-2).weight_decay(0).max_steps(30).log_interval(10));
   const memopt::FitResult result = trainer.fit(loader, loss_sum);
   const double after = eval_loss();
 

@@ -53,7 +53,7 @@ struct CountingLoader {
 };
 
 memopt::TrainerOptions options(const std::string& dir = "") {
-  return memopt::TrainerOptions().lr(1e-2).warmup_steps(2).max_steps(6).threads(1).log_interval(100).checkpoint_dir(
+  return memopt::TrainerOptions().lr(1e-2).warmup_steps(2).max_steps(6).log_interval(100).checkpoint_dir(
       dir);
 }
 

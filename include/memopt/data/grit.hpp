@@ -1,8 +1,8 @@
 // memopt/data/grit.hpp — data for GritLM-style training (Muennighoff et al. 2024: one model,
 // a contrastive embedding loss and a generative loss): tokenization with the instruction
 // prefix measured once per instruction, and a batcher that cuts length-bucketed, padded
-// batches. The records, formats and JSONL readers are in grit_records.hpp, the pairs built
-// from a corpus in grit_pairs.hpp; this header brings both.
+// batches. The records, formats and JSONL readers are in grit_records.hpp (brought in here);
+// the GritLM example builds its records from a corpus itself (examples/03_gritlm/corpus_pairs.hpp).
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,7 @@
 #include <torch/torch.h>
 
 #include <memopt/batch.hpp>
-#include <memopt/data/grit_pairs.hpp>
+#include <memopt/data/random.hpp>
 #include <memopt/data/grit_records.hpp>
 #include <memopt/data/tokenizer.hpp>
 
@@ -538,8 +538,8 @@ class GritBatcher {
     for (size_t c = 0; c < copies; ++c) {
       for (size_t j = 0; j < r.neg.size(); ++j) pick.push_back(j);
     }
-    detail::Rng rng(detail::mix_seed({options_.seed(), 3, static_cast<uint64_t>(epoch), k}));
-    for (size_t j = 0; j < need; ++j) std::swap(pick[j], pick[j + rng.below(pick.size() - j)]);
+    Rng rng(mix_seed({options_.seed(), 3, static_cast<uint64_t>(epoch), k}));
+    for (size_t j = 0; j < need; ++j) std::swap(pick[j], pick[j + uniform_below(rng, pick.size() - j)]);
     for (size_t j = 0; j < need; ++j) {
       passages.push_back(format_->encode_embed(passage_instruction(r), cut(r.neg[pick[j]], options_.passage_max_len()),
                                                options_.passage_max_len()));
@@ -557,10 +557,10 @@ class GritBatcher {
     const auto& keys = is_embed ? embed_key_ : gen_key_;
     const int64_t batch = is_embed ? options_.batch_size() : options_.gen_batch_size();
     const int64_t batches = is_embed ? embed_per_epoch_ : gen_per_epoch_;
-    detail::Rng rng(detail::mix_seed({options_.seed(), static_cast<uint64_t>(kind), static_cast<uint64_t>(epoch)}));
+    Rng rng(mix_seed({options_.seed(), static_cast<uint64_t>(kind), static_cast<uint64_t>(epoch)}));
     std::vector<int64_t> order(keys.size());
     std::iota(order.begin(), order.end(), int64_t{0});
-    rng.shuffle(order);
+    shuffle(rng, order);
     order.resize(static_cast<size_t>(batches * batch));  // drop the partial last batch
     if (options_.bucket()) {
       const int64_t pool = options_.bucket_batches() * batch;
@@ -571,7 +571,7 @@ class GritBatcher {
       }
       std::vector<int64_t> batch_order(static_cast<size_t>(batches));
       std::iota(batch_order.begin(), batch_order.end(), int64_t{0});
-      rng.shuffle(batch_order);
+      shuffle(rng, batch_order);
       std::vector<int64_t> shuffled;
       shuffled.reserve(order.size());
       for (int64_t b : batch_order) {

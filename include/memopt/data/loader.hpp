@@ -1,5 +1,5 @@
 // memopt/data/loader.hpp — language-model batches from a TokenShard: random windows for
-// training (own seeded std::mt19937_64, so a run is reproducible whatever torch's RNG or
+// training (own seeded data::Rng, data/random.hpp, so a run is reproducible whatever torch's RNG or
 // thread count, and resumable with skip()) and sequential, non-overlapping windows for
 // evaluation. Each batch is a memopt::Batch: inputs (B, T) and targets (B, T) = inputs
 // shifted left by one token.
@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <memopt/batch.hpp>
+#include <memopt/data/random.hpp>
 #include <memopt/data/shard.hpp>
 #include <memopt/data/source.hpp>
 
@@ -31,7 +32,7 @@ struct LoaderOptions {
   TORCH_ARG(int64_t, batch_size);
   /// T: tokens per input row (each window reads T + 1 tokens).
   TORCH_ARG(int64_t, seq_len);
-  /// Seed of RandomWindowLoader's std::mt19937_64.
+  /// Seed of RandomWindowLoader's data::Rng (std::mt19937_64).
   TORCH_ARG(uint64_t, seed) = 1234;
   /// SequentialLoader only: drop the last batch when it holds fewer than B windows.
   TORCH_ARG(bool, drop_last) = false;
@@ -78,7 +79,7 @@ class RandomWindowLoader {
     int64_t* in = inputs.data_ptr<int64_t>();
     int64_t* tg = targets.data_ptr<int64_t>();
     for (int64_t row = 0; row < B; ++row) {
-      const auto start = static_cast<int64_t>(detail::uniform_below(rng_, num_starts_));
+      const auto start = static_cast<int64_t>(uniform_below(rng_, num_starts_));
       shard_->copy_to(start, T, in + row * T);
       shard_->copy_to(start + 1, T, tg + row * T);
     }
@@ -92,7 +93,7 @@ class RandomWindowLoader {
     TORCH_CHECK(n >= 0, "memopt::data: RandomWindowLoader::skip(", n, ") on shard '",
                 shard_->path(), "': n must be >= 0. HINT: pass the number of batches drawn");
     for (int64_t i = 0; i < n * options_.batch_size(); ++i) {
-      detail::uniform_below(rng_, num_starts_);
+      uniform_below(rng_, num_starts_);
     }
     batches_drawn_ += n;
   }
@@ -119,7 +120,7 @@ class RandomWindowLoader {
                   "of the run that saved it");
     }
     std::istringstream rng(state.value("rng", std::string()));
-    std::mt19937_64 restored;
+    Rng restored;
     rng >> restored;
     TORCH_CHECK(!rng.fail(), "memopt::data: RandomWindowLoader::load_state on shard '", shard_->path(),
                 "': \"rng\" is not a generator state. HINT: the checkpoint's state.json is damaged");
@@ -135,7 +136,7 @@ class RandomWindowLoader {
  private:
   std::shared_ptr<const TokenShard> shard_;
   LoaderOptions options_;
-  std::mt19937_64 rng_;
+  Rng rng_;
   uint64_t num_starts_ = 0;  // valid window starts: 0 .. size - T - 1
   int64_t batches_drawn_ = 0;
 };

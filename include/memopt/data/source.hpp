@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <memopt/data/random.hpp>
 #include <memopt/data/shard.hpp>
 
 namespace memopt::data {
@@ -365,16 +366,6 @@ class ShardFile {
   int64_t next_ = 0;
 };
 
-/// Uniform integer in [0, n) from 64-bit draws by rejection: the same on every platform
-/// (std::uniform_int_distribution's algorithm is implementation-defined).
-inline uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
-  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-  const uint64_t limit = kMax - kMax % n;
-  uint64_t x = rng();
-  while (x >= limit) x = rng();
-  return x % n;
-}
-
 }  // namespace detail
 
 /// Reads the documents of a list of files, one at a time, from a SourcePosition, for one
@@ -472,10 +463,8 @@ class DocumentReader {
     std::vector<int64_t> order(files_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
     if (!options_.shuffle_files() || order.size() < 2) return order;
-    std::mt19937_64 rng(options_.seed() ^ (0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(epoch + 1)));
-    for (size_t i = order.size() - 1; i > 0; --i) {
-      std::swap(order[i], order[detail::uniform_below(rng, i + 1)]);
-    }
+    Rng rng(options_.seed() ^ (0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(epoch + 1)));
+    shuffle(rng, order);
     return order;
   }
 

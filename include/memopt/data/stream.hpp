@@ -31,6 +31,7 @@
 
 #include <memopt/batch.hpp>
 #include <memopt/data/prefetch.hpp>
+#include <memopt/data/random.hpp>
 #include <memopt/data/source.hpp>
 #include <memopt/data/tokenizer.hpp>
 
@@ -236,7 +237,7 @@ class StreamLoader {
                   "seed and ranks of the run that saved it");
     }
     std::istringstream rng(state.value("rng", std::string()));
-    std::mt19937_64 restored;
+    Rng restored;
     rng >> restored;
     TORCH_CHECK(!rng.fail(), "memopt::data::StreamLoader::load_state: \"rng\" is not a generator state. HINT: the "
                 "checkpoint's state.json is damaged");
@@ -402,7 +403,7 @@ class StreamLoader {
       buffer_.push_back(std::move(*row));
     }
     if (buffer_.empty()) return std::nullopt;
-    const auto j = static_cast<size_t>(detail::uniform_below(rng_, buffer_.size()));
+    const auto j = static_cast<size_t>(uniform_below(rng_, buffer_.size()));
     std::vector<int32_t> out = std::move(buffer_[j]);
     if (auto row = make_row()) {
       buffer_[j] = std::move(*row);
@@ -443,7 +444,7 @@ class StreamLoader {
   std::deque<std::vector<int32_t>> staged_;  // kPad: rows made, not yet in the buffer
   std::vector<std::vector<int32_t>> buffer_;  // the shuffle buffer
   std::deque<std::vector<std::vector<int32_t>>> ready_;  // batches made by has_next(), not yet handed out
-  std::mt19937_64 rng_;
+  Rng rng_;
   int64_t batches_ = 0;
 };
 

@@ -12,9 +12,12 @@
 // detail::block_saved(); tests/memory/estimator_test.cpp checks them against the
 // tracker).
 //
-//   auto e = memopt::memory::estimate(memopt::models::describe(cfg),
-//                                     memopt::memory::RunDesc{8, 256},
-//                                     memopt::memory::PolicyDesc::parse("every", "bf16", "none", 2));
+// The policies come as their descriptions (memory/policy_desc.hpp), so the estimator knows
+// no policy by name: a new policy that describes itself is estimated like the built-in ones.
+//
+//   using T = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast>;
+//   auto e = memopt::memory::estimate(memopt::models::describe(cfg), memopt::memory::RunDesc{8, 256},
+//                                     memopt::memory::describe<T>());
 //   fmt::print("{}", e.table());   // … peak 412.3 MiB (backward)
 #pragma once
 
@@ -23,156 +26,16 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "memopt/memory/model_desc.hpp"
+#include "memopt/memory/policy_desc.hpp"
 #include "memopt/memory/report.hpp"
-#include "memopt/optim/adamw8bit.hpp"
-#include "memopt/optim/disk_adamw.hpp"
-#include "memopt/policies/checkpoint.hpp"
-#include "memopt/policies/offload.hpp"
-#include "memopt/policies/precision.hpp"
 
 namespace memopt::memory {
-
-enum class CheckpointKind { kNone, kEveryBlock, kEveryNth, kSelective };
-enum class PrecisionKind { kFp32, kBf16Autocast, kBf16Pure, kFp16Scaled };
-enum class OffloadKind { kNone, kInt8, kDisk };
-
-/// A policy combination as data: what the estimator and the planner reason about, and what
-/// the command-line flags spell (--checkpoint none|every|every-N|selective, --precision
-/// fp32|bf16|bf16-pure|fp16, --offload none|int8|disk, --accum N).
-struct PolicyDesc {
-  CheckpointKind checkpoint = CheckpointKind::kNone;
-  int64_t every = 1;  // kEveryNth: recompute blocks 0, N, 2N, …
-  PrecisionKind precision = PrecisionKind::kFp32;
-  OffloadKind offload = OffloadKind::kNone;
-  int64_t accum = 1;  // micro-batches per optimizer step
-
-  /// The flag spellings: "every-2", "bf16-pure", "int8".
-  std::string checkpoint_flag() const {
-    switch (checkpoint) {
-      case CheckpointKind::kNone: return "none";
-      case CheckpointKind::kEveryBlock: return "every";
-      case CheckpointKind::kEveryNth: return "every-" + std::to_string(every);
-      case CheckpointKind::kSelective: return "selective";
-    }
-    return "?";
-  }
-  std::string precision_flag() const {
-    constexpr std::string_view names[] = {"fp32", "bf16", "bf16-pure", "fp16"};
-    return std::string(names[static_cast<int>(precision)]);
-  }
-  std::string offload_flag() const {
-    constexpr std::string_view names[] = {"none", "int8", "disk"};
-    return std::string(names[static_cast<int>(offload)]);
-  }
-  /// "checkpoint=every precision=bf16 offload=none accum=2"
-  std::string name() const {
-    return fmt::format("checkpoint={} precision={} offload={} accum={}", checkpoint_flag(), precision_flag(),
-                       offload_flag(), accum);
-  }
-  /// The same policy types (accum is a run-time count, not part of the type).
-  bool same_types(const PolicyDesc& o) const {
-    return checkpoint == o.checkpoint && (checkpoint != CheckpointKind::kEveryNth || every == o.every) &&
-           precision == o.precision && offload == o.offload;
-  }
-  bool operator==(const PolicyDesc& o) const { return same_types(o) && accum == o.accum; }
-
-  /// From the flags; a bad value throws naming the flag, the value and the choices.
-  static PolicyDesc parse(std::string_view checkpoint, std::string_view precision, std::string_view offload,
-                          int64_t accum = 1) {
-    PolicyDesc d;
-    if (checkpoint == "none") d.checkpoint = CheckpointKind::kNone;
-    else if (checkpoint == "every") d.checkpoint = CheckpointKind::kEveryBlock;
-    else if (checkpoint == "selective") d.checkpoint = CheckpointKind::kSelective;
-    else if (checkpoint.starts_with("every-") && checkpoint.size() > 6 &&
-             checkpoint.find_first_not_of("0123456789", 6) == std::string_view::npos) {
-      d.checkpoint = CheckpointKind::kEveryNth;
-      d.every = std::stoll(std::string(checkpoint.substr(6)));
-      TORCH_CHECK(d.every >= 1, "memopt: --checkpoint every-N needs N >= 1 (got '", checkpoint,
-                  "'). HINT: every-2 recomputes every other block.");
-      if (d.every == 1) d.checkpoint = CheckpointKind::kEveryBlock;
-    } else {
-      TORCH_CHECK(false, "memopt: --checkpoint must be none, every, every-N or selective (got '", checkpoint,
-                  "'). HINT: every recomputes each block in backward (least memory); every-2 every other one.");
-    }
-    if (precision == "fp32") d.precision = PrecisionKind::kFp32;
-    else if (precision == "bf16") d.precision = PrecisionKind::kBf16Autocast;
-    else if (precision == "bf16-pure") d.precision = PrecisionKind::kBf16Pure;
-    else if (precision == "fp16") d.precision = PrecisionKind::kFp16Scaled;
-    else
-      TORCH_CHECK(false, "memopt: --precision must be fp32, bf16, bf16-pure or fp16 (got '", precision,
-                  "'). HINT: bf16 is autocast with fp32 master weights; fp16 needs a CUDA device.");
-    if (offload == "none") d.offload = OffloadKind::kNone;
-    else if (offload == "int8") d.offload = OffloadKind::kInt8;
-    else if (offload == "disk") d.offload = OffloadKind::kDisk;
-    else
-      TORCH_CHECK(false, "memopt: --offload must be none, int8 or disk (got '", offload,
-                  "'). HINT: int8 keeps 8-bit AdamW state (~2 B/param); disk streams the state from a file.");
-    TORCH_CHECK(accum >= 1, "memopt: --accum must be >= 1 (got ", accum, "). HINT: 1 takes one micro-batch per step.");
-    d.accum = accum;
-    return d;
-  }
-};
-
-namespace detail {
-// Each policy type's kind (memopt's policies; another type is a compile error here).
-template <CheckpointKind K, int64_t N = 1>
-struct CheckpointIs {
-  static constexpr CheckpointKind kind = K;
-  static constexpr int64_t every = N;
-};
-template <class T>
-struct CheckpointOf;
-template <>
-struct CheckpointOf<checkpoint::None> : CheckpointIs<CheckpointKind::kNone> {};
-template <>
-struct CheckpointOf<checkpoint::EveryBlock> : CheckpointIs<CheckpointKind::kEveryBlock> {};
-template <int N>
-struct CheckpointOf<checkpoint::EveryNth<N>>
-    : CheckpointIs<N == 1 ? CheckpointKind::kEveryBlock : CheckpointKind::kEveryNth, N> {};
-template <>
-struct CheckpointOf<checkpoint::Selective> : CheckpointIs<CheckpointKind::kSelective> {};
-
-template <class T>
-struct PrecisionOf;
-template <>
-struct PrecisionOf<precision::Fp32> : std::integral_constant<PrecisionKind, PrecisionKind::kFp32> {};
-template <>
-struct PrecisionOf<precision::Bf16Autocast> : std::integral_constant<PrecisionKind, PrecisionKind::kBf16Autocast> {};
-template <>
-struct PrecisionOf<precision::Bf16Pure> : std::integral_constant<PrecisionKind, PrecisionKind::kBf16Pure> {};
-template <>
-struct PrecisionOf<precision::Fp16Scaled> : std::integral_constant<PrecisionKind, PrecisionKind::kFp16Scaled> {};
-
-template <class T>
-struct OffloadOf;
-template <>
-struct OffloadOf<offload::None> : std::integral_constant<OffloadKind, OffloadKind::kNone> {};
-template <>
-struct OffloadOf<offload::Int8State> : std::integral_constant<OffloadKind, OffloadKind::kInt8> {};
-template <>
-struct OffloadOf<offload::Disk> : std::integral_constant<OffloadKind, OffloadKind::kDisk> {};
-}  // namespace detail
-
-/// The PolicyDesc of a Trainer instantiation (its policy types; accum as given).
-///   memopt::memory::describe<memopt::Trainer<memopt::checkpoint::EveryBlock>>(4)
-template <class TrainerT>
-PolicyDesc describe(int64_t accum = 1) {
-  using C = detail::CheckpointOf<typename TrainerT::checkpoint_type>;
-  PolicyDesc d;
-  d.checkpoint = C::kind;
-  d.every = C::every;
-  d.precision = detail::PrecisionOf<typename TrainerT::precision_type>::value;
-  d.offload = detail::OffloadOf<typename TrainerT::offload_type>::value;
-  d.accum = accum;
-  return d;
-}
 
 /// One micro-batch: B sequences of T tokens.
 struct RunDesc {
@@ -245,28 +108,22 @@ struct PerElement {
 //   mixture of experts (sorted dispatch): the (B, T, F) terms over top_k rows per token, plus
 //     the gathered expert inputs, the concatenated expert outputs and the router's logits and
 //     probabilities; checkpoint_experts recomputes each expert from its input slice.
-inline PerElement block_saved(PrecisionKind p, bool selective, const ModelDesc& m) {
+inline PerElement block_saved(const DtypeDesc& p, bool selective, const ModelDesc& m) {
   const bool math = m.attention == nn::AttentionKind::kMath;
-  PerElement b;
-  switch (p) {
-    case PrecisionKind::kFp32: b = {48, 16, 4}; break;
-    case PrecisionKind::kBf16Autocast:
-    case PrecisionKind::kFp16Scaled: b = {41, 8, 6}; break;
-    case PrecisionKind::kBf16Pure: b = {31, 8, 6}; break;
-  }
+  PerElement b = p.half_weights ? PerElement{31, 8, 6} : p.half_matmuls ? PerElement{41, 8, 6} : PerElement{48, 16, 4};
   if (selective) {
-    b.btc -= p == PrecisionKind::kBf16Pure ? 20 : 16;  // the norms' outputs
-    b.btf -= p == PrecisionKind::kFp32 ? 4 : 2;        // silu(gate)
+    b.btc -= p.half_weights ? 20 : 16;  // the norms' outputs
+    b.btf -= p.half_matmuls ? 2 : 4;    // silu(gate)
     b.bhtt = 0;
   }
   if (!math) b.bhtt = 0;  // blockwise: a (B, H, T) log-sum-exp only
   if (m.dropout) {        // each dropout saves its scaled noise; the dropped probabilities feed PV
-    const double e = p == PrecisionKind::kFp32 ? 4 : 2;
+    const double e = p.half_matmuls ? 2 : 4;
     b.btc += 2 * e;
     if (math) b.bhtt += 2 * e;
   }
   if (m.num_experts > 0) {  // per token: top_k gathered inputs and expert outputs, the router's fp32 logits/probs
-    b.btc += static_cast<double>(m.top_k) * (p == PrecisionKind::kBf16Pure ? 4 : 8) +
+    b.btc += static_cast<double>(m.top_k) * (p.half_weights ? 4 : 8) +
              12.0 * static_cast<double>(m.num_experts) / static_cast<double>(m.hidden_size);
     if (m.checkpoint_experts) b.btf = 0;  // each expert keeps its input slice only
   }
@@ -274,30 +131,7 @@ inline PerElement block_saved(PrecisionKind p, bool selective, const ModelDesc& 
 }
 
 // Outside the blocks, per (B, T, C) element: the embedding output and the final norm.
-inline double outside_blocks_btc(PrecisionKind p) {
-  switch (p) {
-    case PrecisionKind::kFp32: return 16;
-    case PrecisionKind::kBf16Pure: return 11;
-    default: return 14.5;
-  }
-}
-
-inline int64_t state_bytes(OffloadKind o, const std::vector<int64_t>& numels) {
-  int64_t bytes = 0, largest = 1;
-  for (int64_t n : numels) largest = std::max(largest, n);
-  for (int64_t n : numels) {
-    switch (o) {
-      case OffloadKind::kNone: bytes += 8 * n; break;
-      case OffloadKind::kInt8:
-        bytes += n < optim::AdamW8bitOptions().min_8bit_size() ? 8 * n : 2 * n + 8 * optim::num_quant_blocks(n);
-        break;
-      case OffloadKind::kDisk: break;
-    }
-  }
-  if (o == OffloadKind::kDisk)  // three (2, chunk) fp32 buffers
-    bytes = 3 * 2 * 4 * std::min(optim::DiskAdamWOptions().chunk_elements(), largest);
-  return bytes;
-}
+inline double outside_blocks_btc(const DtypeDesc& p) { return p.half_weights ? 11 : p.half_matmuls ? 14.5 : 16; }
 
 }  // namespace detail
 
@@ -319,8 +153,9 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double B = static_cast<double>(run.micro_batch), T = static_cast<double>(run.seq_len);
   const double C = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
   const double F = static_cast<double>(m.ffn_size);
-  const bool pure = pol.precision == PrecisionKind::kBf16Pure;
-  const bool autocast = pol.precision == PrecisionKind::kBf16Autocast || pol.precision == PrecisionKind::kFp16Scaled;
+  const bool pure = pol.precision.half_weights;
+  const bool autocast = pol.precision.half_matmuls && !pure;
+  const bool in_backward = pol.offload.steps_in_backward;  // no gradient outlives its parameter's step
   const bool math = m.attention == nn::AttentionKind::kMath;
   const double grad_e = pure ? 2 : 4;  // gradients are the parameters' dtype until the step
   const double experts = static_cast<double>(std::max<int64_t>(m.num_experts, 1));
@@ -331,8 +166,8 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   Estimate e;
   e.parameters = static_cast<int64_t>((pure ? 2 : 4) * P);
   e.master_weights = pure ? static_cast<int64_t>(4 * P) : 0;
-  e.gradients = static_cast<int64_t>(4 * P);
-  e.optimizer_state = detail::state_bytes(pol.offload, numels);
+  e.gradients = in_backward ? 0 : static_cast<int64_t>(4 * P);
+  e.optimizer_state = pol.offload.resident(numels);
   const double rows = static_cast<double>(run.micro_batch * run.seq_len);
   e.teacher = m.frozen_parameter_bytes + static_cast<int64_t>(rows) * m.teacher_target_bytes;
   const double statics =
@@ -340,15 +175,14 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
 
   // ---- what the forward keeps ----
   const double btc = B * T * C;
-  auto per_block = detail::block_saved(pol.precision, pol.checkpoint == CheckpointKind::kSelective, m);
-  if (run.key_padding && per_block.bhtt > 0 && pol.precision == PrecisionKind::kFp32)
+  auto per_block = detail::block_saved(pol.precision, pol.checkpoint.cheap_parts, m);
+  if (run.key_padding && per_block.bhtt > 0 && !pol.precision.half_matmuls)
     per_block.bhtt += 4;  // the probabilities with fully padded rows zeroed feed the PV matmul
   const double full = per_block.bytes(B, T, m);
   const double input = btc * (pure ? 2 : 4);  // a checkpointed block keeps its input only
   std::vector<bool> recomputed(static_cast<size_t>(m.num_layers), false);
   for (int64_t i = 0; i < m.num_layers; ++i)
-    recomputed[static_cast<size_t>(i)] = pol.checkpoint == CheckpointKind::kEveryBlock ||
-                                         (pol.checkpoint == CheckpointKind::kEveryNth && i % pol.every == 0);
+    recomputed[static_cast<size_t>(i)] = pol.checkpoint.whole_block(i, m.num_layers);
   std::vector<double> kept(recomputed.size());
   double stack = 0;
   for (size_t i = 0; i < kept.size(); ++i) stack += kept[i] = recomputed[i] ? input : full;
@@ -383,7 +217,12 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
 
   // ---- backward moments ----
   const double head_bwd = fwd_end + (run.lm_head ? chunk_rows * V * (m.kd ? 12 : 8) : 0);  // 2 (3 with KD) fp32 grads
-  double grads = grads_held > 0 ? grads_held : grad_e * (embed_params + C);  // lm_head and final norm first
+  // lm_head and final norm first; stepped in backward: one block parameter's gradient and AdamW's
+  // temporaries at a time
+  const double block_largest = std::max({C * C, C * static_cast<double>(m.kv_dim()), C * F});
+  double grads = in_backward ? (grad_e + 2 * 4) * block_largest
+                 : grads_held > 0 ? grads_held
+                                  : grad_e * (embed_params + C);
   double live = statics + casts + stack + btc * 4 * 2;  // + the gradient flowing down, the embedding output
   double bwd_peak = head_bwd;
   // The feed-forward's part of a block's saved tensors, freed before the attention's backward:
@@ -399,19 +238,22 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
     const double mlp_moment =
         at_top + 2 * B * T * F * static_cast<double>(m.ffn_rows()) * (pure || autocast ? 2 : 4) + 2 * btc * 4;
     const double attn_moment = at_top - mlp_saved + (math ? B * m.num_heads * T * T * (autocast || pure ? 6 : 8) : 0) +
-                               (grads_held > 0 ? 0 : grad_e * experts * 3 * C * F);
+                               (grads_held > 0 || in_backward ? 0 : grad_e * experts * 3 * C * F);
     bwd_peak = std::max({bwd_peak, mlp_moment, attn_moment});
     live -= kept[u];
-    if (grads_held == 0) grads += grad_e * block_params;
+    if (grads_held == 0 && !in_backward) grads += grad_e * block_params;
   }
   e.backward_peak = static_cast<int64_t>(bwd_peak);
   e.head = static_cast<int64_t>(logprobs + (run.lm_head ? chunk_rows * V * 8 : 0));
   e.workspace = static_cast<int64_t>(casts + std::max(scores + attn_in, 0.0));
 
-  // ---- the optimizer step: every gradient in fp32 and AdamW's per-parameter temporaries ----
-  // (Other passes' activations and the teacher's targets are gone by then.)
+  // ---- the optimizer step: every gradient in fp32, the state brought in for the step and
+  // AdamW's per-parameter temporaries (other passes' activations and the teacher's targets are
+  // gone by then; stepped in backward, nothing is left) ----
   const double targets = rows * static_cast<double>(m.teacher_target_bytes);
-  e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - targets + 4 * P + 2 * 4 * largest);
+  const double brought_in = static_cast<double>(pol.offload.step_state_bytes(numels) - e.optimizer_state);
+  e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - targets +
+                                          (in_backward ? 0 : 4 * P + brought_in + 2 * 4 * largest));
   e.peak = std::max({e.forward_peak, e.backward_peak, e.optimizer_peak});
   e.peak_phase = e.peak == e.backward_peak ? "backward" : e.peak == e.optimizer_peak ? "optimizer" : "forward";
   return e;

@@ -16,6 +16,7 @@
 
 #include "memopt/concepts.hpp"
 #include "memopt/detail/checkpoint_function.hpp"  // RngState
+#include "memopt/memory/policy_desc.hpp"
 #include "memopt/memory/tracker.hpp"
 
 namespace memopt::accum {
@@ -23,6 +24,7 @@ namespace memopt::accum {
 /// One micro-batch per step.
 struct None {
   static std::string name() { return "accum::None"; }
+  static memory::SplitDesc describe() { return {.flag = "none", .fixed_steps = 1}; }
   static constexpr int64_t micro_steps() { return 1; }
 };
 
@@ -32,12 +34,14 @@ template <int64_t N>
 struct Fixed {
   static std::string name() { return "accum::Fixed<" + std::to_string(N) + ">"; }
   static_assert(N >= 1, "memopt::accum::Fixed<N>: N must be >= 1 micro-batch per step");
+  static memory::SplitDesc describe() { return {.flag = "fixed-" + std::to_string(N), .fixed_steps = N}; }
   static constexpr int64_t micro_steps() { return N; }
 };
 
 /// N micro-batches per step, chosen at run time (TrainerOptions::accum_steps).
 struct Runtime {
   static std::string name() { return "accum::Runtime"; }
+  static memory::SplitDesc describe() { return {.flag = "micro-batches"}; }
   explicit Runtime(int64_t n = 1) : n_(n) {
     TORCH_CHECK(n >= 1, "memopt::accum::Runtime: accumulation steps must be >= 1 (got ", n,
                 "). HINT: pass --accum 1 or more.");
@@ -85,6 +89,7 @@ class GradCache {
  public:
   static std::string name() { return "accum::GradCache"; }
   static constexpr bool kRunsMicroBatch = true;
+  static memory::SplitDesc describe() { return {.flag = "grad-cache", .grad_cache = true}; }
 
   explicit GradCache(GradCacheOptions options = {}) : options_(options) {
     TORCH_CHECK(options_.chunk_size() >= 1, "memopt::accum::GradCache: chunk_size must be >= 1 (got ",

@@ -13,6 +13,7 @@
 
 #include "memopt/concepts.hpp"
 #include "memopt/detail/checkpoint_function.hpp"
+#include "memopt/memory/policy_desc.hpp"
 
 namespace memopt::checkpoint {
 
@@ -28,6 +29,7 @@ inline std::vector<torch::Tensor> trainable(torch::nn::Module& block) {
 /// Keeps every activation (fastest, most memory).
 struct None {
   static std::string name() { return "checkpoint::None"; }
+  static memory::RecomputeDesc describe() { return {.flag = "none"}; }
   torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return fn(inputs);
@@ -38,6 +40,9 @@ struct None {
 ///   x = memopt::checkpoint::EveryBlock{}.run_block(i, *layer, fn, {x});
 struct EveryBlock {
   static std::string name() { return "checkpoint::EveryBlock"; }
+  static memory::RecomputeDesc describe() {
+    return {.flag = "every", .whole_block = [](int64_t, int64_t) { return true; }};
+  }
   torch::Tensor run_block(int64_t, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return memopt::detail::checkpointed(fn, inputs, detail::trainable(block));
@@ -49,6 +54,10 @@ template <int N>
 struct EveryNth {
   static std::string name() { return "checkpoint::EveryNth<" + std::to_string(N) + ">"; }
   static_assert(N >= 1, "memopt::checkpoint::EveryNth<N>: N must be >= 1");
+  static memory::RecomputeDesc describe() {
+    return {.flag = N == 1 ? std::string("every") : "every-" + std::to_string(N),
+            .whole_block = [](int64_t index, int64_t) { return index % N == 0; }};
+  }
   torch::Tensor run_block(int64_t index, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     if (index % N != 0) return fn(inputs);
@@ -63,6 +72,7 @@ struct EveryNth {
 /// close to None.
 struct Selective {
   static std::string name() { return "checkpoint::Selective"; }
+  static memory::RecomputeDesc describe() { return {.flag = "selective", .cheap_parts = true}; }
   torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return fn(inputs);

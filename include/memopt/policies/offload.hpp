@@ -3,6 +3,8 @@
 // RAM (or device memory); offload::Int8State keeps it there in 8 bits (optim::AdamW8bit).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -12,15 +14,28 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/optimizer_state.hpp"
+#include "memopt/memory/policy_desc.hpp"
 #include "memopt/optim/adamw8bit.hpp"
 #include "memopt/optim/disk_adamw.hpp"
 #include "memopt/optim/step_in_backward.hpp"
 
 namespace memopt::offload {
 
+namespace detail {
+/// optim::AdamW8bit's state: 2 B/param plus a scale per block of each moment; parameters under
+/// min_8bit_size keep fp32 moments.
+inline int64_t int8_state_bytes(const std::vector<int64_t>& numels) {
+  int64_t bytes = 0;
+  for (int64_t n : numels)
+    bytes += n < optim::AdamW8bitOptions().min_8bit_size() ? 8 * n : 2 * n + 8 * optim::num_quant_blocks(n);
+  return bytes;
+}
+}  // namespace detail
+
 /// State stays where the parameters are, in torch::optim::AdamW.
 struct None {
   static std::string name() { return "offload::None"; }
+  static memory::StateDesc describe() { return {.flag = "none"}; }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
     return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
@@ -42,6 +57,13 @@ struct StepInBackwardWith {
     return std::is_same_v<Inner, torch::optim::AdamW> ? "offload::StepInBackward" : "offload::StepInBackwardInt8";
   }
   static constexpr bool kStepsInBackward = true;
+  static memory::StateDesc describe() {
+    constexpr bool int8 = !std::is_same_v<Inner, torch::optim::AdamW>;
+    return {.flag = int8 ? "step-in-backward-int8" : "step-in-backward",
+            .resident = int8 ? memory::StateBytes(detail::int8_state_bytes) : memory::adamw_state_bytes,
+            .step_bytes_per_param = int8 ? 40.0 : 28.0,
+            .steps_in_backward = true};
+  }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
     return std::make_unique<optim::StepInBackward>(
@@ -61,6 +83,10 @@ using StepInBackwardInt8 = StepInBackwardWith<optim::AdamW8bit>;
 ///                   memopt::offload::Int8State> trainer(*model, options);
 struct Int8State {
   static std::string name() { return "offload::Int8State"; }
+  /// 8-bit moments; the (de)quantisation makes the step's traffic 40 B/param.
+  static memory::StateDesc describe() {
+    return {.flag = "int8", .resident = detail::int8_state_bytes, .step_bytes_per_param = 40};
+  }
   Int8State() = default;
   /// E.g. the token embedding's state in fp32, as bitsandbytes does:
   ///   memopt::offload::Int8State(memopt::optim::AdamW8bitOptions().fp32_params({model->model->embed_tokens->weight}))
@@ -82,6 +108,17 @@ struct Int8State {
 ///   T trainer(*model, options, {}, memopt::offload::Disk(memopt::optim::DiskAdamWOptions().directory("/nvme")));
 struct Disk {
   static std::string name() { return "offload::Disk"; }
+  /// Resident: three (2, chunk) fp32 buffers; each step reads and writes the state.
+  static memory::StateDesc describe() {
+    return {.flag = "disk",
+            .resident = [](const std::vector<int64_t>& numels) {
+              int64_t largest = 1;
+              for (int64_t n : numels) largest = std::max(largest, n);
+              return 3 * 2 * 4 * std::min(optim::DiskAdamWOptions().chunk_elements(), largest);
+            },
+            .disk_bytes_per_param = 16,
+            .needs_cpu = true};
+  }
   Disk() = default;
   explicit Disk(optim::DiskAdamWOptions options) : options(std::move(options)) {}
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
@@ -99,6 +136,15 @@ struct Disk {
 /// Needs parameters on a CUDA device: on CPU parameters it stops with a clear error.
 struct PinnedHost {
   static std::string name() { return "offload::PinnedHost"; }
+  /// No state on the device between steps; AdamW's whole state during the step, 16 B/param
+  /// each way over the host link.
+  static memory::StateDesc describe() {
+    return {.flag = "pinned-host",
+            .resident = [](const std::vector<int64_t>&) { return int64_t{0}; },
+            .at_step = memory::adamw_state_bytes,
+            .host_bytes_per_param = 32,
+            .needs_cuda = true};
+  }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
     for (const auto& group : groups)

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/autocast.hpp"
+#include "memopt/memory/policy_desc.hpp"
 
 namespace memopt::detail {
 /// Reads `key` of a Trainer's archive into `value`, or fails naming the key (the policies'
@@ -30,6 +31,7 @@ namespace memopt::precision {
 /// Everything in fp32.
 struct Fp32 {
   static std::string name() { return "precision::Fp32"; }
+  static memory::DtypeDesc describe() { return {.flag = "fp32"}; }
   struct NoGuard {};
   NoGuard autocast(c10::DeviceType) const { return {}; }
   void backward(const torch::Tensor& loss) const { loss.backward(); }
@@ -44,6 +46,7 @@ struct Fp32 {
 /// and clears the cast cache, so the next step casts the updated weights again.
 struct Bf16Autocast {
   static std::string name() { return "precision::Bf16Autocast"; }
+  static memory::DtypeDesc describe() { return {.flag = "bf16", .half_matmuls = true}; }
   memopt::detail::AutocastGuard autocast(c10::DeviceType device) const {
     return memopt::detail::AutocastGuard({device, true, c10::kBFloat16});
   }
@@ -64,6 +67,7 @@ struct Bf16Autocast {
 /// Build the model in fp32 as usual; the Trainer hands its parameters over (they become bf16).
 struct Bf16Pure {
   static std::string name() { return "precision::Bf16Pure"; }
+  static memory::DtypeDesc describe() { return {.flag = "bf16-pure", .half_matmuls = true, .half_weights = true}; }
   struct NoGuard {};
   NoGuard autocast(c10::DeviceType) const { return {}; }  // the weights are bf16 already
   void backward(const torch::Tensor& loss) const { loss.backward(); }
@@ -252,6 +256,11 @@ struct Scaled {
   }
   static_assert(Dtype == c10::kHalf || Dtype == c10::kBFloat16 || Dtype == c10::kFloat,
                 "memopt::precision::Scaled<Dtype>: Dtype must be kHalf, kBFloat16 or kFloat");
+  static memory::DtypeDesc describe() {
+    return {.flag = Dtype == c10::kHalf ? std::string("fp16") : Dtype == c10::kBFloat16 ? "bf16-scaled" : "fp32-scaled",
+            .half_matmuls = Dtype != c10::kFloat,
+            .needs_cuda = Dtype == c10::kHalf};
+  }
 
   memopt::detail::AutocastGuard autocast(c10::DeviceType device) const {
     TORCH_CHECK(!(Dtype == c10::kHalf && device == c10::kCPU),
