@@ -43,6 +43,23 @@ expect_run dense_dispatch_dropless --output_dir "$tmp/dense_dispatch" --steps 2 
   --capacity_factor 0 --num_experts 3 --top_k 1
 expect_run dense_equivalent --output_dir "$tmp/dense" --steps 2 --dense
 
+# one setting, one name: the seeds' --gradient_checkpointing --mixed_precision are --checkpoint every --precision bf16
+for spelling in "--checkpoint every --precision bf16" "--gradient_checkpointing --mixed_precision" \
+                "--checkpoint every_block --mixed_precision"; do
+  # shellcheck disable=SC2086 # the spelling is several words
+  out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/spelling" --estimate_only $spelling 2>&1)
+  if grep -q "checkpoint=every precision=bf16 " <<<"$out"; then ok "spelling '$spelling': checkpoint=every precision=bf16"
+  else fail "spelling '$spelling' did not select checkpoint=every precision=bf16: $out"; fi
+done
+# one setting: the later spelling wins, as with any option given twice
+for pair in "--checkpoint none --gradient_checkpointing:checkpoint=every" "--gradient_checkpointing --checkpoint none:checkpoint=none" \
+            "--precision fp32 --mixed_precision:precision=bf16" "--mixed_precision --precision fp32:precision=fp32"; do
+  # shellcheck disable=SC2086 # the spelling is several words
+  out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/spelling" --estimate_only ${pair%%:*} 2>&1)
+  if grep -q "${pair##*:} " <<<"$out"; then ok "'${pair%%:*}': ${pair##*:}"
+  else fail "'${pair%%:*}' should give ${pair##*:}: $out"; fi
+done
+
 # ---- --estimate_only: the table, no training; within 10% of the plain run's measured peak ----
 out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/estimate" --estimate_only 2>&1)
 rc=$?

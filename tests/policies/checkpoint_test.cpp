@@ -1,0 +1,64 @@
+// Tests for memopt/policies/checkpoint.hpp: checkpointing gives the gradients of no
+// checkpointing with dropout on (LLaMA and a user module) and leaves the RNG stream and the
+// autocast state as it found them.
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <memopt/memopt.hpp>
+
+#include "policies/fixtures.hpp"
+#include "support.hpp"
+
+using namespace memopt::test::policies;  // NOLINT: the fixtures of the policy tests
+
+TEST_CASE("checkpointing gives the gradients of no checkpointing, dropout on (LLaMA)", "[checkpoint]") {
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.1));
+  model->train();
+  const Batch batch = random_batch(3, 16, 64, 11);
+
+  const auto plain = llama_grads<memopt::checkpoint::None>(model, batch, 123);
+  const auto every = llama_grads<memopt::checkpoint::EveryBlock>(model, batch, 123);
+  const auto nth = llama_grads<memopt::checkpoint::EveryNth<2>>(model, batch, 123);
+  const auto selective = llama_grads<memopt::checkpoint::Selective>(model, batch, 123);
+  CHECK(max_abs_diff(plain, every) <= 1e-6);
+  CHECK(max_abs_diff(plain, nth) <= 1e-6);
+  CHECK(max_abs_diff(plain, selective) <= 1e-6);
+
+  // The comparison is sensitive: another dropout draw changes the gradients.
+  const auto other_draw = llama_grads<memopt::checkpoint::None>(model, batch, 124);
+  CHECK(max_abs_diff(plain, other_draw) > 1e-4);
+}
+
+TEST_CASE("checkpointing gives the gradients of no checkpointing, dropout on (user module)", "[checkpoint]") {
+  torch::manual_seed(1);
+  UserNet net(50, 24, 4);
+  net->train();
+  const Batch batch = random_batch(2, 12, 50, 5);
+  const auto plain = user_grads<memopt::checkpoint::None>(net, batch, 99);
+  const auto every = user_grads<memopt::checkpoint::EveryBlock>(net, batch, 99);
+  const auto nth = user_grads<memopt::checkpoint::EveryNth<2>>(net, batch, 99);
+  CHECK(max_abs_diff(plain, every) <= 1e-6);
+  CHECK(max_abs_diff(plain, nth) <= 1e-6);
+  CHECK(max_abs_diff(plain, user_grads<memopt::checkpoint::None>(net, batch, 100)) > 1e-4);
+}
+
+TEST_CASE("checkpointing leaves the RNG stream and autocast state as it found them", "[checkpoint]") {
+  torch::manual_seed(3);
+  UserNet net(20, 8, 2);
+  const Batch batch = random_batch(2, 4, 20, 1);
+  torch::manual_seed(5);
+  (net->loss_sum(batch, memopt::checkpoint::EveryBlock{}) / batch.num_targets()).backward();
+  const auto after_checkpointed = torch::rand({4});
+  torch::manual_seed(5);
+  (net->loss_sum(batch, memopt::checkpoint::None{}) / batch.num_targets()).backward();
+  const auto after_plain = torch::rand({4});
+  CHECK(torch::equal(after_checkpointed, after_plain));
+  CHECK_FALSE(memopt::detail::AutocastState::current(c10::kCPU).enabled);
+}

@@ -1,0 +1,183 @@
+// Tests for memopt/policies/precision.hpp: bf16 autocast keeps fp32 master state, loss
+// scaling changes nothing but survives an inf, Bf16Pure's masters keep small updates, and the
+// policies save their own state.
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <memopt/memopt.hpp>
+
+#include "policies/fixtures.hpp"
+#include "support.hpp"
+
+using namespace memopt::test::policies;  // NOLINT: the fixtures of the policy tests
+
+TEST_CASE("Bf16Autocast: linear layers in bf16, fp32 master weights and grads, loss within 2%", "[precision]") {
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.0).num_hidden_layers(2));
+  const Batch batch = random_batch(4, 16, 64, 3);
+  torch::Tensor fp32_loss = model->loss_sum(batch, memopt::checkpoint::None{}) / batch.num_targets();
+
+  torch::Tensor bf16_loss;
+  {
+    auto guard = memopt::precision::Bf16Autocast{}.autocast(c10::kCPU);
+    auto hidden = model->model->forward(batch.inputs, memopt::checkpoint::None{});  // (B, T, C)
+    CHECK(model->lm_head(hidden).scalar_type() == torch::kBFloat16);
+    bf16_loss = model->loss_sum(batch, memopt::checkpoint::None{}) / batch.num_targets();
+  }
+  CHECK_FALSE(memopt::detail::AutocastState::current(c10::kCPU).enabled);  // guard restored
+  bf16_loss.backward();
+  for (auto& p : model->parameters()) {
+    CHECK(p.scalar_type() == torch::kFloat);
+    REQUIRE(p.grad().defined());
+    CHECK(p.grad().scalar_type() == torch::kFloat);
+  }
+  const double rel = std::abs(bf16_loss.item<double>() - fp32_loss.item<double>()) / fp32_loss.item<double>();
+  CHECK(rel < 0.02);
+  CHECK(rel > 0.0);  // it really ran in lower precision
+}
+
+TEST_CASE("Scaled: loss scaling leaves fp32 training unchanged", "[precision]") {
+  using Scaled = memopt::precision::Scaled<c10::kFloat>;
+  const auto plain = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::None>(
+      3, memopt::TrainerOptions());
+  const auto scaled =
+      weights_after<memopt::checkpoint::None, Scaled, memopt::offload::None>(3, memopt::TrainerOptions());
+  CHECK(max_abs_diff(plain, scaled) <= 1e-6);
+  // Clipping sees the unscaled gradients: with a tight clip both still agree.
+  const auto plain_clip = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::None>(
+      3, memopt::TrainerOptions().grad_clip(0.05));
+  const auto scaled_clip =
+      weights_after<memopt::checkpoint::None, Scaled, memopt::offload::None>(3, memopt::TrainerOptions().grad_clip(0.05));
+  CHECK(max_abs_diff(plain_clip, scaled_clip) <= 1e-6);
+  CHECK(max_abs_diff(plain, plain_clip) > 1e-4);  // the clip did bite
+}
+
+TEST_CASE("Scaled: an inf gradient skips the step and backs the scale off", "[precision]") {
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.0));
+  ListLoader loader{{random_batch(2, 16, 64, 1)}};
+  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Scaled<c10::kFloat>> trainer(
+      *model, memopt::TrainerOptions());
+  int calls = 0;
+  auto loss_fn = [&](const Batch& b, const auto& ckpt) {
+    auto loss = model->loss_sum(b, ckpt);
+    return ++calls == 2 ? loss * std::numeric_limits<float>::infinity() : loss;  // step 2 overflows
+  };
+  CHECK(trainer.precision().scaler().current_scale() == 65536.0);
+  CHECK(trainer.step(loader, loss_fn).stepped);
+  const auto before = params_of(*model);
+  const auto stats = trainer.step(loader, loss_fn);
+  CHECK_FALSE(stats.stepped);
+  CHECK(max_abs_diff(before, params_of(*model)) == 0.0);  // no update, not even weight decay
+  CHECK(trainer.precision().scaler().current_scale() == 32768.0);
+  CHECK(trainer.precision().scaler().skipped_steps() == 1);
+  CHECK(trainer.step(loader, loss_fn).stepped);  // recovers
+  CHECK(max_abs_diff(before, params_of(*model)) > 0.0);
+}
+
+TEST_CASE("LossScaler grows the scale after growth_interval clean steps; bad options rejected", "[precision]") {
+  auto w = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1));
+  memopt::precision::LossScaler scaler(memopt::precision::LossScaleOptions().init_scale(8).growth_interval(2));
+  for (int s = 0; s < 2; ++s) {
+    sgd.zero_grad();
+    scaler.scale((w * w).sum()).backward();
+    scaler.unscale(sgd);
+    CHECK(torch::allclose(w.grad(), 2 * w.detach()));  // true gradients after unscale
+    CHECK(scaler.step(sgd));
+    scaler.update();
+  }
+  CHECK(scaler.current_scale() == 16.0);
+  sgd.zero_grad();
+  scaler.scale(w.sum() * std::numeric_limits<float>::quiet_NaN()).backward();
+  CHECK_FALSE(scaler.step(sgd));  // step() unscales when unscale() was not called
+  scaler.update();
+  CHECK(scaler.current_scale() == 8.0);
+  CHECK(scaler.clean_steps() == 0);
+
+  CHECK_THROWS_WITH(memopt::precision::LossScaler(memopt::precision::LossScaleOptions().backoff_factor(1.5)),
+                    Catch::Contains("backoff_factor") && Catch::Contains("(got 1.5)") && Catch::Contains("HINT"));
+  CHECK_THROWS_WITH(memopt::precision::Fp16Scaled{}.autocast(c10::kCPU),
+                    Catch::Contains("needs a CUDA device") && Catch::Contains("HINT"));
+}
+
+TEST_CASE("Policies save their own state through hooks::SavesState", "[precision]") {
+  static_assert(memopt::hooks::SavesState<memopt::precision::Fp16Scaled>);
+  static_assert(memopt::hooks::SavesState<memopt::precision::Bf16Pure>);
+  static_assert(!memopt::hooks::SavesState<memopt::precision::Fp32>);
+  static_assert(memopt::hooks::SkipStep<memopt::precision::Fp16Scaled>);
+  static_assert(memopt::hooks::SkipsOnLocalGrads<memopt::precision::Fp16Scaled>);
+  static_assert(!memopt::hooks::SkipsOnLocalGrads<memopt::precision::Bf16Pure>);
+  memopt::precision::Scaled<c10::kFloat> scaled;
+  scaled.scaler().load(1024.0, 7);
+  torch::serialize::OutputArchive out;
+  scaled.save_state(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream in_bytes(bytes.str());
+  torch::serialize::InputArchive in;
+  in.load_from(in_bytes);
+  memopt::precision::Scaled<c10::kFloat> restored;
+  restored.load_state(in);
+  CHECK(restored.scaler().current_scale() == 1024.0);
+  CHECK(restored.scaler().clean_steps() == 7);
+  torch::serialize::InputArchive empty_archive;
+  memopt::test::require_error([&] { restored.load_state(empty_archive); }, "memopt::Trainer::load_state",
+                              {"'loss_scale'"});
+  CHECK_NOTHROW(memopt::precision::Bf16Pure().load_state(empty_archive));  // no masters yet: nothing to read
+}
+
+TEST_CASE("Bf16Pure: bf16 weights and activations, fp32 masters, losses track fp32", "[precision]") {
+  auto losses_of = [](auto trainer_tag, double lr, std::vector<torch::Tensor>* masters_out) {
+    using T = typename decltype(trainer_tag)::type;
+    torch::manual_seed(11);
+    memopt::models::Llama model(tiny_llama(0.0));
+    ListLoader loader{{random_batch(4, 16, 64, 21), random_batch(4, 16, 64, 22)}};
+    T trainer(*model, memopt::TrainerOptions().lr(lr).warmup_steps(0).max_steps(20).grad_clip(1.0));
+    std::vector<double> losses;
+    for (int s = 0; s < 20; ++s)
+      losses.push_back(
+          trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); })
+              .loss.template item<double>());
+    if constexpr (std::is_same_v<typename T::precision_type, memopt::precision::Bf16Pure>) {
+      for (auto& p : model->parameters()) CHECK(p.scalar_type() == torch::kBFloat16);
+      CHECK(model->forward(random_batch(1, 8, 64, 3).inputs).scalar_type() == torch::kBFloat16);
+      for (auto& group : trainer.optimizer().param_groups())
+        for (auto& p : group.params()) CHECK(p.scalar_type() == torch::kFloat);  // the optimizer owns masters
+      for (const auto& [param, master] : trainer.precision().masters()) {
+        CHECK(torch::equal(param, master.to(torch::kBFloat16)));  // weights = rounded masters
+        if (masters_out) masters_out->push_back(master.clone());
+      }
+    }
+    return losses;
+  };
+  using Fp32Trainer = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32>;
+  using PureTrainer = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Pure>;
+  const auto fp32 = losses_of(std::type_identity<Fp32Trainer>{}, 3e-3, nullptr);
+  const auto pure = losses_of(std::type_identity<PureTrainer>{}, 3e-3, nullptr);
+  for (size_t s = 0; s < fp32.size(); ++s) CHECK(std::abs(pure[s] - fp32[s]) / fp32[s] < 0.03);
+  CHECK(pure.back() < pure.front() * 0.9);  // it trains
+  CHECK(pure.front() != fp32.front());      // and really computes in bf16
+
+  // Updates far below bf16's resolution (lr 1e-6 on weights ~0.02, bf16 spacing ~1e-4)
+  // accumulate in the masters: they move while a bf16-only update would round to nothing.
+  std::vector<torch::Tensor> masters;
+  losses_of(std::type_identity<PureTrainer>{}, 1e-6, &masters);
+  torch::manual_seed(11);
+  memopt::models::Llama initial(tiny_llama(0.0));
+  std::vector<torch::Tensor> initial_in_optimizer_order;
+  for (auto& group : memopt::optim::param_groups(initial->named_parameters(), torch::optim::AdamWOptions(1)))
+    for (auto& p : group.params()) initial_in_optimizer_order.push_back(p.detach());
+  REQUIRE(masters.size() == initial_in_optimizer_order.size());
+  double max_move = 0;
+  for (size_t i = 0; i < masters.size(); ++i)
+    max_move = std::max(max_move, (masters[i] - initial_in_optimizer_order[i]).abs().max().item<double>());
+  CHECK(max_move > 5e-6);  // ~20 steps x 1e-6
+  CHECK(max_move < 1e-4);  // below the bf16 spacing of the weights
+}

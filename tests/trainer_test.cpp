@@ -1,0 +1,57 @@
+// Tests for memopt/trainer.hpp: a Trainer with bf16 autocast and checkpointing lowers the
+// loss; bad options fail with the option, the value and a HINT.
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <memopt/memopt.hpp>
+
+#include "policies/fixtures.hpp"
+#include "support.hpp"
+
+using namespace memopt::test::policies;  // NOLINT: the fixtures of the policy tests
+
+TEST_CASE("Trainer with bf16 autocast and checkpointing lowers the loss", "[trainer]") {
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.0));
+  ListLoader loader{{random_batch(4, 16, 64, 1), random_batch(4, 16, 64, 2)}};
+  memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Fixed<2>> trainer(
+      *model, memopt::TrainerOptions().lr(3e-3).max_steps(30).log_interval(10).warmup_steps(2));
+  auto release = std::make_shared<memopt::callbacks::ReleaseCache>(10);
+  trainer.add_callback(release);
+  auto loss_fn = [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
+  const double first = trainer.step(loader, loss_fn).loss.item<double>();
+  const auto result = trainer.fit(loader, loss_fn);
+  CHECK(result.steps == 29);
+  CHECK(result.final_loss < first * 0.8);
+  CHECK(release->releases() == 3);
+  CHECK(trainer.steps_taken() == 30);
+}
+
+TEST_CASE("bad Trainer options fail with the option, the value and a HINT", "[trainer]") {
+  memopt::models::Llama model(tiny_llama(0.0));
+  using Plain = memopt::Trainer<>;
+  auto message_of = [&](memopt::TrainerOptions o) -> std::string {
+    try {
+      Plain t(*model, o);
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "";
+  };
+  CHECK_THAT(message_of(memopt::TrainerOptions().lr(0)), Catch::Contains("lr must be > 0 (got 0)") &&
+                                                              Catch::Contains("HINT"));
+  CHECK_THAT(message_of(memopt::TrainerOptions().max_steps(-3)), Catch::Contains("max_steps") &&
+                                                                     Catch::Contains("-3"));
+  CHECK_THAT(message_of(memopt::TrainerOptions().accum_steps(0)), Catch::Contains("accum_steps") &&
+                                                                      Catch::Contains("HINT"));
+  CHECK_THROWS_WITH(memopt::accum::Runtime(0), Catch::Contains("(got 0)") && Catch::Contains("HINT"));
+  CHECK(message_of(memopt::TrainerOptions()).empty());
+  CHECK_THROWS_WITH(memopt::init(memopt::RuntimeOptions().threads(-2)), Catch::Contains("(got -2)") &&
+                                                                           Catch::Contains("HINT"));
+}
