@@ -29,7 +29,9 @@
 
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
+#include "common/eval.hpp"
 #include "common/cli.hpp"
+#include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
 
 namespace {
@@ -83,21 +85,14 @@ memopt::data::SourceOptions source_options(const Args& a) {
       .seed(a.seed);
 }
 
-// Mean next-token loss over the first `max_batches` sequential held-out batches.
+// Mean next-token loss over the first --eval_batches sequential held-out batches (bf16 autocast).
 double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const memopt::data::TokenShard>& shard,
                     const Args& a, const torch::Device& device) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  memopt::data::SequentialLoader loader(shard, memopt::data::LoaderOptions(a.micro_batch, a.seq_len));
-  double sum = 0, count = 0;
-  for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
-    const memopt::Batch batch = loader.next().to(device);                 // (B, T)
-    auto autocast = memopt::precision::Bf16Autocast{}.autocast(device.type());
-    sum += model->loss_sum(batch, memopt::checkpoint::None{}).item<double>();
-    count += batch.num_targets().item<double>();
-  }
-  model->train();
-  return sum / count;
+  return examples::heldout_loss(*model, shard, memopt::data::LoaderOptions(a.micro_batch, a.seq_len), a.eval_batches,
+                                device, [&](const memopt::Batch& batch) {
+                                  auto autocast = memopt::precision::Bf16Autocast{}.autocast(device.type());
+                                  return model->loss_sum(batch, memopt::checkpoint::None{});
+                                });
 }
 
 int run(const Args& a) {
@@ -108,7 +103,7 @@ int run(const Args& a) {
   const torch::Device device = examples::parse_device(a.device, "llama_lm");
   TORCH_CHECK(a.seq_len <= a.max_seq_len, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
               "--max_seq_len ", a.max_seq_len, "). HINT: lower --seq_len or raise --max_seq_len.");
-  auto policies = memopt::memory::PolicyDesc::parse(a.checkpoint, a.precision, a.offload, a.accum);
+  auto policies = memopt::parse_policies<memopt::StandardTrainers>(a.checkpoint, a.precision, a.offload, a.accum);
   const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
   TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_lm: --policies must be fixed or auto (got '",
               a.policies, "'). HINT: auto picks the fastest combination that fits --memory_budget.");
@@ -118,8 +113,7 @@ int run(const Args& a) {
                            .lr(a.lr)
                            .warmup_steps(a.warmup)
                            .max_steps(a.steps)
-                           .log_interval(a.log_interval)
-                           .threads(a.threads);
+                           .log_interval(a.log_interval);
   options = a.checkpoints.apply(options, a.output_dir).memory_budget(budget);  // the run adapts if the plan misses
   options = a.distributed.apply(options);
   auto& world = examples::join_world("llama_lm");  // torchrun: each rank trains on its rows of every batch
@@ -298,8 +292,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", a.prompt, "prompt of the generated sample")->capture_default_str();
   app.add_option("--sample_tokens", a.sample_tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")->capture_default_str();
-  app.add_option("--checkpoint", a.checkpoint, "none | every | every-2 | selective")->capture_default_str();
-  app.add_option("--precision", a.precision, "fp32 | bf16 | bf16-pure | fp16 (CUDA) | auto (bf16 where measured faster)")
+  examples::add_checkpoint_option(app, a.checkpoint, "none | every | every-2 | selective")->capture_default_str();
+  examples::add_precision_option(app, a.precision,
+                                 "fp32 | bf16 | bf16-pure | fp16 (CUDA) | auto (bf16 where measured faster)")
       ->capture_default_str();
   app.add_option(examples::kAccum, a.accum, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--offload", a.offload, "optimizer state: none | int8 | disk")->capture_default_str();

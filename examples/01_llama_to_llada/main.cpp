@@ -32,6 +32,7 @@
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
 #include "common/cli.hpp"
+#include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
@@ -126,8 +127,8 @@ Plan make_plan(const Args& a, const CLI::App& app) {
     p.teacher_dtype = "auto";
   }
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
-  if (given("--checkpoint")) p.checkpoint = a.checkpoint;
-  if (given("--precision")) p.precision = a.precision;
+  if (examples::given(app, "--checkpoint", "--gradient_checkpointing")) p.checkpoint = a.checkpoint;
+  if (examples::given(app, "--precision", "--mixed_precision")) p.precision = a.precision;
   if (given("--data_format")) p.data_format = a.data_format;
   if (given("--teacher_dtype")) p.teacher_dtype = a.teacher_dtype;
   if (given("--teacher_autograd")) p.teacher_autograd = a.teacher_autograd;
@@ -197,8 +198,8 @@ Data load_data(const Args& a, const Plan& p) {
 // ---- policies: the plan's strings select the Trainer's types (one instantiation each of
 // memopt::CheckpointPrecisionTrainers, through memopt::dispatch) ----
 memopt::memory::PolicyDesc policies_of(const Plan& p) {
-  return memopt::memory::PolicyDesc::parse(p.checkpoint == "every_block" ? "every" : "none", p.precision, "none",
-                                           p.accum);
+  return memopt::parse_policies<memopt::CheckpointPrecisionTrainers>(p.checkpoint == "every_block" ? "every" : "none",
+                                                                    p.precision, "none", p.accum);
 }
 template <class F>
 int with_policies(const Plan& p, F&& f) {
@@ -218,8 +219,7 @@ memopt::TrainerOptions trainer_options(const Args& a, const Plan& p, double lr, 
       .grad_clip(p.grad_clip)
       .max_steps(steps)
       .accum_steps(p.accum)
-      .log_interval(a.log_interval)
-      .threads(a.threads);
+      .log_interval(a.log_interval);
 }
 
 // Writes one JSON object per log line (and the evaluation and summary lines) to metrics.jsonl.
@@ -483,16 +483,14 @@ int run(const Args& a, const CLI::App& app) {
     const auto desc = memopt::models::describe_distill(student_config(a, teacher), teacher, options,
                                                                 plan.teacher_dtype == "bf16");
     if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder only
-      std::vector<memopt::memory::PolicyDesc> candidates{policies};
-      if (a.policies == "auto") candidates = memopt::candidates<memopt::CheckpointPrecisionTrainers>();
-      const auto chosen = memopt::plan(desc, a.seq_len, candidates,
-                                       memopt::PlanOptions().budget_bytes(budget).effective_batch(a.batch_size * plan.accum)
-                                           .machine(memopt::MachineModel::from_device(plan.device)));
-      fmt::print("{}", chosen.explain());
-      policies = chosen.chosen.policies;
-      micro_batch = chosen.chosen.micro_batch;
-      plan.checkpoint = policies.checkpoint == memopt::memory::CheckpointKind::kEveryBlock ? "every_block" : "none";
-      plan.precision = policies.precision_flag();
+      const auto chosen = memopt::choose_policies(
+          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::CheckpointPrecisionTrainers>(),
+          memopt::PlanOptions().budget_bytes(budget).effective_batch(a.batch_size * plan.accum)
+              .machine(memopt::MachineModel::from_device(plan.device)));
+      policies = chosen.policies;
+      micro_batch = chosen.micro_batch;
+      plan.checkpoint = policies.checkpoint.flag == "every" ? "every_block" : "none";
+      plan.precision = policies.precision.flag;
       plan.accum = policies.accum;
     }
     fmt::print("distillation step, {} ({} x {} tokens)\n{}", policies.name(), micro_batch, a.seq_len,
@@ -644,8 +642,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--kd_temperature", a.kd_temperature, "KD softmax temperature")->capture_default_str();
   app.add_option("--kd_top_k", a.kd_top_k, "keep the teacher's top-k logits (0: all; comprehensive: 64)");
-  app.add_option("--checkpoint", a.checkpoint, "override: none | every_block")->check(one_of({"none", "every_block"}));
-  app.add_option("--precision", a.precision, "override: fp32 | bf16 (autocast) | auto (measured on this CPU)")
+  examples::add_checkpoint_option(app, a.checkpoint, "override: none | every (= every_block)", "every_block")
+      ->check(one_of({"none", "every_block"}));
+  examples::add_precision_option(app, a.precision, "override: fp32 | bf16 (autocast) | auto (measured on this CPU)")
       ->check(one_of({"fp32", "bf16", "auto"}));
   app.add_option("--data_format", a.data_format, "override: shards (pre-tokenized) | text (tokenized now)")
       ->check(one_of({"shards", "text"}));

@@ -1,7 +1,8 @@
 // examples/02_moe — trains a Mixture-of-Experts LM (models/moe.hpp: top-k routing,
 // capacity factor, load-balancing and z-loss, sort-based dispatch) on the King James corpus.
-// Flags pick the policies: --gradient_checkpointing (checkpoint::EveryBlock),
-// --mixed_precision (precision::Bf16Autocast), --grad_accum N (accum::Runtime); the seed
+// Flags pick the policies: --checkpoint every (checkpoint::EveryBlock; the seed's
+// --gradient_checkpointing), --precision bf16 (precision::Bf16Autocast; the seed's
+// --mixed_precision), --grad_accum N (accum::Runtime); the seed
 // project's "original" is --dispatch dense with none of them. It logs loss, aux loss,
 // z-loss, dropped assignments and per-expert load, evaluates held-out perplexity, writes
 // OUT/metrics.jsonl (a summary line last) and checkpoints (--save_every, --resume latest;
@@ -32,8 +33,10 @@
 
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
+#include "common/eval.hpp"
 #include "common/precision.hpp"
 #include "common/cli.hpp"
+#include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
 
 namespace {
@@ -51,9 +54,9 @@ struct Args {
   int64_t batch_size = 8;
   int64_t grad_accum = 1;
   int64_t seq_len = 256;
-  bool gradient_checkpointing = false;
-  bool mixed_precision = false;
-  std::string precision = "auto";  // auto | fp32 | bf16 (--mixed_precision = bf16)
+  std::string checkpoint = "none";  // none | every (--gradient_checkpointing = every)
+  std::string precision = "auto";   // auto | fp32 | bf16 (--mixed_precision = bf16)
+  bool mixed_precision = false;     // --precision resolved: bf16 autocast
   std::string device = "cpu";  // cpu | cuda[:N]
   std::string dispatch = "sorted";
   int64_t num_experts = 0;  // 0: the preset's
@@ -137,21 +140,11 @@ memopt::callbacks::JsonlMetrics::Extra router_stats(MoeLM* moe) {
 // Mean next-token cross-entropy (no aux terms) over the first held-out batches.
 template <class Model>
 double heldout_loss(Model& model, const std::shared_ptr<const memopt::data::TokenShard>& shard, const Args& a) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  memopt::data::SequentialLoader loader(shard, memopt::data::LoaderOptions(a.batch_size, a.seq_len));
-  double sum = 0, count = 0;
-  for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
-    const memopt::Batch batch = loader.next().to(model->parameters().front().device());  // (B, T)
-    if constexpr (std::is_same_v<Model, MoeLM>) {
-      sum += model->ce_sum(batch).template item<double>();
-    } else {
-      sum += model->loss_sum(batch, memopt::checkpoint::None{}).template item<double>();
-    }
-    count += batch.num_targets().template item<double>();
-  }
-  model->train();
-  return count > 0 ? sum / count : std::nan("");
+  return examples::heldout_loss(*model, shard, memopt::data::LoaderOptions(a.batch_size, a.seq_len), a.eval_batches,
+                                model->parameters().front().device(), [&](const memopt::Batch& batch) {
+                                  if constexpr (std::is_same_v<Model, MoeLM>) return model->ce_sum(batch);
+                                  else return model->loss_sum(batch, memopt::checkpoint::None{});
+                                });
 }
 
 struct Data {
@@ -168,8 +161,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
                            .warmup_steps(a.warmup)
                            .max_steps(a.steps)
                            .accum_steps(a.grad_accum)
-                           .log_interval(a.log_interval)
-                           .threads(a.threads);
+                           .log_interval(a.log_interval);
   TrainerT trainer(*model, a.distributed.apply(a.checkpoints.apply(options, a.output_dir))
                                .memory_budget(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget)));
   trainer.set_run_config(run_settings(a));
@@ -196,7 +188,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
              description, params / 1e6, active / 1e6, d.vocab, d.train->size(), d.val->size());
   fmt::print("policies: checkpoint::{}, precision::{}, accum::Runtime({}) — effective batch {} x {} tokens, {} "
              "threads\n",
-             a.gradient_checkpointing ? "EveryBlock" : "None", a.mixed_precision ? "Bf16Autocast" : "Fp32",
+             a.checkpoint == "every" ? "EveryBlock" : "None", a.mixed_precision ? "Bf16Autocast" : "Fp32",
              a.grad_accum, a.batch_size * a.grad_accum, a.seq_len, at::get_num_threads());
   std::fflush(stdout);
 
@@ -226,17 +218,17 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   return 0;
 }
 
-// The policies the flags name (--gradient_checkpointing, --mixed_precision, --grad_accum).
+// The policies the flags name (--checkpoint, --precision resolved, --grad_accum).
 memopt::memory::PolicyDesc policies_of(const Args& a) {
-  return memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
-                                           a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+  return memopt::parse_policies<memopt::CheckpointPrecisionTrainers>(
+      a.checkpoint, a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
 }
 
 // --calibrate's real steps: a throwaway `Model` of the run's shape (memopt::probe_steps).
 template <class Model, class Config>
 memopt::MeasureStep probe_steps(const Args& a, const Data& d, const Config& cfg) {
   return memopt::probe_steps<memopt::CheckpointPrecisionTrainers>(
-      memopt::TrainerOptions().threads(a.threads), [cfg] { return Model(cfg); },
+      memopt::TrainerOptions(), [cfg] { return Model(cfg); },
       [train = d.train, seq_len = a.seq_len](int64_t micro) {
         return memopt::data::RandomWindowLoader(train, memopt::data::LoaderOptions(micro, seq_len));
       },
@@ -274,7 +266,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   d.val->check_vocab(d.vocab);
   fs::create_directories(a.output_dir);
   examples::join_world("moe_lm");  // torchrun: data parallel, rank 0 prints and writes the log
-  a.mixed_precision = examples::resolve_mixed_precision(a.mixed_precision, a.precision, device, "moe_lm");
+  a.mixed_precision = examples::resolve_mixed_precision(a.precision, device, "moe_lm");
   if (memopt::dist::world().rank() == 0)
     std::ofstream(a.output_dir + "/metrics.jsonl", a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
 
@@ -299,8 +291,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
                       : memopt::MeasureStep());
       policies = chosen.policies;
       micro = chosen.micro_batch;
-      a.gradient_checkpointing = policies.checkpoint == memopt::memory::CheckpointKind::kEveryBlock;
-      a.mixed_precision = policies.precision == memopt::memory::PrecisionKind::kBf16Autocast;
+      a.checkpoint = policies.checkpoint.flag;
+      a.mixed_precision = policies.precision.flag == "bf16";
       a.batch_size = micro;
       a.grad_accum = policies.accum;
       torch::manual_seed(static_cast<int64_t>(a.seed));   // the run starts as it would have without the probes
@@ -338,10 +330,10 @@ int main(int argc, char** argv) {
   app.add_option("--batch_size", a.batch_size, "sequences per micro-batch")->capture_default_str();
   app.add_option(examples::kAccum, a.grad_accum, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
-  app.add_flag("--gradient_checkpointing", a.gradient_checkpointing, "recompute every block in backward");
-  app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights (= --precision bf16)");
-  app.add_option("--precision", a.precision, "auto (bf16 autocast where this device's bf16 matmul measured faster "
-                 "than fp32) | fp32 | bf16")->capture_default_str();
+  examples::add_checkpoint_option(app, a.checkpoint, "none | every (recompute every block in backward)")
+      ->check(CLI::IsMember({"none", "every"}))->capture_default_str();
+  examples::add_precision_option(app, a.precision, "auto (bf16 autocast where this device's bf16 matmul measured "
+                                 "faster than fp32) | fp32 | bf16")->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda[:N]: where the model trains")->capture_default_str();
   app.add_option("--dispatch", a.dispatch, "sorted (memory linear in tokens) or dense (one-hot, the original)")
       ->capture_default_str();

@@ -4,8 +4,8 @@
 // cut from the King James Bible or the Brown corpus (data/grit.hpp) or on your own JSONL files. Flags pick the
 // policies: --grad_cache_chunk N (accum::GradCache: the contrastive batch in chunks of N
 // rows, memory of a chunk instead of the batch), --split_emb (GradCache's GritLM variant),
-// --gradient_checkpointing (checkpoint::EveryBlock), --mixed_precision (precision::
-// Bf16Autocast) — or --policies auto --memory_budget 512MiB: the planner's fastest fitting
+// --checkpoint every (checkpoint::EveryBlock; the seed's --gradient_checkpointing),
+// --precision bf16 (precision::Bf16Autocast; the seed's --mixed_precision) — or --policies auto --memory_budget 512MiB: the planner's fastest fitting
 // choice of those (planner.hpp). Batches are built by --workers threads ahead of the step
 // (data/prefetch.hpp), length-bucketed. Before and after training it measures held-out retrieval (top-1 among
 // the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl and
@@ -27,6 +27,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -39,10 +40,12 @@
 #include <memopt/models/gritlm.hpp>
 #include <memopt/planner.hpp>
 
+#include "03_gritlm/corpus_pairs.hpp"
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
 #include "common/precision.hpp"
 #include "common/cli.hpp"
+#include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
 #include <memopt/plot.hpp>
 
@@ -71,9 +74,9 @@ struct Args {
   int64_t grad_accum = 1;
   int64_t grad_cache_chunk = 0;
   bool split_emb = false;
-  bool gradient_checkpointing = false;
-  bool mixed_precision = false;
-  std::string precision = "auto";  // auto | fp32 | bf16 (--mixed_precision = bf16)
+  std::string checkpoint = "none";  // none | every (--gradient_checkpointing = every)
+  std::string precision = "auto";   // auto | fp32 | bf16 (--mixed_precision = bf16)
+  bool mixed_precision = false;     // --precision resolved: bf16 autocast
   double temperature = 0.02;
   std::string gen_loss_type = "mixed";
   double gen_loss_factor = 1.0;
@@ -169,7 +172,7 @@ std::vector<Record> read_records(const std::string& path, const Args& a, const c
 }
 
 struct Data {
-  memopt::data::GritData train, heldout;
+  gritlm::GritData train, heldout;
   std::string source;
 };
 
@@ -177,9 +180,9 @@ Data load_data(const Args& a) {
   Data d;
   if (a.embed_jsonl.empty() && a.gen_jsonl.empty()) {
     const auto options =
-        memopt::data::CorpusGritOptions().heldout_every(a.heldout_every).group_size(a.group_size).seed(a.seed);
+        gritlm::CorpusGritOptions().heldout_every(a.heldout_every).group_size(a.group_size).seed(a.seed);
     const bool brown = memopt::data::brown::holds_documents(a.raw);  // else the King James text
-    auto corpus = brown ? memopt::data::brown_grit_data(a.raw, options) : memopt::data::kjv_grit_data(a.raw, options);
+    auto corpus = brown ? gritlm::brown_grit_data(a.raw, options) : gritlm::kjv_grit_data(a.raw, options);
     d.train = std::move(corpus.train);
     d.heldout = std::move(corpus.heldout);
     d.source = fmt::format("{} ({} train / {} held-out documents)", brown ? "Brown corpus" : "King James Bible",
@@ -203,7 +206,7 @@ struct HeldoutSet {
   int64_t pad = 0;
 };
 
-HeldoutSet encode_heldout(const GritFormat& format, const memopt::data::GritData& heldout, const Args& a) {
+HeldoutSet encode_heldout(const GritFormat& format, const gritlm::GritData& heldout, const Args& a) {
   HeldoutSet h;
   h.pad = format.pad_id();
   const auto n = std::min<size_t>(static_cast<size_t>(a.eval_queries), heldout.embed.size());
@@ -314,8 +317,7 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
           const memopt::data::GritBatcher& batcher, const nlohmann::json& data_stats) {
   using TrainerT = memopt::Trainer<Checkpoint, Precision, Accum>;
   const auto options =
-      memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval).threads(
-          a.threads);
+      memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval);
   TrainerT trainer(*model, a.distributed.apply(a.checkpoints.apply(options, a.output_dir)), make_accum<Accum>(a));
   trainer.set_run_config({{"model", memopt::io::to_json(model->config)},
                           {"embed_records", data_stats["embed_records"]}, {"gen_records", data_stats["gen_records"]},
@@ -387,25 +389,22 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   return 0;
 }
 
-template <class Checkpoint, class Precision>
-int train_accum(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
-                const memopt::data::GritBatcher& batcher, const nlohmann::json& stats) {
-  if (a.grad_cache_chunk > 0) return train<Checkpoint, Precision, memopt::accum::GradCache>(a, d, format, model, batcher, stats);
-  return train<Checkpoint, Precision, memopt::accum::Runtime>(a, d, format, model, batcher, stats);
+// The policies the flags name (--checkpoint, --precision resolved, --grad_accum,
+// --grad_cache_chunk > 0: accum::GradCache), or with the given accumulation.
+memopt::memory::PolicyDesc policies_of(const Args& a, std::string_view split = "") {
+  if (split.empty()) split = a.grad_cache_chunk > 0 ? "grad-cache" : "micro-batches";
+  return memopt::parse_policies<memopt::GradCacheTrainers>(a.checkpoint, a.mixed_precision ? "bf16" : "fp32", "none",
+                                                           a.grad_accum, split);
 }
 
-// The policies the flags name (--gradient_checkpointing, --mixed_precision, --grad_accum).
-memopt::memory::PolicyDesc policies_of(const Args& a) {
-  return memopt::memory::PolicyDesc::parse(a.gradient_checkpointing ? "every" : "none",
-                                           a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
-}
-
-// One of the four compiled checkpoint × precision combinations (memopt::CheckpointPrecisionTrainers;
-// --policies auto plans over the same list), reached through memopt::dispatch.
+// One of the eight compiled checkpoint × precision × GradCache combinations
+// (memopt::GradCacheTrainers; --policies auto plans over the same list), reached through
+// memopt::dispatch.
 int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
                      const memopt::data::GritBatcher& batcher, const nlohmann::json& stats) {
-  return memopt::dispatch<memopt::CheckpointPrecisionTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
-    return train_accum<typename T::checkpoint_type, typename T::precision_type>(a, d, format, model, batcher, stats);
+  return memopt::dispatch<memopt::GradCacheTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
+    return train<typename T::checkpoint_type, typename T::precision_type, typename T::accum_type>(a, d, format, model,
+                                                                                                batcher, stats);
   });
 }
 
@@ -429,9 +428,10 @@ void plan_step(Args& a, const GritFormat& format) {
   run.gen_len = a.gen_max_len;
   auto policies = policies_of(a);
   if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the chunk finder for these policies
-    const auto candidates = a.policies == "auto"
-                                ? memopt::candidates<memopt::CheckpointPrecisionTrainers>(a.grad_accum)
-                                : std::vector<memopt::memory::PolicyDesc>{policies};
+    const auto candidates =
+        a.policies == "auto"
+            ? memopt::candidates<memopt::GradCacheTrainers>(a.grad_accum)
+            : std::vector<memopt::memory::PolicyDesc>{policies_of(a, "micro-batches"), policies_of(a, "grad-cache")};
     const auto plan = memopt::plan_gritlm(
         desc, run, candidates,
         memopt::PlanOptions()
@@ -440,8 +440,8 @@ void plan_step(Args& a, const GritFormat& format) {
     fmt::print("{}", plan.explain());
     policies = plan.chosen.policies;
     a.grad_cache_chunk = plan.chosen.chunk;
-    a.gradient_checkpointing = policies.checkpoint == memopt::memory::CheckpointKind::kEveryBlock;
-    a.mixed_precision = policies.precision == memopt::memory::PrecisionKind::kBf16Autocast;
+    a.checkpoint = policies.checkpoint.flag;
+    a.mixed_precision = policies.precision.flag == "bf16";
   }
   run.chunk = a.split_emb ? std::max(a.batch_size * a.group_size, a.gen_batch_size) : a.grad_cache_chunk;
   fmt::print("gritlm step at the maximum lengths ({}, {})\n{}", policies.name(),
@@ -503,7 +503,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
 
   examples::join_world("gritlm");  // torchrun: data parallel, rank 0 prints and writes the log
   a.mixed_precision =
-      examples::resolve_mixed_precision(a.mixed_precision, a.precision, examples::parse_device(a.device, "gritlm"), "gritlm");
+      examples::resolve_mixed_precision(a.precision, examples::parse_device(a.device, "gritlm"), "gritlm");
   // ---- tokenizer with GritLM's format symbols, records, batches ----
   auto tokenizer = std::make_shared<memopt::data::Tokenizer>(a.data + "/tokenizer.model");
   const int64_t base_vocab = tokenizer->vocab_size();
@@ -597,10 +597,10 @@ int main(int argc, char** argv) {
   app.add_option(examples::kAccum, a.grad_accum, "batches per optimizer step")->capture_default_str();
   app.add_option("--grad_cache_chunk", a.grad_cache_chunk, "GradCache chunk rows (0: off)")->capture_default_str();
   app.add_flag("--split_emb", a.split_emb, "GradCache's split_emb: passages, then queries, whole");
-  app.add_flag("--gradient_checkpointing", a.gradient_checkpointing, "recompute every block in backward");
-  app.add_flag("--mixed_precision", a.mixed_precision, "bf16 autocast, fp32 master weights (= --precision bf16)");
-  app.add_option("--precision", a.precision, "auto (bf16 autocast where this device's bf16 matmul measured faster "
-                 "than fp32) | fp32 | bf16")->capture_default_str();
+  examples::add_checkpoint_option(app, a.checkpoint, "none | every (recompute every block in backward)")
+      ->check(CLI::IsMember({"none", "every"}))->capture_default_str();
+  examples::add_precision_option(app, a.precision, "auto (bf16 autocast where this device's bf16 matmul measured "
+                                 "faster than fp32) | fp32 | bf16")->capture_default_str();
   app.add_option("--temperature", a.temperature, "contrastive temperature")->capture_default_str();
   app.add_option("--gen_loss_type", a.gen_loss_type, "mixed (mean over tokens) or token (sum / sequences)")
       ->capture_default_str();

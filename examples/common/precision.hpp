@@ -1,7 +1,7 @@
-// examples/common/precision.hpp — `--precision auto|fp32|bf16` next to the older
-// `--mixed_precision` flag (= bf16) of moe_lm and gritlm: auto measures this device's bf16 and
-// fp32 matmul (memopt/machine.hpp) and takes bf16 only where it is faster; the choice and why
-// are printed at the top of the log.
+// examples/common/precision.hpp — `--precision auto|fp32|bf16` of moe_lm and gritlm (the seeds'
+// `--mixed_precision` is its alias for bf16: policy_flags.hpp): auto measures this device's
+// bf16 and fp32 matmul (memopt/machine.hpp) and takes bf16 only where it is faster; the choice
+// and why are printed at the top of the log.
 #pragma once
 
 #include <string>
@@ -20,13 +20,10 @@ inline void check_precision(const std::string& flag, const char* who) {
               flag, "'). HINT: auto measures this machine's bf16 and fp32 matmul and picks the faster.");
 }
 
-/// Checks `flag` (naming `who`) and resolves it: true = bf16 autocast. --mixed_precision means
-/// bf16 whatever --precision says (the log line names it as the reason).
-inline bool resolve_mixed_precision(bool mixed_precision, const std::string& flag, const torch::Device& device,
-                                    const char* who) {
+/// Checks `flag` (naming `who`) and resolves it: true = bf16 autocast.
+inline bool resolve_mixed_precision(const std::string& flag, const torch::Device& device, const char* who) {
   check_precision(flag, who);
-  const auto choice = mixed_precision ? memopt::machine::PrecisionChoice{"bf16", "--mixed_precision: bf16 autocast"}
-                                      : memopt::machine::resolve_precision(flag, device);
+  const auto choice = memopt::machine::resolve_precision(flag, device);
   fmt::print("{:>13}: {} ({})\n", "precision", choice.precision, choice.reason);
   return choice.precision == "bf16";
 }
