@@ -1,7 +1,8 @@
 // 04_custom_policy: a user-defined policy (custom::Bf16Moments, bf16_moments.hpp: AdamW state
 // in bf16 between steps) gets everything memopt's own policies get:
 //   --offload bf16-moments     the flag, parsed against the compiled list's describe()
-//   --policies auto --memory_budget 60MiB   the planner weighs it by its description
+//   --policies auto --memory_budget 95MiB   the planner weighs it by its description (AdamW's
+//                              100.8 MiB step does not fit; bf16-moments' 89.0 MiB does)
 //   --estimate_only            the estimator's table for it
 //   training                   the Trainer runs it; the step's measured peak against the estimate
 //   --check_resume             a checkpoint at half-way and a resumed run that ends bit-identical
