@@ -47,4 +47,14 @@ TEST_CASE("dispatch reaches the instantiation the flags name", "[planner]") {
                                       []<class T>(std::type_identity<T>) { return 0; });
       },
       "memopt::dispatch", {"--checkpoint every-2 --precision bf16 --offload disk", "HINT", "--checkpoint selective"});
+  // Two instantiations under the same flags (EveryNth<1> describes itself as "every"): ambiguous, refused.
+  using Twins = memopt::TypeList<
+      memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Fp32, memopt::accum::Runtime>,
+      memopt::Trainer<memopt::checkpoint::EveryNth<1>, memopt::precision::Fp32, memopt::accum::Runtime>>;
+  memopt::test::require_error(
+      [] {
+        memopt::dispatch<Twins>(memopt::parse_policies<Twins>("every", "fp32", "none"),
+                                []<class T>(std::type_identity<T>) { return 0; });
+      },
+      "memopt::dispatch: 2 compiled Trainers", {"checkpoint::EveryBlock", "checkpoint::EveryNth<1>", "HINT"});
 }

@@ -132,12 +132,22 @@ std::vector<std::string> trainer_names() {
 }
 
 /// The index of the instantiation with `want`'s policy types; a combination the list does
-/// not hold throws, naming it and what the list holds.
+/// not hold, or holds twice under the same flags, throws, naming it and what the list holds.
 template <class List>
 size_t index_of(const memory::PolicyDesc& want) {
   const auto all = candidates<List>();
+  std::vector<size_t> found;
   for (size_t i = 0; i < all.size(); ++i)
-    if (all[i].same_types(want)) return i;
+    if (all[i].same_types(want)) found.push_back(i);
+  // The flags are the policies' identity here: two instantiations answering to the same ones
+  // (checkpoint::EveryNth<1> is "every", as EveryBlock) would make the choice ambiguous.
+  if (found.size() > 1) {
+    const auto names = trainer_names<List>();
+    TORCH_CHECK(false, "memopt::dispatch: ", found.size(), " compiled Trainers describe themselves as ", want.flags(),
+                ": ", names[found[0]], " and ", names[found[1]], ". HINT: give each policy of a list its own flag in "
+                "describe(), or keep one of them in the list.");
+  }
+  if (!found.empty()) return found.front();
   std::string held;
   for (const auto& d : all) held += "\n  " + d.flags();
   TORCH_CHECK(false, "memopt::dispatch: no compiled Trainer has ", want.flags(),
