@@ -16,7 +16,7 @@
 #include "memopt/error.hpp"
 #include "memopt/runtime.hpp"
 #include "memopt/models/llama.hpp"
-#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/recompute.hpp"
 #include "memopt/policies/precision.hpp"
 
 namespace memopt::bench {
@@ -57,27 +57,27 @@ void add_shape_options(CLI::App& app, Config& cfg) {
   app.add_option("--seq", cfg.seq, "tokens per row (T)")->check(CLI::PositiveNumber);
 }
 
-/// --precision and --checkpoint, into cfg.precision and cfg.checkpoint: what with_policies reads.
+/// --precision and --recompute, into cfg.precision and cfg.recompute: what with_policies reads.
 template <class Config>
 void add_policy_options(CLI::App& app, Config& cfg) {
   app.add_option("--precision", cfg.precision, "compute precision")->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--checkpoint", cfg.checkpoint, "activation checkpointing")->check(CLI::IsMember({"none", "every"}));
+  app.add_option("--recompute", cfg.recompute, "recompute every block in backward (activation checkpointing)")->check(CLI::IsMember({"none", "every"}));
 }
 
-/// Calls `run.template operator()<Checkpoint, Precision>()` with the policy types the
-/// --precision (fp32 | bf16: autocast) and --checkpoint (none | every) strings name: the one
+/// Calls `run.template operator()<Recompute, Precision>()` with the policy types the
+/// --precision (fp32 | bf16: autocast) and --recompute (none | every) strings name: the one
 /// runtime branch on a policy, outside every step.
 ///   auto run = [&]<class C, class P>() { return measure<C, P>(cfg); };
-///   auto r = memopt::bench::with_policies(cfg.precision, cfg.checkpoint, run);
+///   auto r = memopt::bench::with_policies(cfg.precision, cfg.recompute, run);
 template <class Run>
-auto with_policies(const std::string& precision, const std::string& checkpoint, Run&& run) {
-  namespace ckpt = memopt::checkpoint;
+auto with_policies(const std::string& precision, const std::string& recompute, Run&& run) {
+  namespace rc = memopt::recompute;
   namespace prec = memopt::precision;
-  const bool bf16 = precision == "bf16", every = checkpoint == "every";
-  if (!bf16 && !every) return run.template operator()<ckpt::None, prec::Fp32>();
-  if (!bf16 && every) return run.template operator()<ckpt::EveryBlock, prec::Fp32>();
-  if (bf16 && !every) return run.template operator()<ckpt::None, prec::Bf16Autocast>();
-  return run.template operator()<ckpt::EveryBlock, prec::Bf16Autocast>();
+  const bool bf16 = precision == "bf16", every = recompute == "every";
+  if (!bf16 && !every) return run.template operator()<rc::None, prec::Fp32>();
+  if (!bf16 && every) return run.template operator()<rc::EveryBlock, prec::Fp32>();
+  if (bf16 && !every) return run.template operator()<rc::None, prec::Bf16Autocast>();
+  return run.template operator()<rc::EveryBlock, prec::Bf16Autocast>();
 }
 
 /// Millions of parameters of a module (the JSON lines' params_m).

@@ -27,7 +27,7 @@ namespace {
 struct StackConfig {
   std::string row = "fp32";
   std::string data = "data/kjv/train.bin";
-  std::string offload_dir;  // offload::Disk's folder ("": $MEMOPT_OFFLOAD_DIR or the temp folder)
+  std::string offload_dir;  // state::Disk's folder ("": $MEMOPT_OFFLOAD_DIR or the temp folder)
   int64_t layers = 8, dim = 512, heads = 8, seq = 1024, batch = 2, vocab = 4096;
   int64_t steps = 3, warmup = 1;
   int64_t loss_chunk = 1024;  // rows per chunk of the fused head + loss
@@ -68,8 +68,8 @@ int64_t adamw_state_bytes(Opt& optimizer) {
   return bytes;
 }
 
-template <memopt::CheckpointPolicy Checkpoint, memopt::PrecisionPolicy Precision, memopt::OffloadPolicy Offload>
-RowResult train(const StackConfig& cfg, memopt::models::Llama& model, double grad_clip, Offload offload = {}) {
+template <memopt::RecomputePolicy Recompute, memopt::PrecisionPolicy Precision, memopt::StatePolicy State>
+RowResult train(const StackConfig& cfg, memopt::models::Llama& model, double grad_clip, State opt_state = {}) {
   auto shard = memopt::data::TokenShard::open(cfg.data);
   memopt::data::RandomWindowLoader loader(shard, memopt::data::LoaderOptions(cfg.batch, cfg.seq).seed(cfg.seed));
   auto options = memopt::TrainerOptions()
@@ -78,8 +78,8 @@ RowResult train(const StackConfig& cfg, memopt::models::Llama& model, double gra
                      .decay(memopt::optim::Decay::kConstant)
                      .grad_clip(grad_clip)
                      .max_steps(cfg.warmup + cfg.steps);
-  memopt::Trainer<Checkpoint, Precision, memopt::accum::None, Offload> trainer(*model, options, {},
-                                                                               std::move(offload));
+  memopt::Trainer<Recompute, Precision, memopt::accum::None, State> trainer(*model, options, {},
+                                                                               std::move(opt_state));
   auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
   RowResult r;
   for (int64_t s = 0; s < cfg.warmup + cfg.steps; ++s) {
@@ -122,9 +122,9 @@ int main(int argc, char** argv) {
   memopt::init(memopt::RuntimeOptions().threads(cfg.threads));
 
   return memopt::bench::print_line([&] {
-    namespace ckpt = memopt::checkpoint;
+    namespace rc = memopt::recompute;
     namespace prec = memopt::precision;
-    namespace off = memopt::offload;
+    namespace st = memopt::state;
     const std::string& row = cfg.row;
     const bool v32k = row.rfind("ce_v32k", 0) == 0;
     const int64_t vocab = v32k ? 32000 : cfg.vocab;
@@ -141,19 +141,19 @@ int main(int argc, char** argv) {
 
     // The policies are types: one branch here, outside every step.
     RowResult r;
-    if (row == "fp32") r = train<ckpt::None, prec::Fp32, off::None>(cfg, model, 1.0);
-    else if (row == "bf16") r = train<ckpt::None, prec::Bf16Autocast, off::None>(cfg, model, 1.0);
-    else if (row == "selective") r = train<ckpt::Selective, prec::Bf16Autocast, off::None>(cfg, model, 1.0);
+    if (row == "fp32") r = train<rc::None, prec::Fp32, st::Resident>(cfg, model, 1.0);
+    else if (row == "bf16") r = train<rc::None, prec::Bf16Autocast, st::Resident>(cfg, model, 1.0);
+    else if (row == "selective") r = train<rc::Selective, prec::Bf16Autocast, st::Resident>(cfg, model, 1.0);
     else if (row == "every_block" || row == "mem_attention" || row == "chunked_ce" || v32k)
-      r = train<ckpt::EveryBlock, prec::Bf16Autocast, off::None>(cfg, model, 1.0);
-    else if (row == "int8_state") r = train<ckpt::EveryBlock, prec::Bf16Autocast, off::Int8State>(cfg, model, 1.0);
+      r = train<rc::EveryBlock, prec::Bf16Autocast, st::Resident>(cfg, model, 1.0);
+    else if (row == "int8_state") r = train<rc::EveryBlock, prec::Bf16Autocast, st::Int8>(cfg, model, 1.0);
     else if (row == "step_in_backward")
-      r = train<ckpt::EveryBlock, prec::Bf16Autocast, off::StepInBackward>(cfg, model, 0.0);
+      r = train<rc::EveryBlock, prec::Bf16Autocast, st::StepInBackward>(cfg, model, 0.0);
     else if (row == "disk")
-      r = train<ckpt::EveryBlock, prec::Bf16Autocast, off::Disk>(
-          cfg, model, 1.0, off::Disk(memopt::optim::DiskAdamWOptions().directory(cfg.offload_dir)));
-    else if (row == "full") r = train<ckpt::EveryBlock, prec::Bf16Autocast, off::StepInBackwardInt8>(cfg, model, 0.0);
-    else r = train<ckpt::EveryBlock, prec::Fp32, off::StepInBackwardInt8>(cfg, model, 0.0);  // full_fp32
+      r = train<rc::EveryBlock, prec::Bf16Autocast, st::Disk>(
+          cfg, model, 1.0, st::Disk(memopt::optim::DiskAdamWOptions().directory(cfg.offload_dir)));
+    else if (row == "full") r = train<rc::EveryBlock, prec::Bf16Autocast, st::StepInBackwardInt8>(cfg, model, 0.0);
+    else r = train<rc::EveryBlock, prec::Fp32, st::StepInBackwardInt8>(cfg, model, 0.0);  // full_fp32
 
     double total = 0;
     for (double s : r.step_seconds) total += s;

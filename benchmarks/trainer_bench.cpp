@@ -5,7 +5,7 @@
 // same tokens from the same LCG. `--impl hand` trains the same model in a hand-written
 // LibTorch loop instead (fp32, no checkpoint): the baseline of the Trainer's overhead.
 //
-//   memopt_bench_trainer --layers 4 --dim 256 --seq 256 --precision bf16 --checkpoint every
+//   memopt_bench_trainer --layers 4 --dim 256 --seq 256 --precision bf16 --recompute every
 //   scripts/bench trainer            # the whole suite, peer and ratios included
 #include <algorithm>
 #include <chrono>
@@ -37,13 +37,13 @@ struct BenchConfig {
   uint64_t seed = 1234;
   int threads = 0;  // 0: every CPU this process may run on
   std::string precision = "fp32";
-  std::string checkpoint = "none";
+  std::string recompute = "none";
   std::string impl = "memopt";
 
   int64_t tokens_per_step() const { return micro * accum * seq; }
   std::string name() const {
     return "l" + std::to_string(layers) + "-d" + std::to_string(dim) + "-s" + std::to_string(seq) + "-" + precision +
-           (checkpoint == "every" ? "-ckpt" : "");
+           (recompute == "every" ? "-ckpt" : "");
   }
 };
 
@@ -96,13 +96,13 @@ BenchResult time_steps(const BenchConfig& cfg, StepFn&& step) {
 }
 
 /// memopt's Trainer with the policy types picked in main().
-template <memopt::CheckpointPolicy Checkpoint, memopt::PrecisionPolicy Precision>
+template <memopt::RecomputePolicy Recompute, memopt::PrecisionPolicy Precision>
 BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model) {
   auto options = memopt::TrainerOptions()
                      .accum_steps(cfg.accum)
                      .decay(memopt::optim::Decay::kConstant)  // lr 3e-4 throughout, as the peer
                      .max_steps(cfg.warmup + cfg.steps);
-  memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime> trainer(*model, options);
+  memopt::Trainer<Recompute, Precision, memopt::accum::Runtime> trainer(*model, options);
   LcgTokenLoader loader(cfg.micro, cfg.seq, cfg.vocab, cfg.seed);
   auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
   return time_steps(cfg, [&] { return trainer.step(loader, loss_fn).loss.template item<double>(); });
@@ -136,7 +136,7 @@ BenchResult run_hand(const BenchConfig& cfg, memopt::models::Llama& model) {
     num_targets = num_targets.to(torch::kFloat);
     torch::Tensor loss_sum = torch::zeros({});
     for (const auto& batch : micro_batches) {
-      torch::Tensor loss = model->loss_sum(batch, memopt::checkpoint::None{}) / num_targets;
+      torch::Tensor loss = model->loss_sum(batch, memopt::recompute::None{}) / num_targets;
       loss.backward();
       loss_sum += loss.detach();
     }
@@ -169,9 +169,9 @@ int main(int argc, char** argv) {
   memopt::init(memopt::RuntimeOptions().threads(cfg.threads));
 
   return memopt::bench::print_line([&] {
-    TORCH_CHECK(cfg.impl != "hand" || (cfg.precision == "fp32" && cfg.checkpoint == "none"),
+    TORCH_CHECK(cfg.impl != "hand" || (cfg.precision == "fp32" && cfg.recompute == "none"),
                 "memopt_bench_trainer: --impl hand runs fp32 without checkpointing only (got --precision ",
-                cfg.precision, " --checkpoint ", cfg.checkpoint, "). HINT: drop --precision/--checkpoint.");
+                cfg.precision, " --recompute ", cfg.recompute, "). HINT: drop --precision/--recompute.");
     torch::manual_seed(static_cast<int64_t>(cfg.seed));
     memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
     model->train();
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
     // The policies are types: the only runtime branch is this one, outside every step.
     auto trainer_run = [&]<class C, class P>() { return run_trainer<C, P>(cfg, model); };
     const BenchResult r = cfg.impl == "hand" ? run_hand(cfg, model)
-                                             : memopt::bench::with_policies(cfg.precision, cfg.checkpoint, trainer_run);
+                                             : memopt::bench::with_policies(cfg.precision, cfg.recompute, trainer_run);
 
     double total = 0;
     for (double s : r.step_seconds) total += s;
@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
         {"steps", cfg.steps},
         {"warmup", cfg.warmup},
         {"precision", cfg.precision},
-        {"checkpoint", cfg.checkpoint},
+        {"recompute", cfg.recompute},
         {"threads", at::get_num_threads()},
     };
   });

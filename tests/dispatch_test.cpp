@@ -14,9 +14,9 @@
 namespace {
 // Two instantiations: dispatch to a combination outside the list is an error listing them.
 using TwoTrainers = memopt::TypeList<
-    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime>,
-    memopt::Trainer<memopt::checkpoint::Selective, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
-                    memopt::offload::Disk>>;
+    memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::recompute::Selective, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
+                    memopt::state::Disk>>;
 }  // namespace
 
 TEST_CASE("dispatch reaches the instantiation the flags name", "[planner]") {
@@ -28,14 +28,14 @@ TEST_CASE("dispatch reaches the instantiation the flags name", "[planner]") {
     return memopt::dispatch<memopt::StandardTrainers>(d, []<class T>(std::type_identity<T>) { return T::name(); });
   };
   CHECK(memopt::StandardTrainers::size == 48);
-  CHECK(name_of(parse("none", "fp32", "none")) ==
-        "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>");
+  CHECK(name_of(parse("none", "fp32", "resident")) ==
+        "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>");
   CHECK(name_of(parse("every-2", "bf16-pure", "int8", 4)) ==
-        "Trainer<checkpoint::EveryNth<2>, precision::Bf16Pure, accum::Runtime, offload::Int8State>");
+        "Trainer<recompute::EveryNth<2>, precision::Bf16Pure, accum::Runtime, state::Int8>");
   CHECK(name_of(parse("selective", "fp16", "disk")) ==
-        "Trainer<checkpoint::Selective, precision::Fp16Scaled, accum::Runtime, offload::Disk>");
-  CHECK(name_of(parse("every", "bf16", "none")) ==
-        "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::None>");
+        "Trainer<recompute::Selective, precision::Fp16Scaled, accum::Runtime, state::Disk>");
+  CHECK(name_of(parse("every", "bf16", "resident")) ==
+        "Trainer<recompute::EveryBlock, precision::Bf16Autocast, accum::Runtime, state::Resident>");
   // Every instantiation is reachable, and describes itself as the flags that reach it.
   const auto all = memopt::candidates<memopt::StandardTrainers>();
   const auto names = memopt::trainer_names<memopt::StandardTrainers>();
@@ -46,15 +46,15 @@ TEST_CASE("dispatch reaches the instantiation the flags name", "[planner]") {
         memopt::dispatch<TwoTrainers>(parse("every-2", "bf16", "disk"),
                                       []<class T>(std::type_identity<T>) { return 0; });
       },
-      "memopt::dispatch", {"--checkpoint every-2 --precision bf16 --offload disk", "HINT", "--checkpoint selective"});
+      "memopt::dispatch", {"--recompute every-2 --precision bf16 --optimizer_state disk", "HINT", "--recompute selective"});
   // Two instantiations under the same flags (EveryNth<1> describes itself as "every"): ambiguous, refused.
   using Twins = memopt::TypeList<
-      memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Fp32, memopt::accum::Runtime>,
-      memopt::Trainer<memopt::checkpoint::EveryNth<1>, memopt::precision::Fp32, memopt::accum::Runtime>>;
+      memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Fp32, memopt::accum::Runtime>,
+      memopt::Trainer<memopt::recompute::EveryNth<1>, memopt::precision::Fp32, memopt::accum::Runtime>>;
   memopt::test::require_error(
       [] {
-        memopt::dispatch<Twins>(memopt::parse_policies<Twins>("every", "fp32", "none"),
+        memopt::dispatch<Twins>(memopt::parse_policies<Twins>("every", "fp32", "resident"),
                                 []<class T>(std::type_identity<T>) { return 0; });
       },
-      "memopt::dispatch: 2 compiled Trainers", {"checkpoint::EveryBlock", "checkpoint::EveryNth<1>", "HINT"});
+      "memopt::dispatch: 2 compiled Trainers", {"recompute::EveryBlock", "recompute::EveryNth<1>", "HINT"});
 }

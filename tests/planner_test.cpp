@@ -28,7 +28,7 @@ TEST_CASE("the planner picks the fastest combination that fits, for three budget
   };
   // The unconstrained fastest: the cost model's minimum over every runnable combination.
   const auto free = plan_for(0);
-  CHECK(free.chosen.policies.name() == "checkpoint=none precision=fp32 offload=none accum=1");
+  CHECK(free.chosen.policies.name() == "recompute=none precision=fp32 state=resident accum=1");
   const int64_t need = free.chosen.estimate.peak;
 
   for (const double fraction : {1.0, 0.5, 0.2}) {
@@ -68,7 +68,7 @@ TEST_CASE("a calibrated plan follows the measured peak: overruns move down, over
   const auto desc = memopt::models::describe(memopt::models::LlamaConfig().vocab_size(4096).hidden_size(256)
                                                          .num_hidden_layers(4).num_attention_heads(8)
                                                          .max_position_embeddings(256));
-  const auto candidates = memopt::candidates<memopt::CheckpointPrecisionTrainers>();
+  const auto candidates = memopt::candidates<memopt::RecomputePrecisionTrainers>();
   const auto uncalibrated = memopt::plan(desc, 256, candidates, memopt::PlanOptions().effective_batch(16));
   const int64_t budget = uncalibrated.rows.back().estimate.peak;  // some, not all, combinations fit at micro 16
   const auto options = memopt::PlanOptions().budget_bytes(budget).effective_batch(16);
@@ -128,7 +128,7 @@ TEST_CASE("GritLM's plan keeps the batch and picks the GradCache chunk and polic
   };
   const auto free = plan_for(0);
   CHECK(free.chosen.chunk == 0);  // one graph: no second forward pass
-  CHECK(free.chosen.policies.name() == "checkpoint=none precision=fp32 offload=none accum=1");
+  CHECK(free.chosen.policies.name() == "recompute=none precision=fp32 state=resident accum=1");
   // Four whole-batch candidates (one graph each) and four GradCache ones at chunks 1 .. 32 (below 64 rows).
   CHECK(free.rows.size() == 4 + 4 * 6);
   for (const auto& r : free.rows) CHECK((r.chunk > 0) == r.policies.split.grad_cache);
@@ -155,21 +155,21 @@ TEST_CASE("policy flags and sizes: good values parse, bad ones name the flag and
     return memopt::parse_policies<memopt::StandardTrainers>(c, p, o, accum);
   };
   const auto d = parse("every-2", "bf16-pure", "disk", 8);
-  CHECK(d.checkpoint.whole_block(2, 4));
-  CHECK(!d.checkpoint.whole_block(3, 4));
+  CHECK(d.recompute.whole_block(2, 4));
+  CHECK(!d.recompute.whole_block(3, 4));
   CHECK(d.precision.half_weights);
-  CHECK(d.name() == "checkpoint=every-2 precision=bf16-pure offload=disk accum=8");
+  CHECK(d.name() == "recompute=every-2 precision=bf16-pure state=disk accum=8");
   // The choices a bad value is told are the list's own flags.
-  memopt::test::require_error([&] { parse("every-x", "fp32", "none"); }, "memopt",
-                              {"--checkpoint", "every-x", "none, every, every-2, selective", "HINT"});
-  memopt::test::require_error([&] { parse("none", "fp8", "none"); }, "memopt",
+  memopt::test::require_error([&] { parse("every-x", "fp32", "resident"); }, "memopt",
+                              {"--recompute", "every-x", "none, every, every-2, selective", "HINT"});
+  memopt::test::require_error([&] { parse("none", "fp8", "resident"); }, "memopt",
                               {"--precision", "fp8", "fp32, bf16, bf16-pure, fp16", "HINT"});
-  memopt::test::require_error([&] { parse("none", "fp32", "nvme"); }, "memopt", {"--offload", "nvme", "HINT"});
-  memopt::test::require_error([&] { parse("none", "fp32", "none", 0); }, "memopt", {"--accum", "0", "HINT"});
+  memopt::test::require_error([&] { parse("none", "fp32", "nvme"); }, "memopt", {"--optimizer_state", "nvme", "HINT"});
+  memopt::test::require_error([&] { parse("none", "fp32", "resident", 0); }, "memopt", {"--accum", "0", "HINT"});
   // A type-fixed count wins over the flag's: accum::Fixed<4> runs 4 micro-batches.
-  using Fixed4 = memopt::TypeList<memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32,
+  using Fixed4 = memopt::TypeList<memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32,
                                                   memopt::accum::Fixed<4>>>;
-  CHECK(memopt::parse_policies<Fixed4>("none", "fp32", "none", 1).accum == 4);
+  CHECK(memopt::parse_policies<Fixed4>("none", "fp32", "resident", 1).accum == 4);
   CHECK(memopt::parse_bytes("4GiB") == int64_t{4} << 30);
   CHECK(memopt::parse_bytes("512M") == int64_t{512} << 20);
   CHECK(memopt::parse_bytes("1.5G") == int64_t{3} << 29);
@@ -182,9 +182,9 @@ TEST_CASE("policy flags and sizes: good values parse, bad ones name the flag and
 TEST_CASE("StepInBackward and PinnedHost are plannable: their descriptions change the estimate and the verdict",
           "[planner]") {
   using namespace memopt;
-  using Plannable = TypeList<Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>,
-                             Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::StepInBackward>,
-                             Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::PinnedHost>>;
+  using Plannable = TypeList<Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>,
+                             Trainer<recompute::None, precision::Fp32, accum::Runtime, state::StepInBackward>,
+                             Trainer<recompute::None, precision::Fp32, accum::Runtime, state::PinnedHost>>;
   const auto desc = models::describe(models::LlamaConfig().vocab_size(4096).hidden_size(256).num_hidden_layers(4)
                                          .num_attention_heads(8).max_position_embeddings(128));
   const auto all = candidates<Plannable>();
@@ -208,7 +208,7 @@ TEST_CASE("StepInBackward and PinnedHost are plannable: their descriptions chang
   };
   auto row = [](const Plan& p, std::string_view flag) {
     for (const auto& r : p.rows)
-      if (r.policies.offload.flag == flag) return r;
+      if (r.policies.state.flag == flag) return r;
     FAIL("no row for " << flag);
     return PlanRow{};
   };
@@ -220,12 +220,12 @@ TEST_CASE("StepInBackward and PinnedHost are plannable: their descriptions chang
   CHECK(row(unclipped, "step-in-backward").micro_batch == 4);  // it allows no accumulation
   const auto gpu = plan_on(true, 0.0);
   CHECK(row(gpu, "pinned-host").fits());
-  CHECK(row(gpu, "pinned-host").seconds > row(gpu, "none").seconds);  // the host link costs time
+  CHECK(row(gpu, "pinned-host").seconds > row(gpu, "resident").seconds);  // the host link costs time
   // Just below plain AdamW's peak at micro-batch 4 (its backward): AdamW must split the batch,
   // the state kept off the device lets pinned-host keep it whole.
   const auto p = plan(desc, 128, all, PlanOptions().effective_batch(4).grad_clip(0).budget_bytes(none.peak - 1)
                                           .machine(MachineModel().cuda(true)));
   INFO(p.explain());
-  CHECK(row(p, "none").micro_batch < 4);
+  CHECK(row(p, "resident").micro_batch < 4);
   CHECK(row(p, "pinned-host").micro_batch == 4);
 }

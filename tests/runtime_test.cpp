@@ -14,10 +14,10 @@
 #include "support.hpp"
 
 TEST_CASE("log_performance_info names LibTorch, threads, BLAS, CPU features and the policies", "[runtime]") {
-  using T = memopt::Trainer<memopt::checkpoint::EveryNth<2>, memopt::precision::Bf16Autocast, memopt::accum::Fixed<4>,
-                            memopt::offload::None>;
+  using T = memopt::Trainer<memopt::recompute::EveryNth<2>, memopt::precision::Bf16Autocast, memopt::accum::Fixed<4>,
+                            memopt::state::Resident>;
   CHECK(memopt::detail::policy_name<memopt::accum::Fixed<4>>() == "accum::Fixed<4>");
-  CHECK(memopt::detail::policy_name<memopt::checkpoint::EveryBlock>() == "checkpoint::EveryBlock");
+  CHECK(memopt::detail::policy_name<memopt::recompute::EveryBlock>() == "recompute::EveryBlock");
   std::map<std::string, std::string> info;
   for (const auto& [label, value] : memopt::performance_info()) info[label] = value;
   CHECK_THAT(info.at("libtorch"), Catch::StartsWith(TORCH_VERSION));
@@ -31,7 +31,7 @@ TEST_CASE("log_performance_info names LibTorch, threads, BLAS, CPU features and 
   std::string text;
   for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) text += static_cast<char>(c);
   std::fclose(file);
-  CHECK_THAT(text, Catch::Contains("trainer: Trainer<checkpoint::EveryNth<2>, precision::Bf16Autocast, "
-                                   "accum::Fixed<4>, offload::None>"));
+  CHECK_THAT(text, Catch::Contains("trainer: Trainer<recompute::EveryNth<2>, precision::Bf16Autocast, "
+                                   "accum::Fixed<4>, state::Resident>"));
   CHECK_THAT(text, Catch::Contains("blas: "));
 }

@@ -1,7 +1,8 @@
-// tests/support.hpp — what several test files share: a temporary folder, the check that a
-// call fails with memopt's error style (the component's prefix, the parts named, a HINT),
-// the loader of the python3-torch reference files in tests/baselines/, and protobuf
-// helpers to write small SentencePiece models by hand.
+// tests/support.hpp — what several test files share: a temporary folder, reading and writing
+// whole files, the check that a call fails with memopt's error style (the component's prefix,
+// the parts named, a HINT), the largest difference of two tensors, the loader of the
+// python3-torch reference files in tests/baselines/, and protobuf helpers to write small
+// SentencePiece models by hand.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -51,6 +52,12 @@ inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
+/// The whole file at `path`, byte for byte ("" if it cannot be read).
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 /// Runs `fn`; requires a c10::Error whose message holds `prefix`, a HINT and every part.
 inline void require_error(const std::function<void()>& fn, const std::string& prefix,
                           const std::vector<std::string>& parts) {
@@ -65,6 +72,11 @@ inline void require_error(const std::function<void()>& fn, const std::string& pr
     return;
   }
   FAIL("expected a c10::Error mentioning " << (parts.empty() ? prefix : parts.front()));
+}
+
+/// max |a - b| over all elements, in double.
+inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
 }
 
 using TensorMap = std::map<std::string, torch::Tensor>;

@@ -20,7 +20,7 @@ TEST_CASE("Trainer with bf16 autocast and checkpointing lowers the loss", "[trai
   torch::manual_seed(0);
   memopt::models::Llama model(tiny_llama(0.0));
   ListLoader loader{{random_batch(4, 16, 64, 1), random_batch(4, 16, 64, 2)}};
-  memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Fixed<2>> trainer(
+  memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Fixed<2>> trainer(
       *model, memopt::TrainerOptions().lr(3e-3).max_steps(30).log_interval(10).warmup_steps(2));
   auto release = std::make_shared<memopt::callbacks::ReleaseCache>(10);
   trainer.add_callback(release);

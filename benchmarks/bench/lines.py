@@ -142,7 +142,7 @@ def data_trainer_line(line: str) -> dict:
     """The trainer's consumption rate from memopt_bench_trainer's line."""
     t = json.loads(line)
     keys = ("tokens_per_s", "step_ms", "step_ms_min", "peak_rss_mib", "layers", "dim", "heads", "seq", "micro",
-            "accum", "vocab", "precision", "checkpoint", "steps", "warmup", "threads", "load_avg_1m")
+            "accum", "vocab", "precision", "recompute", "steps", "warmup", "threads", "load_avg_1m")
     best = t["micro"] * t["accum"] * t["seq"] / (t["step_ms_min"] / 1e3)  # the fastest step: the most demanding rate
     return {"suite": "data", "name": "trainer_consumption", "impl": "memopt_bench_trainer", "model": t["name"],
             "tokens_per_s_best": best, **{k: t[k] for k in keys}}

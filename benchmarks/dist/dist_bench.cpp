@@ -8,7 +8,7 @@
 // where a step's time goes (forward + backward, gradient all-reduce, optimizer: from the memory
 // tracker's timeline) and, timed apart after training, what each collective costs on its own.
 //
-//   memopt_bench_dist --precision bf16 --checkpoint every                      # 1 rank
+//   memopt_bench_dist --precision bf16 --recompute every                      # 1 rank
 //   RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 OMP_NUM_THREADS=1 \
 //     memopt_bench_dist --sharded --param_gather allgather ...                 # per rank r
 //   scripts/bench dist                                                         # the suite
@@ -54,7 +54,7 @@ struct BenchConfig {
   uint64_t seed = 1234;
   int threads = 1;
   std::string precision = "bf16";
-  std::string checkpoint = "every";
+  std::string recompute = "every";
   std::string data;  // a token shard (data/kjv/train.bin); empty: random tokens
   bool sharded = false;
   std::string param_gather = "broadcast";
@@ -64,7 +64,7 @@ struct BenchConfig {
   int64_t tokens_per_step() const { return micro * accum * seq; }  // the global batch
   std::string name() const {
     return "l" + std::to_string(layers) + "-d" + std::to_string(dim) + "-s" + std::to_string(seq) + "-" + precision +
-           (checkpoint == "every" ? "-ckpt" : "");
+           (recompute == "every" ? "-ckpt" : "");
   }
 };
 
@@ -210,7 +210,7 @@ void time_collectives(const BenchConfig& cfg, memopt::dist::World& world, torch:
 }
 
 /// The Trainer with the policy types picked in main(), on this rank's rows of each batch.
-template <memopt::CheckpointPolicy Checkpoint, memopt::PrecisionPolicy Precision>
+template <memopt::RecomputePolicy Recompute, memopt::PrecisionPolicy Precision>
 RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::models::Llama& model,
                std::shared_ptr<const memopt::data::TokenShard> shard) {
   auto options = memopt::TrainerOptions()
@@ -223,7 +223,7 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
                      .bucket_mib(cfg.bucket_mib)
                      .handle_signals(false)
                      .log_interval(1 << 30);
-  memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime> trainer(*model, options);
+  memopt::Trainer<Recompute, Precision, memopt::accum::Runtime> trainer(*model, options);
   RandomWindowLoader global(std::move(shard), memopt::data::LoaderOptions(cfg.micro, cfg.seq).seed(cfg.seed));
   RankSlice<RandomWindowLoader> loader(global, world.rank(), world.size());  // world of one: every row
   auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
@@ -315,7 +315,7 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
   memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
   model->train();
 
-  const RankResult r = memopt::bench::with_policies(cfg.precision, cfg.checkpoint, [&]<class C, class P>() {
+  const RankResult r = memopt::bench::with_policies(cfg.precision, cfg.recompute, [&]<class C, class P>() {
     return run<C, P>(cfg, world, model, shard);
   });
 
@@ -389,7 +389,7 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
       {"steps", cfg.steps},
       {"warmup", cfg.warmup},
       {"precision", cfg.precision},
-      {"checkpoint", cfg.checkpoint},
+      {"recompute", cfg.recompute},
       {"data", cfg.data.empty() ? std::string("lcg") : cfg.data},
   };
   memopt::dist::shutdown();  // a last barrier: no rank leaves while another still gathers

@@ -4,7 +4,7 @@
 // A warm-up step creates the optimizer state; the peaks are reset; the next step is measured.
 // With --time_steps N, N more steps are timed against planner.hpp's cost model (step_seconds).
 //
-//   memopt_bench_estimator --layers 4 --dim 256 --seq 256 --micro 8 --checkpoint every --precision bf16
+//   memopt_bench_estimator --layers 4 --dim 256 --seq 256 --micro 8 --recompute every --precision bf16
 //   scripts/bench estimator          # the whole suite: one JSON line per configuration
 //   scripts/bench planner            # the cost model: predicted vs measured s/step, --time_steps 3
 #include <chrono>
@@ -32,7 +32,7 @@ struct Config {
   int64_t kd_top_k = -1;  // >= 0: LLaMA -> LLaDA distillation (models/distill.hpp), a teacher of the same shape
   int64_t time_steps = 0;  // > 0: that many more steps, timed, next to planner.hpp's step_seconds
   double dropout = 0;
-  std::string checkpoint = "none", precision = "fp32", offload = "none", attention = "math";
+  std::string recompute = "none", precision = "fp32", state = "resident", attention = "math";
 };
 
 // Uniform random tokens: the step's memory does not depend on their values.
@@ -61,9 +61,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", c.vocab)->check(CLI::PositiveNumber);
   app.add_option("--loss_chunk", c.loss_chunk, "rows per fused head+loss chunk (0: full logits)");
   app.add_option("--dropout", c.dropout);
-  app.add_option("--checkpoint", c.checkpoint, "none | every | every-N | selective");
+  app.add_option("--recompute", c.recompute, "none | every | every-N | selective");
   app.add_option("--precision", c.precision, "fp32 | bf16 | bf16-pure | fp16");
-  app.add_option("--offload", c.offload, "none | int8 | disk");
+  app.add_option("--optimizer_state", c.state, "resident | int8 | disk | step-in-backward");
   app.add_option("--attention", c.attention)->check(CLI::IsMember({"math", "blockwise"}));
   app.add_option("--experts", c.experts, "> 0: a MoE LM (models/moe.hpp, sorted dispatch), --ffn per expert");
   app.add_option("--top_k", c.top_k, "experts per token");
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   memopt::init();
 
   return memopt::bench::print_line([&] {
-    const auto policies = memopt::parse_policies<memopt::StandardTrainers>(c.checkpoint, c.precision, c.offload, c.accum);
+    const auto policies = memopt::parse_policies<memopt::StandardTrainers>(c.recompute, c.precision, c.state, c.accum);
     auto config = memopt::bench::llama_config(c.vocab, c.dim, c.layers, c.heads, c.seq)
                       .num_key_value_heads(c.kv_heads)
                       .intermediate_size(c.ffn)

@@ -1,5 +1,5 @@
-// benchmarks/optim/adamw8bit_bench.cpp — fp32 AdamW (offload::None) against 8-bit AdamW
-// (offload::Int8State) training the same LLaMA on the King James corpus shards: the same init,
+// benchmarks/optim/adamw8bit_bench.cpp — fp32 AdamW (state::Resident) against 8-bit AdamW
+// (state::Int8) training the same LLaMA on the King James corpus shards: the same init,
 // the same batches, --steps optimizer steps. One impl per process (so peak RSS is its own);
 // prints one JSON line: the mean loss of the last 10 steps, the held-out loss, the
 // optimizer state's bytes, peak tracked/RSS memory, tokens/s and the optimizer step's time.
@@ -45,7 +45,7 @@ struct BenchConfig {
 };
 
 /// An offload policy around `Inner` that times the optimizer step (between its hooks).
-template <memopt::OffloadPolicy Inner>
+template <memopt::StatePolicy Inner>
 struct Timed {
   Inner inner;
   std::shared_ptr<std::vector<double>> step_seconds = std::make_shared<std::vector<double>>();
@@ -87,14 +87,14 @@ double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const me
   double sum = 0, count = 0;
   for (int64_t i = 0; i < cfg.eval_batches && loader.has_next(); ++i) {
     const memopt::Batch batch = loader.next();  // (B, T)
-    sum += model->loss_sum(batch, memopt::checkpoint::None{}).item<double>();
+    sum += model->loss_sum(batch, memopt::recompute::None{}).item<double>();
     count += batch.num_targets().item<double>();
   }
   model->train();
   return count > 0 ? sum / count : 0.0;
 }
 
-template <memopt::OffloadPolicy Offload>
+template <memopt::StatePolicy State>
 nlohmann::ordered_json run(const BenchConfig& cfg) {
   const auto train = memopt::data::TokenShard::open(cfg.data + "/train.bin");
   const auto val = memopt::data::TokenShard::open(cfg.data + "/val.bin");
@@ -108,7 +108,7 @@ nlohmann::ordered_json run(const BenchConfig& cfg) {
                            .lr(cfg.lr)
                            .warmup_steps(cfg.warmup)
                            .max_steps(cfg.steps);
-  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::None, Timed<Offload>> trainer(
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::None, Timed<State>> trainer(
       *model, options);
   memopt::data::RandomWindowLoader loader(train, memopt::data::LoaderOptions(cfg.micro, cfg.seq).seed(cfg.seed));
   auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
@@ -129,7 +129,7 @@ nlohmann::ordered_json run(const BenchConfig& cfg) {
   }
   const int64_t last = std::min<int64_t>(10, static_cast<int64_t>(losses.size()));
   const double loss_last = std::accumulate(losses.end() - last, losses.end(), 0.0) / static_cast<double>(last);
-  const auto& opt_seconds = *trainer.offload().step_seconds;
+  const auto& opt_seconds = *trainer.optimizer_state().step_seconds;
   const double opt_ms = opt_seconds.size() > 1
                             ? 1e3 * std::accumulate(opt_seconds.begin() + 1, opt_seconds.end(), 0.0) /
                                   static_cast<double>(opt_seconds.size() - 1)
@@ -162,7 +162,7 @@ nlohmann::ordered_json run(const BenchConfig& cfg) {
 int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_adamw8bit: fp32 AdamW or 8-bit AdamW training a LLaMA on the King James corpus, one JSON line"};
-  app.add_option("--impl", cfg.impl, "adamw: offload::None; adamw8bit: offload::Int8State")
+  app.add_option("--impl", cfg.impl, "adamw: state::Resident; adamw8bit: state::Int8")
       ->check(CLI::IsMember({"adamw", "adamw8bit"}));
   app.add_option("--data", cfg.data, "folder with train.bin and val.bin")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();
@@ -180,5 +180,5 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   memopt::init(memopt::RuntimeOptions().threads(cfg.threads));  // tracker + threads, before any tensor
   return memopt::bench::print_line(
-      [&] { return cfg.impl == "adamw" ? run<memopt::offload::None>(cfg) : run<memopt::offload::Int8State>(cfg); });
+      [&] { return cfg.impl == "adamw" ? run<memopt::state::Resident>(cfg) : run<memopt::state::Int8>(cfg); });
 }

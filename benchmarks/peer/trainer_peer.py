@@ -18,7 +18,7 @@ summed over the ranks; rank 0 prints the line.
 Attention is F.scaled_dot_product_attention(is_causal=True): what a PyTorch 2.x user writes (its
 CPU flash kernel never materialises the T x T scores).
 
-    .venv/bin/python3 benchmarks/peer/trainer_peer.py --precision bf16 --checkpoint every [--compile]
+    .venv/bin/python3 benchmarks/peer/trainer_peer.py --precision bf16 --recompute every [--compile]
 """
 import argparse
 import contextlib
@@ -186,7 +186,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=0, help="0: all available CPUs")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    ap.add_argument("--checkpoint", choices=["none", "every"], default="none")
+    ap.add_argument("--recompute", choices=["none", "every"], default="none")
     ap.add_argument("--reentrant", choices=["auto", "true", "false"], default="auto",
                     help="torch.utils.checkpoint's use_reentrant; auto: false, PyTorch 2.x's recommendation "
                          "(and the only one torch.compile traces)")
@@ -206,7 +206,7 @@ def main():
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
     bf16 = args.precision == "bf16"
-    checkpoint = args.checkpoint == "every"
+    checkpoint = args.recompute == "every"
     reentrant = args.reentrant == "true"
 
     model = Llama(args.vocab, args.dim, args.layers, args.heads)
@@ -290,7 +290,7 @@ def main():
         "steps": args.steps,
         "warmup": args.warmup,
         "precision": args.precision,
-        "checkpoint": args.checkpoint,
+        "recompute": args.recompute,
         "threads": torch.get_num_threads(),
         "ranks": world,
         "load_avg_1m": os.getloadavg()[0],  # other work on the machine skews the timings

@@ -1,6 +1,6 @@
 // examples/00_llama_lm — trains a LLaMA-style language model on the King James corpus with the
-// Trainer the flags name (--checkpoint, --precision, --accum, --offload; by default
-// checkpoint::EveryBlock, precision::Bf16Autocast, 4 micro-batches per step), or the one the
+// Trainer the flags name (--recompute, --precision, --accum, --optimizer_state; by default
+// recompute::EveryBlock, precision::Bf16Autocast, 4 micro-batches per step), or the one the
 // planner picks for a memory budget (--policies auto --memory_budget 1GiB): the fastest
 // compiled combination whose estimated peak fits, at the largest micro-batch that fits;
 // --calibrate corrects the estimate by measuring the choice's real step.
@@ -57,7 +57,7 @@ struct Args {
   int64_t sample_tokens = 48;
   double temperature = 0.8;
   std::string device = "cpu";
-  std::string checkpoint = "every", precision = "auto", offload = "none", policies = "fixed", memory_budget;
+  std::string recompute = "every", precision = "auto", optimizer_state = "resident", policies = "fixed", memory_budget;
   int64_t accum = 4;
   bool estimate_only = false;
   bool calibrate = false;
@@ -91,7 +91,7 @@ double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const me
   return examples::heldout_loss(*model, shard, memopt::data::LoaderOptions(a.micro_batch, a.seq_len), a.eval_batches,
                                 device, [&](const memopt::Batch& batch) {
                                   auto autocast = memopt::precision::Bf16Autocast{}.autocast(device.type());
-                                  return model->loss_sum(batch, memopt::checkpoint::None{});
+                                  return model->loss_sum(batch, memopt::recompute::None{});
                                 });
 }
 
@@ -103,7 +103,7 @@ int run(const Args& a) {
   const torch::Device device = examples::parse_device(a.device, "llama_lm");
   TORCH_CHECK(a.seq_len <= a.max_seq_len, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
               "--max_seq_len ", a.max_seq_len, "). HINT: lower --seq_len or raise --max_seq_len.");
-  auto policies = memopt::parse_policies<memopt::StandardTrainers>(a.checkpoint, a.precision, a.offload, a.accum);
+  auto policies = memopt::parse_policies<memopt::StandardTrainers>(a.recompute, a.precision, a.optimizer_state, a.accum);
   const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
   TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_lm: --policies must be fixed or auto (got '",
               a.policies, "'). HINT: auto picks the fastest combination that fits --memory_budget.");
@@ -292,12 +292,13 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", a.prompt, "prompt of the generated sample")->capture_default_str();
   app.add_option("--sample_tokens", a.sample_tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")->capture_default_str();
-  examples::add_checkpoint_option(app, a.checkpoint, "none | every | every-2 | selective")->capture_default_str();
+  examples::add_recompute_option(app, a.recompute, "none | every | every-2 | selective")->capture_default_str();
   examples::add_precision_option(app, a.precision,
                                  "fp32 | bf16 | bf16-pure | fp16 (CUDA) | auto (bf16 where measured faster)")
       ->capture_default_str();
   app.add_option(examples::kAccum, a.accum, "micro-batches per optimizer step")->capture_default_str();
-  app.add_option("--offload", a.offload, "optimizer state: none | int8 | disk")->capture_default_str();
+  examples::add_state_option(app, a.optimizer_state, "resident | int8 | disk | step-in-backward | step-in-backward-int8")
+      ->capture_default_str();
   app.add_option("--policies", a.policies, "fixed: the flags above; auto: the planner picks for --memory_budget")
       ->capture_default_str();
   app.add_option("--memory_budget", a.memory_budget,

@@ -48,7 +48,7 @@ struct Args {
   std::string teacher_model = "out/teacher";
   bool train_teacher = false;
   bool estimate_only = false;
-  std::string policies = "fixed";  // auto: the planner picks checkpoint, precision, micro-batch, accum
+  std::string policies = "fixed";  // auto: the planner picks recompute, precision, micro-batch, accum
   std::string memory_budget;
   int64_t teacher_steps = 80;
   double teacher_lr = 2e-3;
@@ -70,7 +70,7 @@ struct Args {
   double kd_temperature = 2.0;
   int64_t kd_top_k = 0;
   // policy overrides (empty / negative: the preset decides)
-  std::string checkpoint, precision, teacher_dtype, data_format;
+  std::string recompute, precision, teacher_dtype, data_format;
   std::string device = "cpu", teacher_device;  // cpu | cuda[:N]; teacher_device empty: --device
   bool teacher_autograd = false;
   double grad_clip = 1.0;
@@ -90,7 +90,7 @@ struct Args {
 // What a strategy turns on, after the explicit flags are applied.
 struct Plan {
   std::string strategy;
-  std::string checkpoint = "every_block";  // none | every_block
+  std::string recompute = "every_block";  // none | every_block
   std::string precision = "auto";          // fp32 | bf16 | auto (measured: memopt/machine.hpp)
   std::string data_format = "shards";      // shards | text
   std::string teacher_dtype = "fp32";      // fp32 | bf16 | auto (as precision)
@@ -110,7 +110,7 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   Plan p;
   p.strategy = a.strategy;
   if (a.strategy == "none") {
-    p.checkpoint = "none";
+    p.recompute = "none";
     p.precision = "fp32";
     p.data_format = "text";
     p.teacher_autograd = true;
@@ -127,8 +127,8 @@ Plan make_plan(const Args& a, const CLI::App& app) {
     p.teacher_dtype = "auto";
   }
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
-  if (examples::given(app, "--checkpoint", "--gradient_checkpointing")) p.checkpoint = a.checkpoint;
-  if (examples::given(app, "--precision", "--mixed_precision")) p.precision = a.precision;
+  if (examples::given(app, {"--recompute", "--checkpoint", "--gradient_checkpointing"})) p.recompute = a.recompute;
+  if (examples::given(app, {"--precision", "--mixed_precision"})) p.precision = a.precision;
   if (given("--data_format")) p.data_format = a.data_format;
   if (given("--teacher_dtype")) p.teacher_dtype = a.teacher_dtype;
   if (given("--teacher_autograd")) p.teacher_autograd = a.teacher_autograd;
@@ -196,15 +196,15 @@ Data load_data(const Args& a, const Plan& p) {
 }
 
 // ---- policies: the plan's strings select the Trainer's types (one instantiation each of
-// memopt::CheckpointPrecisionTrainers, through memopt::dispatch) ----
+// memopt::RecomputePrecisionTrainers, through memopt::dispatch) ----
 memopt::memory::PolicyDesc policies_of(const Plan& p) {
-  return memopt::parse_policies<memopt::CheckpointPrecisionTrainers>(p.checkpoint == "every_block" ? "every" : "none",
-                                                                    p.precision, "none", p.accum);
+  return memopt::parse_policies<memopt::RecomputePrecisionTrainers>(p.recompute == "every_block" ? "every" : "none",
+                                                                    p.precision, "resident", p.accum);
 }
 template <class F>
 int with_policies(const Plan& p, F&& f) {
-  return memopt::dispatch<memopt::CheckpointPrecisionTrainers>(policies_of(p), [&]<class T>(std::type_identity<T>) {
-    return f(typename T::checkpoint_type{}, typename T::precision_type{});
+  return memopt::dispatch<memopt::RecomputePrecisionTrainers>(policies_of(p), [&]<class T>(std::type_identity<T>) {
+    return f(typename T::recompute_type{}, typename T::precision_type{});
   });
 }
 
@@ -296,8 +296,8 @@ bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& me
   torch::manual_seed(static_cast<int64_t>(a.seed));
   teacher = Llama(teacher_config(a, d));
   teacher->to(p.teacher_device);  // the Trainer follows the parameters: batches go where they are
-  fmt::print("teacher: training a causal LLaMA ({} layers, d{}) for {} steps (fp32, checkpoint {})\n", a.layers, a.dim,
-             a.teacher_steps, p.checkpoint);
+  fmt::print("teacher: training a causal LLaMA ({} layers, d{}) for {} steps (fp32, recompute {})\n", a.layers, a.dim,
+             a.teacher_steps, p.recompute);
   std::fflush(stdout);
   if (a.teacher_steps > 0) {
     // fp32 whatever the strategy: the teacher is not what is measured, and its quality bounds
@@ -400,7 +400,7 @@ Eval evaluate(const Args& a, memopt::models::Distiller& distill, const Data& d) 
     double sum = 0, count = 0;
     for (int64_t i = 0; i < a.eval_batches && loader.has_next(); ++i) {
       const memopt::Batch b = loader.next().to(device_of(distill.teacher()));
-      sum += distill.teacher()->loss_sum(b, memopt::checkpoint::None{}).item<double>();
+      sum += distill.teacher()->loss_sum(b, memopt::recompute::None{}).item<double>();
       count += b.num_targets().item<double>();
     }
     e.teacher_loss = sum / std::max(count, 1.0);
@@ -453,7 +453,7 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
 
 int run(const Args& a, const CLI::App& app) {
   // ---- options first: a bad flag fails before any data is read ----
-  Plan plan = make_plan(a, app);  // --policies auto may change its checkpoint, precision and accum
+  Plan plan = make_plan(a, app);  // --policies auto may change its recompute, precision and accum
   TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_to_llada: --policies must be fixed or auto (got '",
               a.policies, "'). HINT: auto picks checkpointing, precision and micro-batch for --memory_budget.");
   const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
@@ -484,12 +484,12 @@ int run(const Args& a, const CLI::App& app) {
                                                                 plan.teacher_dtype == "bf16");
     if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder only
       const auto chosen = memopt::choose_policies(
-          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::CheckpointPrecisionTrainers>(),
+          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::RecomputePrecisionTrainers>(),
           memopt::PlanOptions().budget_bytes(budget).effective_batch(a.batch_size * plan.accum)
               .machine(memopt::MachineModel::from_device(plan.device)));
       policies = chosen.policies;
       micro_batch = chosen.micro_batch;
-      plan.checkpoint = policies.checkpoint.flag == "every" ? "every_block" : "none";
+      plan.recompute = policies.recompute.flag == "every" ? "every_block" : "none";
       plan.precision = policies.precision.flag;
       plan.accum = policies.accum;
     }
@@ -502,7 +502,7 @@ int run(const Args& a, const CLI::App& app) {
     std::ofstream(a.output_dir + "/metrics.jsonl",  // a new run's log starts empty; a resumed one appends
                   a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
   MetricsJsonl metrics(a.output_dir + "/metrics.jsonl", nullptr);
-  metrics.write({{"event", "start"}, {"strategy", plan.strategy}, {"checkpoint", plan.checkpoint},
+  metrics.write({{"event", "start"}, {"strategy", plan.strategy}, {"recompute", plan.recompute},
                  {"precision", plan.precision}, {"data_format", plan.data_format}, {"accum", plan.accum},
                  {"batch_size", micro_batch}, {"seq_len", a.seq_len}, {"teacher_dtype", plan.teacher_dtype},
                  {"teacher_autograd", plan.teacher_autograd}, {"kd_top_k", plan.kd_top_k}, {"alpha", a.alpha}});
@@ -531,10 +531,10 @@ int run(const Args& a, const CLI::App& app) {
 
   int64_t params = 0;
   for (const auto& p : student->parameters()) params += p.numel();
-  fmt::print("student: LLaDA {:.2f} M parameters, vocab {} (+ mask id {}); strategy {}: checkpoint {}, precision {}, "
+  fmt::print("student: LLaDA {:.2f} M parameters, vocab {} (+ mask id {}); strategy {}: recompute {}, precision {}, "
              "data {}, accum {}, clip {}, teacher {}{}, KD top-k {}, alpha {}\n",
              params / 1e6, student->config.vocab_size(), teacher->config.vocab_size(), plan.strategy,
-             plan.checkpoint, plan.precision, plan.data_format, plan.accum, plan.grad_clip, plan.teacher_dtype,
+             plan.recompute, plan.precision, plan.data_format, plan.accum, plan.grad_clip, plan.teacher_dtype,
              plan.teacher_autograd ? " with autograd" : " inference-mode", plan.kd_top_k, a.alpha);
   std::fflush(stdout);
 
@@ -642,7 +642,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--kd_temperature", a.kd_temperature, "KD softmax temperature")->capture_default_str();
   app.add_option("--kd_top_k", a.kd_top_k, "keep the teacher's top-k logits (0: all; comprehensive: 64)");
-  examples::add_checkpoint_option(app, a.checkpoint, "override: none | every (= every_block)", "every_block")
+  examples::add_recompute_option(app, a.recompute, "override: none | every (= every_block)", "every_block")
       ->check(one_of({"none", "every_block"}));
   examples::add_precision_option(app, a.precision, "override: fp32 | bf16 (autocast) | auto (measured on this CPU)")
       ->check(one_of({"fp32", "bf16", "auto"}));

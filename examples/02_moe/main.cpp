@@ -1,6 +1,6 @@
 // examples/02_moe — trains a Mixture-of-Experts LM (models/moe.hpp: top-k routing,
 // capacity factor, load-balancing and z-loss, sort-based dispatch) on the King James corpus.
-// Flags pick the policies: --checkpoint every (checkpoint::EveryBlock; the seed's
+// Flags pick the policies: --recompute every (recompute::EveryBlock; the seed's
 // --gradient_checkpointing), --precision bf16 (precision::Bf16Autocast; the seed's
 // --mixed_precision), --grad_accum N (accum::Runtime); the seed
 // project's "original" is --dispatch dense with none of them. It logs loss, aux loss,
@@ -54,7 +54,7 @@ struct Args {
   int64_t batch_size = 8;
   int64_t grad_accum = 1;
   int64_t seq_len = 256;
-  std::string checkpoint = "none";  // none | every (--gradient_checkpointing = every)
+  std::string recompute = "none";  // none | every (--gradient_checkpointing = every)
   std::string precision = "auto";   // auto | fp32 | bf16 (--mixed_precision = bf16)
   bool mixed_precision = false;     // --precision resolved: bf16 autocast
   std::string device = "cpu";  // cpu | cuda[:N]
@@ -143,7 +143,7 @@ double heldout_loss(Model& model, const std::shared_ptr<const memopt::data::Toke
   return examples::heldout_loss(*model, shard, memopt::data::LoaderOptions(a.batch_size, a.seq_len), a.eval_batches,
                                 model->parameters().front().device(), [&](const memopt::Batch& batch) {
                                   if constexpr (std::is_same_v<Model, MoeLM>) return model->ce_sum(batch);
-                                  else return model->loss_sum(batch, memopt::checkpoint::None{});
+                                  else return model->loss_sum(batch, memopt::recompute::None{});
                                 });
 }
 
@@ -152,9 +152,9 @@ struct Data {
   int64_t vocab = 0;
 };
 
-template <class Checkpoint, class Precision, class Model>
+template <class Recompute, class Precision, class Model>
 int train(const Args& a, const Data& d, Model& model, const std::string& description) {
-  using TrainerT = memopt::Trainer<Checkpoint, Precision, memopt::accum::Runtime>;
+  using TrainerT = memopt::Trainer<Recompute, Precision, memopt::accum::Runtime>;
   model->to(examples::parse_device(a.device, "moe_lm"));  // the Trainer follows the parameters: batches go there
   const auto options = memopt::TrainerOptions()
                            .lr(a.lr)
@@ -186,9 +186,9 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   }
   fmt::print("moe_lm: {} — {:.2f} M parameters ({:.2f} M active per token), vocab {}, {} train / {} held-out tokens\n",
              description, params / 1e6, active / 1e6, d.vocab, d.train->size(), d.val->size());
-  fmt::print("policies: checkpoint::{}, precision::{}, accum::Runtime({}) — effective batch {} x {} tokens, {} "
+  fmt::print("policies: recompute::{}, precision::{}, accum::Runtime({}) — effective batch {} x {} tokens, {} "
              "threads\n",
-             a.checkpoint == "every" ? "EveryBlock" : "None", a.mixed_precision ? "Bf16Autocast" : "Fp32",
+             a.recompute == "every" ? "EveryBlock" : "None", a.mixed_precision ? "Bf16Autocast" : "Fp32",
              a.grad_accum, a.batch_size * a.grad_accum, a.seq_len, at::get_num_threads());
   std::fflush(stdout);
 
@@ -218,16 +218,16 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   return 0;
 }
 
-// The policies the flags name (--checkpoint, --precision resolved, --grad_accum).
+// The policies the flags name (--recompute, --precision resolved, --grad_accum).
 memopt::memory::PolicyDesc policies_of(const Args& a) {
-  return memopt::parse_policies<memopt::CheckpointPrecisionTrainers>(
-      a.checkpoint, a.mixed_precision ? "bf16" : "fp32", "none", a.grad_accum);
+  return memopt::parse_policies<memopt::RecomputePrecisionTrainers>(
+      a.recompute, a.mixed_precision ? "bf16" : "fp32", "resident", a.grad_accum);
 }
 
 // --calibrate's real steps: a throwaway `Model` of the run's shape (memopt::probe_steps).
 template <class Model, class Config>
 memopt::MeasureStep probe_steps(const Args& a, const Data& d, const Config& cfg) {
-  return memopt::probe_steps<memopt::CheckpointPrecisionTrainers>(
+  return memopt::probe_steps<memopt::RecomputePrecisionTrainers>(
       memopt::TrainerOptions(), [cfg] { return Model(cfg); },
       [train = d.train, seq_len = a.seq_len](int64_t micro) {
         return memopt::data::RandomWindowLoader(train, memopt::data::LoaderOptions(micro, seq_len));
@@ -235,12 +235,12 @@ memopt::MeasureStep probe_steps(const Args& a, const Data& d, const Config& cfg)
       [](Model& probe) { return memopt::LossSum<Model>{&probe}; });
 }
 
-// One of the four compiled combinations (memopt::CheckpointPrecisionTrainers; --policies auto
+// One of the four compiled combinations (memopt::RecomputePrecisionTrainers; --policies auto
 // plans over the same list), reached through memopt::dispatch.
 template <class Model>
 int train_with_flags(const Args& a, const Data& d, Model& model, const std::string& description) {
-  return memopt::dispatch<memopt::CheckpointPrecisionTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
-    return train<typename T::checkpoint_type, typename T::precision_type>(a, d, model, description);
+  return memopt::dispatch<memopt::RecomputePrecisionTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
+    return train<typename T::recompute_type, typename T::precision_type>(a, d, model, description);
   });
 }
 
@@ -282,7 +282,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
     int64_t micro = a.batch_size;
     if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the micro-batch finder only
       const auto chosen = memopt::choose_policies(
-          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::CheckpointPrecisionTrainers>(),
+          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::RecomputePrecisionTrainers>(),
           memopt::PlanOptions()
               .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
               .effective_batch(a.batch_size * a.grad_accum)
@@ -291,7 +291,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
                       : memopt::MeasureStep());
       policies = chosen.policies;
       micro = chosen.micro_batch;
-      a.checkpoint = policies.checkpoint.flag;
+      a.recompute = policies.recompute.flag;
       a.mixed_precision = policies.precision.flag == "bf16";
       a.batch_size = micro;
       a.grad_accum = policies.accum;
@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch_size", a.batch_size, "sequences per micro-batch")->capture_default_str();
   app.add_option(examples::kAccum, a.grad_accum, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
-  examples::add_checkpoint_option(app, a.checkpoint, "none | every (recompute every block in backward)")
+  examples::add_recompute_option(app, a.recompute, "none | every (recompute every block in backward)")
       ->check(CLI::IsMember({"none", "every"}))->capture_default_str();
   examples::add_precision_option(app, a.precision, "auto (bf16 autocast where this device's bf16 matmul measured "
                                  "faster than fp32) | fp32 | bf16")->capture_default_str();

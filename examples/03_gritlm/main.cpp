@@ -4,7 +4,7 @@
 // cut from the King James Bible or the Brown corpus (data/grit.hpp) or on your own JSONL files. Flags pick the
 // policies: --grad_cache_chunk N (accum::GradCache: the contrastive batch in chunks of N
 // rows, memory of a chunk instead of the batch), --split_emb (GradCache's GritLM variant),
-// --checkpoint every (checkpoint::EveryBlock; the seed's --gradient_checkpointing),
+// --recompute every (recompute::EveryBlock; the seed's --gradient_checkpointing),
 // --precision bf16 (precision::Bf16Autocast; the seed's --mixed_precision) — or --policies auto --memory_budget 512MiB: the planner's fastest fitting
 // choice of those (planner.hpp). Batches are built by --workers threads ahead of the step
 // (data/prefetch.hpp), length-bucketed. Before and after training it measures held-out retrieval (top-1 among
@@ -74,7 +74,7 @@ struct Args {
   int64_t grad_accum = 1;
   int64_t grad_cache_chunk = 0;
   bool split_emb = false;
-  std::string checkpoint = "none";  // none | every (--gradient_checkpointing = every)
+  std::string recompute = "none";  // none | every (--gradient_checkpointing = every)
   std::string precision = "auto";   // auto | fp32 | bf16 (--mixed_precision = bf16)
   bool mixed_precision = false;     // --precision resolved: bf16 autocast
   double temperature = 0.02;
@@ -281,7 +281,7 @@ Eval evaluate(GritLM& model, const HeldoutSet& h) {
     for (int64_t begin = 0; begin < m; begin += 8) {
       const memopt::Batch b =
           memopt::data::collate_gen({h.gen.begin() + begin, h.gen.begin() + std::min(begin + 8, m)}, h.pad).to(device);
-      sum += model->llama()->loss_sum(b, memopt::checkpoint::None{}).item<double>();
+      sum += model->llama()->loss_sum(b, memopt::recompute::None{}).item<double>();
       count += b.num_targets().item<double>();
     }
     out.perplexity = std::exp(sum / std::max(count, 1.0));
@@ -312,10 +312,10 @@ Accum make_accum(const Args& a) {
   }
 }
 
-template <class Checkpoint, class Precision, class Accum>
+template <class Recompute, class Precision, class Accum>
 int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
           const memopt::data::GritBatcher& batcher, const nlohmann::json& data_stats) {
-  using TrainerT = memopt::Trainer<Checkpoint, Precision, Accum>;
+  using TrainerT = memopt::Trainer<Recompute, Precision, Accum>;
   const auto options =
       memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval);
   TrainerT trainer(*model, a.distributed.apply(a.checkpoints.apply(options, a.output_dir)), make_accum<Accum>(a));
@@ -389,21 +389,21 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   return 0;
 }
 
-// The policies the flags name (--checkpoint, --precision resolved, --grad_accum,
+// The policies the flags name (--recompute, --precision resolved, --grad_accum,
 // --grad_cache_chunk > 0: accum::GradCache), or with the given accumulation.
 memopt::memory::PolicyDesc policies_of(const Args& a, std::string_view split = "") {
   if (split.empty()) split = a.grad_cache_chunk > 0 ? "grad-cache" : "micro-batches";
-  return memopt::parse_policies<memopt::GradCacheTrainers>(a.checkpoint, a.mixed_precision ? "bf16" : "fp32", "none",
+  return memopt::parse_policies<memopt::GradCacheTrainers>(a.recompute, a.mixed_precision ? "bf16" : "fp32", "resident",
                                                            a.grad_accum, split);
 }
 
-// One of the eight compiled checkpoint × precision × GradCache combinations
+// One of the eight compiled recompute × precision × GradCache combinations
 // (memopt::GradCacheTrainers; --policies auto plans over the same list), reached through
 // memopt::dispatch.
 int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
                      const memopt::data::GritBatcher& batcher, const nlohmann::json& stats) {
   return memopt::dispatch<memopt::GradCacheTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
-    return train<typename T::checkpoint_type, typename T::precision_type, typename T::accum_type>(a, d, format, model,
+    return train<typename T::recompute_type, typename T::precision_type, typename T::accum_type>(a, d, format, model,
                                                                                                 batcher, stats);
   });
 }
@@ -440,7 +440,7 @@ void plan_step(Args& a, const GritFormat& format) {
     fmt::print("{}", plan.explain());
     policies = plan.chosen.policies;
     a.grad_cache_chunk = plan.chosen.chunk;
-    a.checkpoint = policies.checkpoint.flag;
+    a.recompute = policies.recompute.flag;
     a.mixed_precision = policies.precision.flag == "bf16";
   }
   run.chunk = a.split_emb ? std::max(a.batch_size * a.group_size, a.gen_batch_size) : a.grad_cache_chunk;
@@ -597,7 +597,7 @@ int main(int argc, char** argv) {
   app.add_option(examples::kAccum, a.grad_accum, "batches per optimizer step")->capture_default_str();
   app.add_option("--grad_cache_chunk", a.grad_cache_chunk, "GradCache chunk rows (0: off)")->capture_default_str();
   app.add_flag("--split_emb", a.split_emb, "GradCache's split_emb: passages, then queries, whole");
-  examples::add_checkpoint_option(app, a.checkpoint, "none | every (recompute every block in backward)")
+  examples::add_recompute_option(app, a.recompute, "none | every (recompute every block in backward)")
       ->check(CLI::IsMember({"none", "every"}))->capture_default_str();
   examples::add_precision_option(app, a.precision, "auto (bf16 autocast where this device's bf16 matmul measured "
                                  "faster than fp32) | fp32 | bf16")->capture_default_str();

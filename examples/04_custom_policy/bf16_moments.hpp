@@ -5,7 +5,7 @@
 // generator is its state: a resumed run continues the same rounding stream, bit for bit.
 //
 // Nothing outside this struct names it: the Trainer builds it (hooks::MakeOptimizer,
-// BeforeStep, AfterStep), the estimator, the planner, dispatch and the --offload flag read its
+// BeforeStep, AfterStep), the estimator, the planner, dispatch and the --optimizer_state flag read its
 // describe(), and a training checkpoint saves its generator (hooks::SavesState).
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <memopt/memory/policy_desc.hpp>
+#include <memopt/policies/state.hpp>  // for_each_adamw_moment
 
 namespace custom {
 
@@ -41,12 +42,12 @@ struct Bf16Moments {
   }
   /// bf16 → fp32 for the step (no state before the first one).
   void before_step(torch::optim::Optimizer& optimizer) const {
-    for_each_moment(optimizer, [](const torch::Tensor& m) { return m.to(torch::kFloat); });
+    memopt::state::for_each_adamw_moment(optimizer, [](const torch::Tensor& m, const torch::Tensor&) { return m.to(torch::kFloat); });
   }
   /// fp32 → bf16, stochastically rounded, in the parameters' order (the noise stream is the same
   /// in every run with the same seed and steps).
   void after_step(torch::optim::Optimizer& optimizer) const {
-    for_each_moment(optimizer, [this](const torch::Tensor& m) { return round_to_bf16(m); });
+    memopt::state::for_each_adamw_moment(optimizer, [this](const torch::Tensor& m, const torch::Tensor&) { return round_to_bf16(m); });
   }
 
   void save_state(torch::serialize::OutputArchive& archive) const {
@@ -55,7 +56,7 @@ struct Bf16Moments {
   void load_state(torch::serialize::InputArchive& archive) {
     torch::Tensor state;
     TORCH_CHECK(archive.try_read("bf16_moments_generator", state), "custom::Bf16Moments::load_state: the archive has "
-                "no 'bf16_moments_generator' entry. HINT: resume a checkpoint written with --offload bf16-moments.");
+                "no 'bf16_moments_generator' entry. HINT: resume a checkpoint written with --optimizer_state bf16-moments.");
     generator_.set_state(state);
   }
 
@@ -66,17 +67,6 @@ struct Bf16Moments {
     auto noise = torch::randint(0, 1 << 16, x.sizes(), generator_, torch::TensorOptions(torch::kInt32));
     auto bits = x.contiguous().view(torch::kInt32) + noise.to(x.device());
     return bits.bitwise_and_(static_cast<int32_t>(0xFFFF0000u)).view(torch::kFloat).to(torch::kBFloat16);
-  }
-  template <class Fn>
-  static void for_each_moment(torch::optim::Optimizer& optimizer, Fn&& fn) {
-    for (auto& group : optimizer.param_groups())
-      for (auto& p : group.params()) {
-        auto it = optimizer.state().find(p.unsafeGetTensorImpl());
-        if (it == optimizer.state().end()) continue;
-        auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-        s.exp_avg(fn(s.exp_avg()));
-        s.exp_avg_sq(fn(s.exp_avg_sq()));
-      }
   }
 
   mutable at::Generator generator_;

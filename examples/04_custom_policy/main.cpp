@@ -1,6 +1,6 @@
 // 04_custom_policy: a user-defined policy (custom::Bf16Moments, bf16_moments.hpp: AdamW state
 // in bf16 between steps) gets everything memopt's own policies get:
-//   --offload bf16-moments     the flag, parsed against the compiled list's describe()
+//   --optimizer_state bf16-moments   the flag, parsed against the compiled list's describe()
 //   --policies auto --memory_budget 95MiB   the planner weighs it by its description (AdamW's
 //                              100.8 MiB step does not fit; bf16-moments' 89.0 MiB does)
 //   --estimate_only            the estimator's table for it
@@ -8,7 +8,7 @@
 //   --check_resume             a checkpoint at half-way and a resumed run that ends bit-identical
 //                              to the uninterrupted one (its generator is saved state)
 // The model is a small LLaMA on a synthetic token stream, so the example needs no data.
-//   build/examples/04_custom_policy/custom_policy --offload bf16-moments --check_resume
+//   build/examples/04_custom_policy/custom_policy --optimizer_state bf16-moments --check_resume
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -29,16 +29,17 @@
 
 #include "04_custom_policy/bf16_moments.hpp"
 #include "common/cli.hpp"
+#include "common/policy_flags.hpp"
 
 namespace {
 
 // The compiled combinations: plain AdamW state, and the custom one.
-using Trainers = memopt::TrainerProductT<memopt::TypeList<memopt::checkpoint::None>,
+using Trainers = memopt::TrainerProductT<memopt::TypeList<memopt::recompute::None>,
                                          memopt::TypeList<memopt::precision::Fp32>,
-                                         memopt::TypeList<memopt::offload::None, custom::Bf16Moments>>;
+                                         memopt::TypeList<memopt::state::Resident, custom::Bf16Moments>>;
 
 struct Args {
-  std::string offload = "bf16-moments", policies = "fixed", memory_budget, output_dir = "out/custom_policy";
+  std::string optimizer_state = "bf16-moments", policies = "fixed", memory_budget, output_dir = "out/custom_policy";
   int64_t steps = 8, micro_batch = 1, seq_len = 256, dim = 256, layers = 4, vocab = 4096;
   bool estimate_only = false, check_resume = false;
 };
@@ -100,7 +101,7 @@ std::vector<torch::Tensor> train(const Args& a, int64_t micro, const std::string
 
 int run(Args a) {
   const auto desc = memopt::models::describe(config_of(a));
-  auto policies = memopt::parse_policies<Trainers>("none", "fp32", a.offload);
+  auto policies = memopt::parse_policies<Trainers>("none", "fp32", a.optimizer_state);
   int64_t micro = a.micro_batch;
   TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "custom_policy: --policies must be fixed or auto (got '",
               a.policies, "'). HINT: auto picks the fastest compiled combination that fits --memory_budget.");
@@ -140,9 +141,10 @@ int run(Args a) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"A user-defined offload policy (bf16 AdamW moments) through memopt's Trainer, estimator and planner"};
+  CLI::App app{"A user-defined optimizer-state policy (bf16 AdamW moments) through memopt's Trainer, estimator and planner"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--offload", a.offload, "none or bf16-moments (custom::Bf16Moments)")->capture_default_str();
+  examples::add_state_option(app, a.optimizer_state, "resident or bf16-moments (custom::Bf16Moments)")
+      ->capture_default_str();
   app.add_option("--policies", a.policies, "fixed: the flags; auto: the planner picks")->capture_default_str();
   app.add_option("--memory_budget", a.memory_budget, "tensor-memory budget for the plan (e.g. 60MiB)");
   app.add_option(examples::kSteps, a.steps, "optimizer steps")->capture_default_str();

@@ -1,26 +1,29 @@
 // examples/common/policy_flags.hpp — the policy settings every example spells alike, with the
-// seeds' spellings as aliases of the same setting (never a second setting):
-//   --checkpoint every      = --gradient_checkpointing = --checkpoint every_block
-//   --precision bf16        = --mixed_precision
+// seeds' and earlier spellings as aliases of the same setting (never a second setting):
+//   --recompute every        = --gradient_checkpointing = --checkpoint every = --recompute every_block
+//   --precision bf16         = --mixed_precision
+//   --optimizer_state VALUE  = --offload VALUE; `none` = `resident` (AdamW's state where the weights are)
 // Each value is stored as it is parsed, so the later of two spellings wins, as with any flag
 // given twice (the examples take the last of repeated options).
 #pragma once
 
+#include <initializer_list>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 namespace examples {
 
-/// --checkpoint VALUE and its alias --gradient_checkpointing; `every` and `every_block` both
-/// store `every` (the value this example's code uses for recomputing every block).
-inline CLI::Option* add_checkpoint_option(CLI::App& app, std::string& value, const std::string& help,
-                                          const std::string& every = "every") {
-  auto* option = app.add_option("--checkpoint", value, help)
-                     ->transform([every](std::string v) { return v == "every" || v == "every_block" ? every : v; })
-                     ->trigger_on_parse();
+/// --recompute VALUE (memopt::recompute::*) and its aliases --checkpoint VALUE and
+/// --gradient_checkpointing; `every` and `every_block` both store `every` (the value this
+/// example's code uses for recomputing every block).
+inline CLI::Option* add_recompute_option(CLI::App& app, std::string& value, const std::string& help,
+                                         const std::string& every = "every") {
+  auto to_every = [every](std::string v) { return v == "every" || v == "every_block" ? every : v; };
+  auto* option = app.add_option("--recompute", value, help)->transform(to_every)->trigger_on_parse();
+  app.add_option("--checkpoint", value, "= --recompute (its earlier name)")->transform(to_every)->trigger_on_parse();
   app.add_flag_callback("--gradient_checkpointing", [&value, every] { value = every; },
-                        "= --checkpoint every (the seeds' spelling)")
+                        "= --recompute every (the seeds' spelling)")
       ->trigger_on_parse();
   return option;
 }
@@ -33,9 +36,21 @@ inline CLI::Option* add_precision_option(CLI::App& app, std::string& value, cons
   return option;
 }
 
-/// Whether the user gave the setting in either spelling.
-inline bool given(const CLI::App& app, const char* option, const char* alias) {
-  return app.count(option) > 0 || app.count(alias) > 0;
+/// --optimizer_state VALUE (memopt::state::*) and its alias --offload VALUE; `none` stores
+/// `resident`.
+inline CLI::Option* add_state_option(CLI::App& app, std::string& value, const std::string& help) {
+  auto to_resident = [](std::string v) { return v == "none" ? std::string("resident") : v; };
+  auto* option = app.add_option("--optimizer_state", value, help)->transform(to_resident)->trigger_on_parse();
+  app.add_option("--offload", value, "= --optimizer_state (its earlier name)")->transform(to_resident)
+      ->trigger_on_parse();
+  return option;
+}
+
+/// Whether the user gave the setting in any of its spellings.
+inline bool given(const CLI::App& app, std::initializer_list<const char*> spellings) {
+  for (const char* s : spellings)
+    if (app.count(s) > 0) return true;
+  return false;
 }
 
 }  // namespace examples

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +24,7 @@
 
 #include "memopt/detail/version.hpp"
 #include "memopt/dist/env.hpp"
+#include "memopt/loop_types.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/timeline.hpp"
 
@@ -56,6 +58,45 @@ struct LogLine {
   int64_t skipped_steps = 0;  // steps the precision policy skipped (StepStats::stepped false) since fit() began
   double step_seconds = 0;    // mean step wall time since the previous log line
   double eta_seconds = 0;     // time left: the mean wall time per step since fit() began × the steps left
+};
+
+/// fit()'s counters: its totals (the FitResult's) and the window since the last log line.
+///   FitMeter meter(max_steps);  meter.add(stats);  if (due) emit(meter.log_line(stats));  meter.finish(result);
+class FitMeter {
+ public:
+  explicit FitMeter(int64_t max_steps) : max_steps_(max_steps) {}
+
+  void add(const StepStats& s) {
+    steps_ += 1, window_steps_ += 1;
+    tokens_ += s.tokens, window_tokens_ += s.tokens;
+    seconds_ += s.seconds, window_seconds_ += s.seconds;
+    skipped_ += s.stepped ? 0 : 1;
+  }
+  /// The log line after step `s` (reads loss and gradient norm: one host sync); starts a new window.
+  LogLine log_line(const StepStats& s) {
+    LogLine line{s.step, max_steps_, s.loss.item<double>(), s.lr, s.grad_norm.item<double>(),
+                 static_cast<double>(window_tokens_) / std::max(window_seconds_, 1e-9), memory::Report::now()};
+    line.skipped_steps = skipped_;
+    line.step_seconds = window_seconds_ / static_cast<double>(window_steps_);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    line.eta_seconds = wall / static_cast<double>(steps_) * static_cast<double>(max_steps_ - s.step);
+    window_steps_ = window_tokens_ = 0;
+    window_seconds_ = 0;
+    return line;
+  }
+  /// The totals, into `result`.
+  void finish(FitResult& result) const {
+    result.steps = steps_;
+    result.seconds = seconds_;
+    result.skipped_steps = skipped_;
+    result.tokens_per_s = static_cast<double>(tokens_) / std::max(seconds_, 1e-9);
+  }
+
+ private:
+  int64_t max_steps_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();  // the ETA's origin
+  int64_t steps_ = 0, tokens_ = 0, skipped_ = 0, window_steps_ = 0, window_tokens_ = 0;
+  double seconds_ = 0, window_seconds_ = 0;
 };
 
 /// Override what you need; the Trainer calls these in order at each step, on every rank of a

@@ -1,5 +1,5 @@
-// memopt/concepts.hpp — the four policy concepts of Trainer<Checkpoint, Precision,
-// Accum, Offload>. Each concept is built from one-hook concepts, so a policy that
+// memopt/concepts.hpp — the four policy concepts of Trainer<Recompute, Precision,
+// Accum, State>. Each concept is built from one-hook concepts, so a policy that
 // lacks a hook fails to compile with a message naming that hook.
 #pragma once
 
@@ -15,8 +15,8 @@
 namespace memopt {
 namespace hooks {
 
-// ---- Checkpoint: how a block of the model runs ----
-/// `p.run_block(index, block, fn, inputs)` returns fn(inputs), checkpointed or not.
+// ---- Recompute: how a block of the model runs ----
+/// `p.run_block(index, block, fn, inputs)` returns fn(inputs), recomputed in backward or not.
 template <class P>
 concept RunBlock = requires(const P& p, int64_t index, torch::nn::Module& block, const BlockFn& fn,
                             const std::vector<torch::Tensor>& inputs) {
@@ -25,7 +25,7 @@ concept RunBlock = requires(const P& p, int64_t index, torch::nn::Module& block,
 
 /// Optional: `p.run_cheap(fn, inputs, params)` runs a compute-cheap, memory-heavy part of a
 /// block (attention scores and softmax, norms, activation functions): kept or recomputed
-/// (checkpoint::Selective). Without it the part just runs. Models call memopt::run_cheap().
+/// (recompute::Selective). Without it the part just runs. Models call memopt::run_cheap().
 template <class P>
 concept RunCheap = requires(const P& p, const BlockFn& fn, const std::vector<torch::Tensor>& inputs) {
   { p.run_cheap(fn, inputs, inputs) } -> std::same_as<torch::Tensor>;
@@ -82,7 +82,7 @@ concept MicroSteps = requires(const P& p) {
 template <class P>
 concept RunsMicroBatch = requires { requires P::kRunsMicroBatch; };
 
-// ---- Offload: where optimizer state lives ----
+// ---- State: where optimizer state lives ----
 /// `p.make_optimizer(groups, options)` builds the optimizer that owns the state.
 template <class P>
 concept MakeOptimizer = requires(P& p, std::vector<torch::optim::OptimizerParamGroup> groups,
@@ -97,7 +97,7 @@ template <class P>
 concept AfterStep = requires(P& p, torch::optim::Optimizer& opt) { p.after_step(opt); };
 
 /// Optional: `P::kStepsInBackward` true means the optimizer updates each parameter during
-/// backward, as soon as its gradient is ready (offload::StepInBackward).
+/// backward, as soon as its gradient is ready (state::StepInBackward).
 template <class P>
 concept StepsInBackward = requires { requires P::kStepsInBackward; };
 
@@ -123,9 +123,9 @@ concept SavesState = requires(const P& cp, P& p, torch::serialize::OutputArchive
 
 }  // namespace hooks
 
-/// How blocks run: plain, or recomputed in backward (checkpoint::None, EveryBlock, EveryNth<N>).
+/// How blocks run: plain, or recomputed in backward (recompute::None, EveryBlock, EveryNth<N>).
 template <class P>
-concept CheckpointPolicy = hooks::RunBlock<P>;
+concept RecomputePolicy = hooks::RunBlock<P>;
 
 /// The forward's dtype and the backward/step it implies (precision::Fp32, Bf16Autocast,
 /// Bf16Pure, Fp16Scaled).
@@ -157,8 +157,8 @@ concept RepresentationLoss = requires(F& f, const B& b, const C& ckpt, int64_t i
   { f.gen_loss(b, i, i, ckpt) } -> std::convertible_to<torch::Tensor>;
 };
 
-/// Where optimizer state lives and when it steps (offload::None, StepInBackward, ...).
+/// Where optimizer state lives and when it steps (state::Resident, StepInBackward, ...).
 template <class P>
-concept OffloadPolicy = hooks::MakeOptimizer<P> && hooks::BeforeStep<P> && hooks::AfterStep<P>;
+concept StatePolicy = hooks::MakeOptimizer<P> && hooks::BeforeStep<P> && hooks::AfterStep<P>;
 
 }  // namespace memopt

@@ -3,7 +3,7 @@
 // plan) runs as its own compiled loop, with no runtime branch on a policy. The flags are
 // parsed against the list's own policies (their describe()), so the list is the only place
 // that names them. StandardTrainers is every combination of memopt's
-// --checkpoint/--precision/--offload flags that runs on any device.
+// --recompute/--precision/--optimizer_state flags that runs on any device.
 //   memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
 //     T trainer(*model, options.accum_steps(policies.accum));
 //     trainer.fit(loader, loss_fn);                     // T::name() says which ran
@@ -47,55 +47,55 @@ struct Concat<TypeList<A...>, TypeList<B...>, Rest...> {
   using type = typename Concat<TypeList<A..., B...>, Rest...>::type;
 };
 
-template <class C, class P, class A, class Offloads>
+template <class C, class P, class A, class States>
 struct RowOf;
 template <class C, class P, class A, class... O>
 struct RowOf<C, P, A, TypeList<O...>> {
   using type = TypeList<Trainer<C, P, A, O>...>;
 };
-template <class C, class P, class Accums, class Offloads>
+template <class C, class P, class Accums, class States>
 struct LineOf;
-template <class C, class P, class... A, class Offloads>
-struct LineOf<C, P, TypeList<A...>, Offloads> {
-  using type = typename Concat<TypeList<>, typename RowOf<C, P, A, Offloads>::type...>::type;
+template <class C, class P, class... A, class States>
+struct LineOf<C, P, TypeList<A...>, States> {
+  using type = typename Concat<TypeList<>, typename RowOf<C, P, A, States>::type...>::type;
 };
-template <class C, class Precisions, class Accums, class Offloads>
+template <class C, class Precisions, class Accums, class States>
 struct PlaneOf;
-template <class C, class... P, class Accums, class Offloads>
-struct PlaneOf<C, TypeList<P...>, Accums, Offloads> {
-  using type = typename Concat<TypeList<>, typename LineOf<C, P, Accums, Offloads>::type...>::type;
+template <class C, class... P, class Accums, class States>
+struct PlaneOf<C, TypeList<P...>, Accums, States> {
+  using type = typename Concat<TypeList<>, typename LineOf<C, P, Accums, States>::type...>::type;
 };
 }  // namespace detail
 
 /// Every Trainer<C, P, A, O> for C, P, A, O in the four lists (by default accum::Runtime: a
 /// run-time count, TrainerOptions::accum_steps).
-template <class Checkpoints, class Precisions, class Offloads, class Accums = TypeList<accum::Runtime>>
+template <class Recomputes, class Precisions, class States, class Accums = TypeList<accum::Runtime>>
 struct TrainerProduct;
-template <class... C, class Precisions, class Offloads, class Accums>
-struct TrainerProduct<TypeList<C...>, Precisions, Offloads, Accums> {
+template <class... C, class Precisions, class States, class Accums>
+struct TrainerProduct<TypeList<C...>, Precisions, States, Accums> {
   using type =
-      typename detail::Concat<TypeList<>, typename detail::PlaneOf<C, Precisions, Accums, Offloads>::type...>::type;
+      typename detail::Concat<TypeList<>, typename detail::PlaneOf<C, Precisions, Accums, States>::type...>::type;
 };
-template <class Checkpoints, class Precisions, class Offloads, class Accums = TypeList<accum::Runtime>>
-using TrainerProductT = typename TrainerProduct<Checkpoints, Precisions, Offloads, Accums>::type;
+template <class Recomputes, class Precisions, class States, class Accums = TypeList<accum::Runtime>>
+using TrainerProductT = typename TrainerProduct<Recomputes, Precisions, States, Accums>::type;
 
-/// The combinations the --checkpoint/--precision/--offload flags name: 4 × 4 × 3 Trainers.
+/// The combinations the --recompute/--precision/--optimizer_state flags name: 4 × 4 × 3 Trainers.
 using StandardTrainers =
-    TrainerProductT<TypeList<checkpoint::None, checkpoint::EveryBlock, checkpoint::EveryNth<2>, checkpoint::Selective>,
+    TrainerProductT<TypeList<recompute::None, recompute::EveryBlock, recompute::EveryNth<2>, recompute::Selective>,
                     TypeList<precision::Fp32, precision::Bf16Autocast, precision::Bf16Pure, precision::Fp16Scaled>,
-                    TypeList<offload::None, offload::Int8State, offload::Disk>>;
+                    TypeList<state::Resident, state::Int8, state::Disk>>;
 
-/// Checkpointing × bf16 autocast: the four combinations the examples with strategy flags
+/// Recompute × bf16 autocast: the four combinations the examples with strategy flags
 /// (moe_lm, llama_to_llada) compile, and plan over with --policies auto.
-using CheckpointPrecisionTrainers =
-    TrainerProductT<TypeList<checkpoint::None, checkpoint::EveryBlock>,
-                    TypeList<precision::Fp32, precision::Bf16Autocast>, TypeList<offload::None>>;
+using RecomputePrecisionTrainers =
+    TrainerProductT<TypeList<recompute::None, recompute::EveryBlock>,
+                    TypeList<precision::Fp32, precision::Bf16Autocast>, TypeList<state::Resident>>;
 
 /// The same × whole micro-batches or GradCache chunks: what the GritLM example compiles and
 /// plan_gritlm() weighs.
 using GradCacheTrainers =
-    TrainerProductT<TypeList<checkpoint::None, checkpoint::EveryBlock>,
-                    TypeList<precision::Fp32, precision::Bf16Autocast>, TypeList<offload::None>,
+    TrainerProductT<TypeList<recompute::None, recompute::EveryBlock>,
+                    TypeList<precision::Fp32, precision::Bf16Autocast>, TypeList<state::Resident>,
                     TypeList<accum::Runtime, accum::GradCache>>;
 
 /// Calls fn(std::type_identity<T>{}) with T the index-th type of the list; every call must
@@ -140,7 +140,7 @@ size_t index_of(const memory::PolicyDesc& want) {
   for (size_t i = 0; i < all.size(); ++i)
     if (all[i].same_types(want)) found.push_back(i);
   // The flags are the policies' identity here: two instantiations answering to the same ones
-  // (checkpoint::EveryNth<1> is "every", as EveryBlock) would make the choice ambiguous.
+  // (recompute::EveryNth<1> is "every", as EveryBlock) would make the choice ambiguous.
   if (found.size() > 1) {
     const auto names = trainer_names<List>();
     TORCH_CHECK(false, "memopt::dispatch: ", found.size(), " compiled Trainers describe themselves as ", want.flags(),
@@ -158,9 +158,9 @@ size_t index_of(const memory::PolicyDesc& want) {
 /// The policies the flags name, looked up among the list's own descriptions (accum: the
 /// run-time count; `split`: the accumulation flag, "" for the list's first). A value the list
 /// does not hold throws, naming the flag, the value and the choices.
-///   auto p = memopt::parse_policies<memopt::StandardTrainers>("every", "bf16", "none", 4);
+///   auto p = memopt::parse_policies<memopt::StandardTrainers>("every", "bf16", "resident", 4);
 template <class List>
-memory::PolicyDesc parse_policies(std::string_view checkpoint, std::string_view precision, std::string_view offload,
+memory::PolicyDesc parse_policies(std::string_view recompute, std::string_view precision, std::string_view state,
                                   int64_t accum = 1, std::string_view split = "") {
   TORCH_CHECK(accum >= 1, "memopt: --accum must be >= 1 (got ", accum, "). HINT: 1 takes one micro-batch per step.");
   const auto all = candidates<List>(accum);
@@ -178,9 +178,9 @@ memory::PolicyDesc parse_policies(std::string_view checkpoint, std::string_view 
     TORCH_CHECK(false, "memopt: ", flag, " must be ", fmt::format("{}", fmt::join(choices, ", ")), " (got '", value,
                 "'). HINT: those are the ", flag, " values this program was built with.");
   };
-  pick("--checkpoint", checkpoint, &memory::PolicyDesc::checkpoint);
+  pick("--recompute", recompute, &memory::PolicyDesc::recompute);
   pick("--precision", precision, &memory::PolicyDesc::precision);
-  pick("--offload", offload, &memory::PolicyDesc::offload);
+  pick("--optimizer_state", state, &memory::PolicyDesc::state);
   pick("accumulation", split, &memory::PolicyDesc::split);
   out.accum = out.split.fixed_steps > 0 ? out.split.fixed_steps : accum;
   return out;

@@ -37,6 +37,31 @@ concept BatchSource = requires(L& loader) {
 template <class L>
 using batch_of = std::remove_cvref_t<decltype(std::declval<L&>().next())>;
 
+/// The next `n` micro-batches of `loader`, on `device`.
+template <BatchSource Loader>
+std::vector<batch_of<Loader>> next_batches(Loader& loader, int64_t n, const c10::Device& device) {
+  std::vector<batch_of<Loader>> batches;
+  batches.reserve(static_cast<size_t>(n));
+  for (int64_t m = 0; m < n; ++m) batches.push_back(loader.next().to(device));
+  return batches;
+}
+
+/// The targets of all `batches`, a 0-dim float tensor on `device` (no host sync).
+template <TrainingBatch B>
+torch::Tensor count_targets(const std::vector<B>& batches, const c10::Device& device) {
+  torch::Tensor n = batches.front().num_targets().to(device);
+  for (size_t m = 1; m < batches.size(); ++m) n = n + batches[m].num_targets().to(device);
+  return n.to(torch::kFloat);
+}
+
+/// The token positions of all `batches` (what tokens/s counts).
+template <TrainingBatch B>
+int64_t count_tokens(const std::vector<B>& batches) {
+  int64_t n = 0;
+  for (const auto& b : batches) n += b.num_tokens();
+  return n;
+}
+
 /// A batch the Trainer can cut into smaller ones when a step goes over its memory budget.
 template <class B>
 concept SplittableBatch = requires(const B& b, int64_t n) {
@@ -44,23 +69,23 @@ concept SplittableBatch = requires(const B& b, int64_t n) {
   { b.rows() } -> std::convertible_to<int64_t>;
 };
 
-/// What a loss function computes: `loss_fn(batch, checkpoint_policy)` returns the SUM of
+/// What a loss function computes: `loss_fn(batch, recompute_policy)` returns the SUM of
 /// the per-target losses of the batch (the Trainer divides by the effective batch's
 /// num_targets()).
-template <class F, class Checkpoint, class B = Batch>
-concept LossFunction = requires(F& fn, const B& batch, const Checkpoint& ckpt) {
+template <class F, class Recompute, class B = Batch>
+concept LossFunction = requires(F& fn, const B& batch, const Recompute& ckpt) {
   { fn(batch, ckpt) } -> std::convertible_to<torch::Tensor>;
 };
 
-/// The usual loss function: `model`'s loss_sum(batch, checkpoint_policy), for models that
+/// The usual loss function: `model`'s loss_sum(batch, recompute_policy), for models that
 /// have one (models::Llama, models::MoeLM). A named type, so a run and the planner's probes
 /// (planner.hpp's probe_steps) share each Trainer's compiled step.
 ///   trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
 template <class ModelHolder>
 struct LossSum {
   ModelHolder* model;
-  template <class Checkpoint>
-  torch::Tensor operator()(const Batch& batch, const Checkpoint& ckpt) const {  // batch (B, T)
+  template <class Recompute>
+  torch::Tensor operator()(const Batch& batch, const Recompute& ckpt) const {  // batch (B, T)
     return (*model)->loss_sum(batch, ckpt);
   }
 };

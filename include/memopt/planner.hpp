@@ -52,8 +52,8 @@ struct MachineModel {
   TORCH_ARG(double, half_speed_rows) = 64;         // rows (tokens) per matmul at which it runs at half speed
   TORCH_ARG(bool, cuda) = false;                   // the parameters live on a CUDA device
   TORCH_ARG(double, memory_bytes_per_s) = 1e10;    // elementwise work: the optimizer step
-  TORCH_ARG(double, disk_bytes_per_s) = 1e9;       // offload::Disk's state streaming
-  TORCH_ARG(double, host_bytes_per_s) = 2e10;      // host ↔ device copies (offload::PinnedHost)
+  TORCH_ARG(double, disk_bytes_per_s) = 1e9;       // state::Disk's state streaming
+  TORCH_ARG(double, host_bytes_per_s) = 2e10;      // host ↔ device copies (state::PinnedHost)
 
  public:
   static MachineModel from_device(const c10::Device& device) {
@@ -73,7 +73,7 @@ struct PlanOptions {
   TORCH_ARG(int64_t, budget_bytes) = 0;     // 0: no limit (the fastest candidate wins)
   TORCH_ARG(int64_t, effective_batch) = 1;  // sequences per optimizer step: micro-batch × accum
   TORCH_ARG(MachineModel, machine) = {};
-  /// The run's TrainerOptions::grad_clip: offload policies that step inside backward need 0.
+  /// The run's TrainerOptions::grad_clip: optimizer-state policies that step inside backward need 0.
   TORCH_ARG(double, grad_clip) = 1.0;
   /// Measured / predicted peak of one real step, when one was measured (1: trust the estimate).
   TORCH_ARG(double, calibration) = 1.0;
@@ -141,7 +141,7 @@ struct Plan {
 
 namespace detail {
 // The matmul seconds of `tokens` tokens through graphs of `rows` sequences of `seq_len`:
-// `passes` forward passes (the backward counts as two), what the checkpoint policy recomputes,
+// `passes` forward passes (the backward counts as two), what the recompute policy recomputes,
 // the LM head only when `head`; matmuls of few rows run below peak (efficiency
 // rows × T / (rows × T + machine.half_speed_rows())).
 inline double matmul_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t rows, double tokens, double passes,
@@ -150,20 +150,20 @@ inline double matmul_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_
   const double head_flops = 2 * C * static_cast<double>(m.vocab_size);
   const double blocks = m.forward_flops_per_token(seq_len) - head_flops;
   int64_t whole = 0;  // blocks recomputed whole
-  for (int64_t i = 0; i < m.num_layers; ++i) whole += p.checkpoint.whole_block(i, m.num_layers) ? 1 : 0;
+  for (int64_t i = 0; i < m.num_layers; ++i) whole += p.recompute.whole_block(i, m.num_layers) ? 1 : 0;
   double recompute = blocks * static_cast<double>(whole) / static_cast<double>(m.num_layers);
-  if (p.checkpoint.cheap_parts) recompute += static_cast<double>(m.num_layers) * 4 * T * C;
+  if (p.recompute.cheap_parts) recompute += static_cast<double>(m.num_layers) * 4 * T * C;
   const double speed = machine.matmul_flops_per_s() * (p.precision.half_matmuls ? machine.bf16_speedup() : 1.0);
   const double graph_rows = static_cast<double>(rows) * T;
   const double efficiency = graph_rows / (graph_rows + machine.half_speed_rows());
   return tokens * (passes * (blocks + (head ? head_flops : 0)) + recompute) / (speed * efficiency);
 }
 
-// The optimizer step: the offload policy's memory traffic (AdamW 28 B/param, 8-bit AdamW 40
+// The optimizer step: the optimizer-state policy's memory traffic (AdamW 28 B/param, 8-bit AdamW 40
 // with its (de)quantisation), plus what it moves to and from disk or over the host link.
 inline double optimizer_seconds(const memory::ModelDesc& m, const memory::PolicyDesc& p, const MachineModel& machine) {
   const double P = static_cast<double>(m.num_parameters());
-  const auto& o = p.offload;
+  const auto& o = p.state;
   return P * (o.step_bytes_per_param / machine.memory_bytes_per_s() + o.disk_bytes_per_param / machine.disk_bytes_per_s() +
               o.host_bytes_per_param / machine.host_bytes_per_s());
 }
@@ -172,11 +172,11 @@ inline double optimizer_seconds(const memory::ModelDesc& m, const memory::Policy
 inline std::string cannot_run(const memory::PolicyDesc& p, const PlanOptions& options) {
   const bool cuda = options.machine().cuda();
   if (p.precision.needs_cuda && !cuda) return fmt::format("cannot run: needs CUDA (precision {})", p.precision.flag);
-  if (p.offload.needs_cuda && !cuda) return fmt::format("cannot run: needs CUDA parameters (offload {})", p.offload.flag);
-  if (p.offload.needs_cpu && cuda) return fmt::format("cannot run: needs CPU parameters (offload {})", p.offload.flag);
-  if (p.offload.steps_in_backward && options.grad_clip() > 0)
-    return fmt::format("cannot run: offload {} steps inside backward, so it cannot clip (needs --grad_clip 0)",
-                       p.offload.flag);
+  if (p.state.needs_cuda && !cuda) return fmt::format("cannot run: needs CUDA parameters (optimizer state {})", p.state.flag);
+  if (p.state.needs_cpu && cuda) return fmt::format("cannot run: needs CPU parameters (optimizer state {})", p.state.flag);
+  if (p.state.steps_in_backward && options.grad_clip() > 0)
+    return fmt::format("cannot run: optimizer state {} steps inside backward, so it cannot clip (needs --grad_clip 0)",
+                       p.state.flag);
   return "";
 }
 
@@ -214,7 +214,7 @@ inline void check_plan_options(const std::vector<memory::PolicyDesc>& candidates
 }  // namespace detail
 
 /// The cost model: a step's time is its matmul FLOPs (forward, backward = 2 × forward, plus
-/// what the checkpoint policy recomputes) at the precision's matmul speed, slowed by small
+/// what the recompute policy recomputes) at the precision's matmul speed, slowed by small
 /// micro-batches (efficiency rows / (rows + half_speed_rows): matmuls of few rows run below
 /// peak), plus the
 /// optimizer step's memory traffic (AdamW 28 B/param, 8-bit AdamW 40 B/param with its
@@ -247,7 +247,7 @@ inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<
     }
     // The largest micro-batch dividing E that fits (one of E when the type fixes the count or
     // the state steps in backward, which allows no accumulation).
-    const int64_t fixed = policies.offload.steps_in_backward ? 1 : policies.split.fixed_steps;
+    const int64_t fixed = policies.state.steps_in_backward ? 1 : policies.split.fixed_steps;
     for (int64_t micro = E; micro >= 1; --micro) {
       if (E % micro != 0 || (fixed > 0 && E / micro != fixed)) continue;
       row.policies.accum = E / micro;

@@ -1,4 +1,4 @@
-// memopt/trainer.hpp — Trainer<Checkpoint, Precision, Accum, Offload>: the training loop
+// memopt/trainer.hpp — Trainer<Recompute, Precision, Accum, State>: the training loop
 // with the chosen memory optimizations compiled in and the others costing nothing.
 // The step reads top to bottom; policies are types, so there is no runtime branch on one.
 // It never loses more than the work since its last checkpoint: checkpoints every N steps,
@@ -28,9 +28,9 @@
 #include "memopt/optim/param_groups.hpp"
 #include "memopt/optim/schedule.hpp"
 #include "memopt/policies/accum.hpp"
-#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/recompute.hpp"
 #include "memopt/policies/combination.hpp"
-#include "memopt/policies/offload.hpp"
+#include "memopt/policies/state.hpp"
 #include "memopt/policies/precision.hpp"
 #include "memopt/runtime.hpp"
 #include "memopt/signals.hpp"
@@ -43,32 +43,32 @@ namespace memopt {
 ///
 ///   memopt::init();                                          // first line of main()
 ///   auto model = memopt::models::Llama(cfg);
-///   memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast,
+///   memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Autocast,
 ///                   memopt::accum::Fixed<4>> trainer(*model, memopt::TrainerOptions().lr(1e-3));
 ///   trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
-template <CheckpointPolicy Checkpoint = checkpoint::None, PrecisionPolicy Precision = precision::Fp32,
-          AccumPolicy Accum = accum::None, OffloadPolicy Offload = offload::None>
+template <RecomputePolicy Recompute = recompute::None, PrecisionPolicy Precision = precision::Fp32,
+          AccumPolicy Accum = accum::None, StatePolicy State = state::Resident>
 class Trainer {
  public:
-  using checkpoint_type = Checkpoint;
+  using recompute_type = Recompute;
   using precision_type = Precision;
   using accum_type = Accum;
-  using offload_type = Offload;
+  using state_type = State;
 
-  /// The instantiation, e.g. "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast,
-  /// accum::Runtime, offload::None>" (what the planner's dispatch reports it ran).
+  /// The instantiation, e.g. "Trainer<recompute::EveryBlock, precision::Bf16Autocast,
+  /// accum::Runtime, state::Resident>" (what the planner's dispatch reports it ran).
   static std::string name() {
-    return "Trainer<" + detail::policy_name<Checkpoint>() + ", " + detail::policy_name<Precision>() + ", " +
-           detail::policy_name<Accum>() + ", " + detail::policy_name<Offload>() + ">";
+    return "Trainer<" + detail::policy_name<Recompute>() + ", " + detail::policy_name<Precision>() + ", " +
+           detail::policy_name<Accum>() + ", " + detail::policy_name<State>() + ">";
   }
 
-  /// Takes the model's trainable parameters; builds the optimizer through the Offload policy.
+  /// Takes the model's trainable parameters; builds the optimizer through the State policy.
   Trainer(torch::nn::Module& model, TrainerOptions options) : Trainer(model, options, make_accum_policy(options)) {}
   Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum)
-      : Trainer(model, options, std::move(accum), Offload{}) {}
-  /// With configured policy values: Trainer(model, options, accum::Runtime(4), offload::Disk(disk_options)).
-  Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum, Offload offload)
-      : options_(validated(options)), accum_(std::move(accum)), offload_(std::move(offload)), model_(&model),
+      : Trainer(model, options, std::move(accum), State{}) {}
+  /// With configured policy values: Trainer(model, options, accum::Runtime(4), state::Disk(disk_options)).
+  Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum, State opt_state)
+      : options_(validated(options)), accum_(std::move(accum)), opt_state_(std::move(opt_state)), model_(&model),
         budget_(options_.memory_budget()), state_(options_.checkpoint_dir(), options_.keep_checkpoints()),
         sync_(make_step_sync(options_.data_parallel(), options_.sync_options())) {
     for (const auto& p : model.parameters())
@@ -82,9 +82,9 @@ class Trainer {
                      .weight_decay(options_.weight_decay());
     auto groups = options_.param_specific_decay() ? optim::param_groups(model.named_parameters(), adamw)
                                                   : optim::single_group(params_, adamw);
-    check_combination<Checkpoint, Precision, Accum, Offload>(options_, accum_, *sync_);  // or a clear error
+    check_combination<Recompute, Precision, Accum, State>(options_, accum_, *sync_);  // or a clear error
     std::vector<torch::Tensor> others = sync_->setup(model, params_, groups);  // sharded: other ranks' parameters
-    optimizer_ = offload_.make_optimizer(master_groups(std::move(groups), others), adamw);
+    optimizer_ = opt_state_.make_optimizer(master_groups(std::move(groups), others), adamw);
     for (auto& group : optimizer_->param_groups())
       for (auto& p : group.params()) step_params_.push_back(p);
     TORCH_CHECK(options_.memory_budget() == 0 || device_.is_cuda() || memory::Tracker::instance().installed(),
@@ -101,19 +101,19 @@ class Trainer {
   }
 
   /// One optimizer step over accum_.micro_steps() micro-batches from `loader`.
-  template <BatchSource Loader, LossFunction<Checkpoint, batch_of<Loader>> LossFn>
+  template <BatchSource Loader, LossFunction<Recompute, batch_of<Loader>> LossFn>
   StepStats step(Loader& loader, LossFn&& loss_fn) {
     const auto start = std::chrono::steady_clock::now();
     for (auto& cb : callbacks_) cb->on_step_begin(step_ + 1);
     auto& tracker = memory::Tracker::instance();
 
-    const double lr = set_learning_rate(step_);  // before backward: offload::StepInBackward steps there
+    const double lr = set_learning_rate(step_);  // before backward: state::StepInBackward steps there
 
     // ---- the effective batch: its micro-batches and their target count, summed over the ranks ----
-    auto micro_batches = next_micro_batches(loader);           // accum_.micro_steps() × (B, T)
-    torch::Tensor num_targets = count_targets(micro_batches);  // 0-dim, no host sync
-    int64_t tokens = tokens_in(micro_batches);
-    sync_->sum_counts(num_targets, tokens);                    // data parallel: the global batch's
+    auto micro_batches = next_batches(loader, accum_.micro_steps(), device_);  // micro_steps × (B, T)
+    torch::Tensor num_targets = count_targets(micro_batches, device_);         // 0-dim, no host sync
+    int64_t tokens = count_tokens(micro_batches);
+    sync_->sum_counts(num_targets, tokens);  // data parallel: the global batch's
     num_targets = num_targets.clamp_min(1);
 
     // ---- forward + backward per micro-batch (cut smaller if over memory_budget); grads accumulate ----
@@ -126,9 +126,9 @@ class Trainer {
     torch::Tensor grad_norm = sync_->clip_grad_norm_(step_params_, options_.grad_clip());
     bool stepped = false;
     if (finite(loss_sum, grad_norm)) {                     // one host sync; inf/nan: weights and state untouched
-      offload_.before_step(*optimizer_);
+      opt_state_.before_step(*optimizer_);
       stepped = precision_.step(*optimizer_);              // false: the loss scaler found inf/nan
-      offload_.after_step(*optimizer_);
+      opt_state_.after_step(*optimizer_);
       if (stepped) sync_->share_params();                  // sharded: each rank's updated parameters to all
     } else {
       skip_step();                                         // Scaled: the loss scale backs off
@@ -143,7 +143,7 @@ class Trainer {
   }
 
   /// Runs steps until options.max_steps(), logging every options.log_interval() steps.
-  template <BatchSource Loader, LossFunction<Checkpoint, batch_of<Loader>> LossFn>
+  template <BatchSource Loader, LossFunction<Recompute, batch_of<Loader>> LossFn>
   FitResult fit(Loader& loader, LossFn&& loss_fn) {
     StopSignals stop(options_.handle_signals());  // SIGTERM/SIGINT: finish the step, checkpoint, return
     stop_ = &stop;
@@ -152,38 +152,18 @@ class Trainer {
       ~Forget() { p = nullptr; }
     } forget{stop_};
     FitResult result;
-    int64_t total_tokens = 0;
-    int64_t tokens_since_log = 0, steps_since_log = 0;
-    int64_t skipped_steps = 0;  // steps the precision policy skipped (inf/nan gradient), this fit()
-    double seconds_since_log = 0;
-    const auto fit_start = std::chrono::steady_clock::now();  // the ETA: mean wall time per step since here
+    FitMeter meter(options_.max_steps());  // totals, and the window since the last log line
     while (step_ < options_.max_steps()) {
       if constexpr (FiniteSource<Loader>) {  // every rank stops before a step one of them cannot fill
         if ((result.data_exhausted = sync_->any(!loader.has_next(accum_.micro_steps()), "out-of-data agreement")))
           break;
       }
       StepStats s = step(loader, loss_fn);
-      tokens_since_log += s.tokens;
-      seconds_since_log += s.seconds;
-      steps_since_log += 1;
-      skipped_steps += s.stepped ? 0 : 1;
-      result.seconds += s.seconds;
-      result.steps += 1;
-      total_tokens += s.tokens;
+      meter.add(s);
       if (s.step % options_.log_interval() == 0 || s.step == options_.max_steps()) {
-        LogLine line{s.step, options_.max_steps(), s.loss.item<double>(), s.lr, s.grad_norm.item<double>(),
-                     static_cast<double>(tokens_since_log) / std::max(seconds_since_log, 1e-9),
-                     memory::Report::now()};
-        const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
-        line.skipped_steps = skipped_steps;
-        line.step_seconds = seconds_since_log / static_cast<double>(steps_since_log);
-        const auto steps_left = static_cast<double>(options_.max_steps() - s.step);
-        line.eta_seconds = wall / static_cast<double>(result.steps) * steps_left;
+        const LogLine line = meter.log_line(s);
         result.final_loss = line.loss;
         for (auto& cb : callbacks_) cb->on_log(line);
-        tokens_since_log = 0;
-        steps_since_log = 0;
-        seconds_since_log = 0;
       }
       stop_if_diverged(s, loader);  // throws after max_consecutive_skips skipped steps in a row (checkpointed)
       if (state_.enabled() && options_.save_every() > 0 && s.step % options_.save_every() == 0)
@@ -195,10 +175,9 @@ class Trainer {
       }
     }
     if (state_.enabled() && state_.last_saved_step() != step_) save_checkpoint(loader, "end");
-    result.skipped_steps = skipped_steps;
+    meter.finish(result);
     result.micro_splits = budget_.splits();
     result.checkpoint = state_.last_checkpoint();
-    result.tokens_per_s = static_cast<double>(total_tokens) / std::max(result.seconds, 1e-9);
     result.memory = memory::Report::now();
     for (auto& cb : callbacks_) cb->on_train_end(result.memory);
     return result;
@@ -246,15 +225,15 @@ class Trainer {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   Precision& precision() { return precision_; }
   const Accum& accum() const { return accum_; }
-  const Checkpoint& checkpoint() const { return checkpoint_; }
-  const Offload& offload() const { return offload_; }
+  const Recompute& recompute() const { return recompute_; }
+  const State& optimizer_state() const { return opt_state_; }
 
   /// What a resumed run needs besides the weights: optimizer state, step, and each policy's own
   /// (hooks::SavesState: Scaled's loss scale, Bf16Pure's fp32 masters).
   void save_state(torch::serialize::OutputArchive& archive) const {
     torch::serialize::OutputArchive optimizer(archive.compilation_unit());
     optimizer_->save(optimizer);
-    archive.write("optimizer", optimizer);                      // whichever optimizer Offload built
+    archive.write("optimizer", optimizer);                      // whichever optimizer State built
     archive.write("step", torch::tensor(step_, torch::kLong));  // drives the learning-rate schedule
     for_each_policy([&](const auto& policy) {
       if constexpr (hooks::SavesState<std::remove_cvref_t<decltype(policy)>>) policy.save_state(archive);
@@ -289,37 +268,15 @@ class Trainer {
 
   template <class F>
   void for_each_policy(F&& f) {
-    f(checkpoint_), f(precision_), f(accum_), f(offload_);
+    f(recompute_), f(precision_), f(accum_), f(opt_state_);
   }
   template <class F>
   void for_each_policy(F&& f) const {
-    f(checkpoint_), f(precision_), f(accum_), f(offload_);
+    f(recompute_), f(precision_), f(accum_), f(opt_state_);
   }
 
   io::TrainerRecord record() const {
     return {name(), options_.resume_settings(), consecutive_skips_, budget_.splits()};
-  }
-
-  template <class Loader>
-  std::vector<batch_of<Loader>> next_micro_batches(Loader& loader) {
-    std::vector<batch_of<Loader>> batches;
-    batches.reserve(static_cast<size_t>(accum_.micro_steps()));
-    for (int64_t m = 0; m < accum_.micro_steps(); ++m) batches.push_back(loader.next().to(device_));
-    return batches;
-  }
-
-  template <class B>
-  torch::Tensor count_targets(const std::vector<B>& batches) const {
-    torch::Tensor n = batches.front().num_targets().to(device_);
-    for (size_t m = 1; m < batches.size(); ++m) n = n + batches[m].num_targets().to(device_);
-    return n.to(torch::kFloat);  // step() clamps it to >= 1 (after summing over the ranks)
-  }
-
-  template <class B>
-  static int64_t tokens_in(const std::vector<B>& batches) {
-    int64_t n = 0;
-    for (const auto& b : batches) n += b.num_tokens();
-    return n;
   }
 
   // Every micro-batch's forward and backward, within memory_budget (memory/budget.hpp).
@@ -335,7 +292,7 @@ class Trainer {
   template <class B, class LossFn>
   torch::Tensor forward_backward(const B& batch, LossFn& loss_fn, const torch::Tensor& num_targets) {
     if constexpr (hooks::RunsMicroBatch<Accum>) {
-      return accum_.forward_backward(batch, loss_fn, checkpoint_, precision_, device_.type(), 1.0 / num_targets);
+      return accum_.forward_backward(batch, loss_fn, recompute_, precision_, device_.type(), 1.0 / num_targets);
     } else {
       auto& tracker = memory::Tracker::instance();
       tracker.set_phase(memory::Phase::kForward);
@@ -349,7 +306,7 @@ class Trainer {
   template <class B, class LossFn>
   torch::Tensor forward_loss(const B& batch, LossFn& loss_fn) {
     auto autocast = precision_.autocast(device_.type());  // no-op for Fp32
-    return loss_fn(batch, checkpoint_).to(torch::kFloat);
+    return loss_fn(batch, recompute_).to(torch::kFloat);
   }
 
   std::vector<torch::optim::OptimizerParamGroup> master_groups(std::vector<torch::optim::OptimizerParamGroup> groups,
@@ -369,9 +326,9 @@ class Trainer {
   }
 
   // Whether the step may update: loss and gradient norm finite (one host sync). Not checked
-  // when updates happen inside backward (offload::StepInBackward) or skip_nonfinite is off.
+  // when updates happen inside backward (state::StepInBackward) or skip_nonfinite is off.
   bool finite(const torch::Tensor& loss_sum, const torch::Tensor& grad_norm) const {
-    if constexpr (hooks::StepsInBackward<Offload>) {
+    if constexpr (hooks::StepsInBackward<State>) {
       return true;
     } else {
       if (!options_.skip_nonfinite()) return true;
@@ -416,10 +373,10 @@ class Trainer {
   int pending_signal() const { return stop_ != nullptr ? stop_->requested() : 0; }
 
   TrainerOptions options_;
-  [[no_unique_address]] Checkpoint checkpoint_;
+  [[no_unique_address]] Recompute recompute_;
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Accum accum_;
-  [[no_unique_address]] Offload offload_;
+  [[no_unique_address]] State opt_state_;
   torch::nn::Module* model_;                // what checkpoints save and resume() restores
   memory::StepBudget budget_;               // memory_budget: micro-batches cut smaller
   io::TrainingState state_;                 // checkpoints of the run

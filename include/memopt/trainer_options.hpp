@@ -72,7 +72,7 @@ struct LoopOptions {
   /// Steps between log lines (the only host syncs of the loop).
   TORCH_ARG(int64_t, log_interval) = 10;
   /// Skip a step whose loss or gradient norm is inf/nan, leaving weights and optimizer state
-  /// untouched (one host sync a step). offload::StepInBackward updates inside backward: unchecked.
+  /// untouched (one host sync a step). state::StepInBackward updates inside backward: unchecked.
   TORCH_ARG(bool, skip_nonfinite) = true;
   /// Stop with an error (after a checkpoint) once this many steps in a row were skipped; 0: never.
   /// fp16 loss scaling skips a few steps in a row while its scale backs off from 2^16.

@@ -12,19 +12,19 @@
 #include "memopt/memory/policy_desc.hpp"
 #include "memopt/trainer.hpp"
 
-#if !defined(CASE_control) && !defined(CASE_checkpoint_without_run_block) &&   \
+#if !defined(CASE_control) && !defined(CASE_recompute_without_run_block) &&   \
     !defined(CASE_precision_without_step) && !defined(CASE_accum_without_micro_steps) && \
-    !defined(CASE_offload_without_make_optimizer) && !defined(CASE_accum_fixed_zero) &&   \
-    !defined(CASE_step_in_backward_with_accum) && !defined(CASE_checkpoint_without_describe)
+    !defined(CASE_state_without_make_optimizer) && !defined(CASE_accum_fixed_zero) &&   \
+    !defined(CASE_step_in_backward_with_accum) && !defined(CASE_recompute_without_describe)
 #error "memopt compile_fail: define one CASE_<name> macro (see tests/compile_fail/CMakeLists.txt)"
 #endif
 
 // A user-defined policy for each of the Trainer's four parameters, each with every hook.
-struct MyCheckpoint {
-#if !defined(CASE_checkpoint_without_describe)
+struct MyRecompute {
+#if !defined(CASE_recompute_without_describe)
   static memopt::memory::RecomputeDesc describe() { return {.flag = "mine"}; }
 #endif
-#if !defined(CASE_checkpoint_without_run_block)
+#if !defined(CASE_recompute_without_run_block)
   torch::Tensor run_block(int64_t, torch::nn::Module&, const memopt::BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
     return fn(inputs);
@@ -52,9 +52,9 @@ struct MyAccum {
 #endif
 };
 
-struct MyOffload {
+struct MyState {
   static memopt::memory::StateDesc describe() { return {.flag = "mine"}; }
-#if !defined(CASE_offload_without_make_optimizer)
+#if !defined(CASE_state_without_make_optimizer)
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) {
     return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
@@ -71,9 +71,9 @@ using Accum = MyAccum;
 #endif
 
 #if defined(CASE_step_in_backward_with_accum)
-using Offload = memopt::offload::StepInBackward;  // with MyAccum's 2 micro-batches per step
+using State = memopt::state::StepInBackward;  // with MyAccum's 2 micro-batches per step
 #else
-using Offload = MyOffload;
+using State = MyState;
 #endif
 
 struct Loader {
@@ -82,7 +82,7 @@ struct Loader {
 
 int main() {
   torch::nn::Embedding model(8, 4);
-  using T = memopt::Trainer<MyCheckpoint, MyPrecision, Accum, Offload>;
+  using T = memopt::Trainer<MyRecompute, MyPrecision, Accum, State>;
   T trainer(*model, memopt::TrainerOptions());
   (void)memopt::memory::describe<T>();  // what the estimator and the planner know of the policies
   Loader loader;

@@ -14,7 +14,7 @@
 #include <memopt/batch.hpp>  // the headers one by one: proves they stand on their own
 #include <memopt/memory/tracker.hpp>
 #include <memopt/policies/accum.hpp>
-#include <memopt/policies/checkpoint.hpp>
+#include <memopt/policies/recompute.hpp>
 #include <memopt/policies/precision.hpp>
 #include <memopt/trainer.hpp>
 #endif
@@ -37,8 +37,8 @@ struct ClassifierImpl : torch::nn::Module {
         head(register_module("head", torch::nn::Linear(dim, classes))) {
     for (int64_t i = 0; i < depth; ++i) blocks->push_back(Block(dim));
   }
-  template <memopt::CheckpointPolicy Checkpoint>
-  torch::Tensor forward(const torch::Tensor& ids, const Checkpoint& ckpt) {
+  template <memopt::RecomputePolicy Recompute>
+  torch::Tensor forward(const torch::Tensor& ids, const Recompute& ckpt) {
     torch::Tensor x = embed(ids).mean(1);           // (B, T) -> (B, T, D) -> (B, D)
     x = memopt::run_sequential(ckpt, blocks, x);    // (B, D)
     return head(x);                                 // (B, C)
@@ -73,11 +73,11 @@ int main() {
   const memopt::Batch held_out = MajorityLoader{256}.next();
   auto eval_loss = [&] {
     torch::NoGradGuard no_grad;
-    return loss_sum(held_out, memopt::checkpoint::None{}).item<double>() / 256.0;
+    return loss_sum(held_out, memopt::recompute::None{}).item<double>() / 256.0;
   };
 
   const double before = eval_loss();
-  memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Fp32, memopt::accum::Fixed<2>> trainer(
+  memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Fp32, memopt::accum::Fixed<2>> trainer(
       *model, memopt::TrainerOptions().lr(1e-2).weight_decay(0).max_steps(30).log_interval(10));
   const memopt::FitResult result = trainer.fit(loader, loss_sum);
   const double after = eval_loss();

@@ -1,5 +1,6 @@
 // Tests for memopt/data/loader.hpp: the random and sequential loaders (determinism by
-// seed, shifted targets, both ends of the shard, skip, order) and their errors.
+// seed, shifted targets, both ends of the shard, skip, order), their errors, and the random
+// loader's checkpoint state (state() / load_state).
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -164,4 +165,24 @@ TEST_CASE("Loaders reject bad options with the shard path and a hint", "[data][l
   require_error([&] { RandomWindowLoader(shard, LoaderOptions(2, 0)); },
                 {path, "seq_len must be >= 1 (got 0)"});
   CHECK_NOTHROW(RandomWindowLoader(shard, LoaderOptions(2, 49)));  // exactly seq_len + 1
+}
+
+TEST_CASE("RandomWindowLoader's state() continues its exact sequence, and another shape is refused", "[checkpoint][data]") {
+  memopt::test::TempDir dir("memopt_checkpoint");
+  std::vector<int32_t> tokens(500);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 97);
+  const std::string path = dir.file("train.bin");
+  memopt::data::write_shard(path, tokens, 100);
+  const auto shard = memopt::data::TokenShard::open(path);
+  memopt::data::RandomWindowLoader a(shard, memopt::data::LoaderOptions(3, 16).seed(5));
+  a.next();
+  a.next();
+  const auto state = a.state();
+  memopt::data::RandomWindowLoader b(shard, memopt::data::LoaderOptions(3, 16).seed(5));
+  b.load_state(state);
+  CHECK(b.batches_drawn() == 2);
+  CHECK(torch::equal(a.next().inputs, b.next().inputs));
+  memopt::data::RandomWindowLoader other(shard, memopt::data::LoaderOptions(4, 16).seed(5));
+  memopt::test::require_error([&] { other.load_state(state); }, "memopt::data: RandomWindowLoader::load_state",
+                              {"\"batch_size\" is 3 in the checkpoint, 4 now"});
 }

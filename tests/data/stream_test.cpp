@@ -1,51 +1,35 @@
-// Tests for memopt/data/source.hpp and memopt/data/stream.hpp: resolving files, directories,
-// globs and indexes; documents by line, paragraph, JSONL record and shard chunk; packing
-// with EOS between documents; per-document padded rows; the shuffle buffer (size 1 is the
-// reading order); determinism by seed and across worker counts; rank sharding (disjoint,
-// covering); resume mid-epoch from state(); finite epochs ending a Trainer's fit().
+// Tests for memopt/data/stream.hpp: packing with EOS between documents; per-document padded
+// rows; the shuffle buffer (size 1 is the reading order); determinism by seed and across worker
+// counts; rank sharding (disjoint, covering); max_examples and epochs; resume mid-epoch from
+// state(); token shards streamed as they are; finite epochs ending a Trainer's fit(). The
+// sources (files, directories, globs, indexes) and their documents: source_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "data/fixtures.hpp"
 #include "support.hpp"
 
 #include <memopt/data/source.hpp>
 #include <memopt/data/stream.hpp>
 #include <memopt/memopt.hpp>
 
-namespace fs = std::filesystem;
-using memopt::data::DocumentReader;
 using memopt::data::Packing;
-using memopt::data::RawDocument;
-using memopt::data::SourceOptions;
-using memopt::data::Split;
 using memopt::data::StreamLoader;
 using memopt::data::StreamOptions;
 
+using namespace memopt::test::data::stream;  // NOLINT: the fixtures of the source and stream tests
+
 namespace {
-
-struct TempDir : memopt::test::TempDir {
-  TempDir() : memopt::test::TempDir("memopt_stream_test") {}
-};
-
-using memopt::test::write_text;
-
-void require_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  memopt::test::require_error(fn, "memopt::data", parts);
-}
 
 // A character-level BPE model (no merges): <unk> 0, <s> 1, </s> 2, ▁ 3, 'a'..'z' 4..29,
 // '0'..'9' 30..39. "w12" encodes as ▁ w 1 2 = {3, 26, 31, 32}.
 const std::string kWs = "\xe2\x96\x81";
-constexpr int32_t kEos = 2;
 
 std::shared_ptr<const memopt::data::Tokenizer> char_tokenizer(const TempDir& dir) {
   std::vector<std::tuple<std::string, float, int>> pieces = {{"<unk>", 0.f, 2}, {"<s>", 0.f, 3}, {"</s>", 0.f, 3},
@@ -71,14 +55,6 @@ int doc_of(const std::vector<int32_t>& row) {
   size_t i = 2;
   for (; i < row.size() && row[i] >= 30 && row[i] < 40; ++i) k = 10 * k + (row[i] - 30);
   return (i + 1 == row.size() && row[i] == kEos) ? k : -1;
-}
-
-// Writes documents first .. first + n - 1 as lines of `path`.
-void write_docs(const std::string& path, int first, int n) {
-  std::string text;
-  // append, not "w" + std::to_string(k): GCC 12 -O3 warns falsely (-Wstringop-overflow) on that
-  for (int k = first; k < first + n; ++k) text.append("w").append(std::to_string(k)).append("\n");
-  write_text(path, text);
 }
 
 // Rows of every batch: (B, T + 1) ids rebuilt from inputs and targets (padding cut off).
@@ -109,117 +85,6 @@ StreamOptions padded(int64_t batch, int64_t seq_len) {
 }
 
 }  // namespace
-
-TEST_CASE("resolve_sources: files, directories, globs and index.json, sorted; errors name the spec",
-          "[data][stream]") {
-  TempDir dir;
-  write_docs(dir.file("c/b.txt"), 0, 2);
-  write_docs(dir.file("c/a.txt"), 0, 2);
-  write_text(dir.file("c/sub/x.jsonl"), "{\"text\": \"w1\"}\n");
-  write_text(dir.file("c/.hidden/y.txt"), "w1\n");
-  write_text(dir.file("c/notes.md"), "not data\n");
-  fs::create_directories(dir.file("s"));
-  memopt::data::write_shard(dir.file("s/shard-00000.bin"), {3, 26, 30, kEos}, 40);
-  write_text(dir.file("s/index.json"), R"({"format": "memopt-token-shards", "shards": [{"file": "shard-00000.bin"}]})");
-
-  auto names = [](const std::vector<memopt::data::SourceFile>& files) {
-    std::vector<std::string> out;
-    for (const auto& f : files) out.push_back(fs::path(f.path).lexically_relative(fs::path(files.front().path).parent_path().parent_path()).string());
-    return out;
-  };
-  const auto in_dir = memopt::data::resolve_sources({dir.file("c")});
-  REQUIRE(in_dir.size() == 3);  // a.txt, b.txt, sub/x.jsonl; hidden and .md left out
-  CHECK(fs::path(in_dir[0].path).filename() == "a.txt");
-  CHECK(fs::path(in_dir[1].path).filename() == "b.txt");
-  CHECK(in_dir[2].kind == memopt::data::SourceKind::kJsonl);
-  CHECK(in_dir[0].bytes == 6);
-  CHECK(names(in_dir).size() == 3);
-
-  const auto globbed = memopt::data::resolve_sources({dir.file("c/*.txt")});
-  REQUIRE(globbed.size() == 2);
-  CHECK(fs::path(globbed[0].path).filename() == "a.txt");
-
-  const auto indexed = memopt::data::resolve_sources({dir.file("s")});  // the folder's index.json
-  REQUIRE(indexed.size() == 1);
-  CHECK(indexed[0].kind == memopt::data::SourceKind::kShard);
-  CHECK(memopt::data::resolve_sources({dir.file("s/index.json")}).size() == 1);
-
-  require_error([&] { memopt::data::resolve_sources({dir.file("missing.txt")}); }, {"missing.txt", "does not exist"});
-  require_error([&] { memopt::data::resolve_sources({dir.file("c/*.csv")}); }, {"*.csv", "matches no file"});
-  require_error([&] { memopt::data::resolve_sources({}); }, {"no data source"});
-  write_text(dir.file("bad/index.json"), "{\"shards\": 3}");
-  require_error([&] { memopt::data::resolve_sources({dir.file("bad/index.json")}); },
-                {"bad/index.json", "memopt-pretokenize index"});
-}
-
-TEST_CASE("DocumentReader: a document a line, a paragraph, a JSONL record; blank lines are no documents",
-          "[data][stream]") {
-  TempDir dir;
-  write_text(dir.file("t.txt"), "one line\n\n  \nsecond one\nthird\n\nlast para");
-  write_text(dir.file("r.jsonl"), "{\"text\": \"first\", \"id\": 1}\n\n{\"body\": 2, \"text\": \"second\\nline\"}\n");
-  auto read_all = [](DocumentReader reader) {
-    std::vector<std::string> out;
-    RawDocument doc;
-    while (reader.next(doc)) out.push_back(doc.text);
-    return out;
-  };
-  using V = std::vector<std::string>;
-  const auto txt = memopt::data::resolve_sources({dir.file("t.txt")});
-  CHECK(read_all(DocumentReader(txt, SourceOptions())) == V{"one line", "second one", "third", "last para"});
-  CHECK(read_all(DocumentReader(txt, SourceOptions().split(Split::kParagraph))) ==
-        V{"one line", "second one\nthird", "last para"});
-  CHECK(read_all(DocumentReader(memopt::data::resolve_sources({dir.file("r.jsonl")}), SourceOptions())) ==
-        V{"first", "second\nline"});
-  // epochs and max_examples: 2 passes over the first 3 documents.
-  CHECK(read_all(DocumentReader(txt, SourceOptions().epochs(2).max_examples(3))) ==
-        V{"one line", "second one", "third", "one line", "second one", "third"});
-  // A position read mid-way continues there.
-  DocumentReader reader(txt, SourceOptions());
-  RawDocument doc;
-  REQUIRE(reader.next(doc));
-  REQUIRE(reader.next(doc));
-  const auto pos = reader.position();
-  CHECK(pos.line == 5);
-  CHECK(pos.document == 2);
-  CHECK(read_all(DocumentReader(txt, SourceOptions(), memopt::data::SourcePosition::from_json(pos.to_json()))) ==
-        V{"third", "last para"});
-}
-
-TEST_CASE("Bad sources and records get errors naming the file, the line and the value", "[data][stream]") {
-  TempDir dir;
-  auto read_all = [](const std::string& path, SourceOptions options = SourceOptions()) {
-    DocumentReader reader(memopt::data::resolve_sources({path}), options);
-    RawDocument doc;
-    while (reader.next(doc)) {
-    }
-  };
-  write_text(dir.file("a.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"ok\"\n");
-  require_error([&] { read_all(dir.file("a.jsonl")); }, {"a.jsonl:2", "not valid JSON", "one JSON object per line"});
-  write_text(dir.file("b.jsonl"), "[1, 2]\n");
-  require_error([&] { read_all(dir.file("b.jsonl")); }, {"b.jsonl:1", "expected a JSON object, got a array"});
-  write_text(dir.file("c.jsonl"), "{\"content\": \"x\"}\n");
-  require_error([&] { read_all(dir.file("c.jsonl")); }, {"c.jsonl:1", "no field \"text\"", "--text_field"});
-  CHECK_NOTHROW(read_all(dir.file("c.jsonl"), SourceOptions().text_field("content")));
-  write_text(dir.file("d.jsonl"), "{\"text\": 7}\n");
-  require_error([&] { read_all(dir.file("d.jsonl")); }, {"d.jsonl:1", "field \"text\" is a number"});
-  write_text(dir.file("e.txt"), "short\n" + std::string(100, 'x') + "\n");
-  require_error([&] { read_all(dir.file("e.txt"), SourceOptions().max_document_bytes(64)); },
-                {"e.txt:2", "longer than max_document_bytes (64 bytes)"});
-  write_text(dir.file("f.bin"), "MEMOPTTK but not really a shard, too short or wrong sized.........");
-  require_error([&] { read_all(dir.file("f.bin")); }, {"f.bin", "format version"});
-  write_text(dir.file("blank.txt"), "\n \n\n");
-  require_error([&] { read_all(dir.file("blank.txt"), SourceOptions().epochs(0)); },
-                {"blank.txt", "no document", "no non-blank document"});
-  write_docs(dir.file("two.txt"), 0, 2);
-  require_error([&] { read_all(dir.file("two.txt"), SourceOptions().epochs(0).rank(2).world_size(3)); },
-                {"rank 2 of 3", "no document", "fewer ranks"});
-  require_error([&] { read_all(dir.file("two.txt"), SourceOptions().rank(3).world_size(3)); },
-                {"rank 3 is outside world_size 3"});
-  // A JSONL record of another rank is not parsed, so it cannot fail there.
-  write_text(dir.file("g.jsonl"), "{\"text\": \"w1\"}\nnot json\n");
-  CHECK_NOTHROW(read_all(dir.file("g.jsonl"), SourceOptions().rank(0).world_size(2)));
-  require_error([&] { read_all(dir.file("g.jsonl"), SourceOptions().rank(1).world_size(2)); }, {"g.jsonl:2"});
-}
 
 TEST_CASE("Packing puts EOS between documents; a shuffle buffer of 1 keeps the reading order",
           "[data][stream]") {
@@ -339,7 +204,7 @@ TEST_CASE("max_examples and epochs bound the stream; epochs(0) streams on", "[da
     for (int k = 0; k < 10; ++k) want.push_back(k);
   }
   CHECK(docs == want);
-  require_error([&] { loader.next(); }, {"the stream ended after 20 batches", "raise epochs"});
+  require_error([&] { loader.next(); }, {"the stream ended after 20 batches", "raise epochs"}, "memopt::data");
 
   auto forever = padded(4, 8);
   forever.source().epochs(0);
@@ -382,7 +247,8 @@ TEST_CASE("Resuming from state() gives the remaining batches exactly", "[data][s
   }
   // A state of another seed or shape is refused, naming the field.
   auto other = std::make_unique<StreamLoader>(std::vector<std::string>{dir.file("c")}, tok, StreamOptions(3, 7));
-  require_error([&] { other->load_state(whole->state()); }, {"\"seq_len\" is 6 in the checkpoint, 7 now"});
+  require_error([&] { other->load_state(whole->state()); }, {"\"seq_len\" is 6 in the checkpoint, 7 now"},
+                "memopt::data");
 }
 
 TEST_CASE("Token shards stream as they are; ids beyond the vocabulary are refused", "[data][stream]") {
@@ -402,11 +268,11 @@ TEST_CASE("Token shards stream as they are; ids beyond the vocabulary are refuse
                                           ids.begin() + static_cast<std::ptrdiff_t>(5 * r + 6)));
   }
   StreamLoader small({dir.file("s.bin")}, nullptr, StreamOptions(2, 5).vocab_size(30).workers(0));
-  require_error([&] { small.next(); }, {"id 30", ">= the vocabulary size 30"});
+  require_error([&] { small.next(); }, {"id 30", ">= the vocabulary size 30"}, "memopt::data");
   TempDir text_dir;
   write_docs(text_dir.file("t.txt"), 0, 3);
   require_error([&] { StreamLoader({text_dir.file("t.txt")}, nullptr, StreamOptions(2, 5)); },
-                {"t.txt", "no tokenizer"});
+                {"t.txt", "no tokenizer"}, "memopt::data");
 }
 
 TEST_CASE("estimate_memory_usage: a whole dataset against a stream", "[data][stream]") {
@@ -414,7 +280,7 @@ TEST_CASE("estimate_memory_usage: a whole dataset against a stream", "[data][str
   CHECK(e.full_load_bytes == int64_t{100000} * 256 * 16);
   CHECK(e.streaming_bytes == int64_t{1000} * 257 * 4 + 5 * 8 * 256 * 16);
   CHECK(e.ratio() > 100);
-  require_error([] { memopt::data::estimate_memory_usage(10, 0, 8); }, {"seq_len >= 1"});
+  require_error([] { memopt::data::estimate_memory_usage(10, 0, 8); }, {"seq_len >= 1"}, "memopt::data");
 }
 
 TEST_CASE("A Trainer stops when a finite stream runs out", "[data][stream][trainer]") {
@@ -425,7 +291,7 @@ TEST_CASE("A Trainer stops when a finite stream runs out", "[data][stream][train
   memopt::models::Llama model(memopt::models::LlamaConfig().vocab_size(40).hidden_size(16).num_hidden_layers(1)
                                   .num_attention_heads(2).max_position_embeddings(16));
   StreamLoader loader({dir.file("a.txt")}, tok, StreamOptions(2, 8).shuffle_buffer(4));
-  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Fixed<2>> trainer(
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Fixed<2>> trainer(
       *model, memopt::TrainerOptions().max_steps(1000).log_interval(1000));
   const auto result = trainer.fit(loader, memopt::LossSum<memopt::models::Llama>{&model});
   // 60 documents of 4-5 ids + EOS: (60*4.8 - 1) / 8 = 35 windows, 17 batches, 8 steps of 2.

@@ -1,5 +1,6 @@
 // Tests for memopt/data/tokenizer.hpp: BPE merges, unknowns and decoding on a
-// hand-written model, exact agreement with SentencePiece's own tools where installed, errors.
+// hand-written model, exact agreement with SentencePiece's own tools where installed, errors,
+// and user symbols (add_user_symbols) on the GritLM tests' tokenizer.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -30,6 +31,7 @@
 #include "support.hpp"
 
 using namespace memopt::test::data;  // NOLINT: the fixtures of these tests
+using memopt::test::data::grit::make_tokenizer;
 
 TEST_CASE("Tokenizer: BPE merges, unknowns and decoding on a hand-written model",
           "[data][tokenizer]") {
@@ -164,4 +166,38 @@ TEST_CASE("Tokenizer reports a missing or invalid model", "[data][tokenizer]") {
   write_bytes(garbage, std::vector<unsigned char>(100, 0xab));
   require_error([&] { memopt::data::Tokenizer tok(garbage); },
                 {garbage, "not a SentencePiece model", "100 bytes"});
+}
+
+TEST_CASE("Tokenizer::add_user_symbols appends whole, unmerged symbols that decode back",
+          "[grit][tokenizer]") {
+  auto tok = make_tokenizer();
+  const int64_t n = tok->vocab_size();
+  // Before: '<', '|', '>' are not in the vocab.
+  CHECK(tok->encode("<|user|>")[1] == tok->unk_id());
+  CHECK(tok->piece_to_id("<|user|>") == tok->unk_id());
+
+  const auto ids = tok->add_user_symbols({"<|user|>", "<|embed|>", "<|assistant|>"});
+  CHECK(ids == std::vector<int32_t>{static_cast<int32_t>(n), static_cast<int32_t>(n + 1),
+                                    static_cast<int32_t>(n + 2)});
+  CHECK(tok->vocab_size() == n + 3);
+  CHECK(tok->piece_to_id("<|embed|>") == n + 1);
+  CHECK(tok->piece(n + 2) == "<|assistant|>");
+
+  // Matched whole, never merged with neighbours (even without spaces), decoded to their text.
+  const auto x = tok->piece_to_id("x"), y = tok->piece_to_id("y");
+  CHECK(tok->encode("x<|user|>y") == std::vector<int32_t>{tok->piece_to_id(kWs), x, static_cast<int32_t>(n), y});
+  CHECK(tok->encode("<|user|><|embed|>") ==
+        std::vector<int32_t>{tok->piece_to_id(kWs), static_cast<int32_t>(n), static_cast<int32_t>(n + 1)});
+  CHECK(tok->decode(tok->encode("the cat <|user|> said <|assistant|>hi")) == "the cat <|user|> said <|assistant|>hi");
+  CHECK(tok->decode(std::vector<int32_t>{static_cast<int32_t>(n + 1)}) == "<|embed|>");
+  CHECK(tok->decode(torch::tensor({n, n + 2})) == "<|user|><|assistant|>");
+
+  // Adding again is a no-op returning the ids; so is a piece already in the model.
+  CHECK(tok->add_user_symbols({"<|embed|>", "<|user|>"}) ==
+        std::vector<int32_t>{static_cast<int32_t>(n + 1), static_cast<int32_t>(n)});
+  CHECK(tok->add_user_symbols({"he", "</s>"}) == std::vector<int32_t>{tok->piece_to_id("he"), 2});
+  CHECK(tok->vocab_size() == n + 3);
+
+  require_error([&] { tok->add_user_symbols({"<|ok|>", ""}); }, {"empty user symbol", "symbol 1"}, "memopt::data");
+  require_error([&] { tok->add_user_symbols({"<|a b|>"}); }, {"'<|a b|>'", "whitespace"}, "memopt::data");
 }

@@ -118,7 +118,7 @@ bool launched() {
 
 }  // namespace
 
-using Fp32Trainer = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime>;
+using Fp32Trainer = memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Runtime>;
 
 TEST_CASE("2 ranks train as one process on the global batch: weights and loss curve", "[dist]") {
   if (!launched()) return;
@@ -126,7 +126,7 @@ TEST_CASE("2 ranks train as one process on the global batch: weights and loss cu
   SECTION("bf16 autocast, checkpointed blocks") {
     // bf16 matmuls over 2 rows and over 4 round differently (5e-5 relative in the loss), and
     // Adam's normalised steps carry that into the weights at lr scale: a looser bound.
-    using T = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Runtime>;
+    using T = memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Runtime>;
     check_against_reference<T>(base_options(), 2e-2, 1e-4);
   }
 }
@@ -146,8 +146,8 @@ TEST_CASE("A sharded optimizer state (ZeRO-1) trains the same and holds half the
     // sharded global norm sums its parts in another order, and a last-bit change of the clip
     // factor flips 8-bit codes (1.3e-4 in the weights with LibTorch 2.15's MKL); the global-norm
     // clip is checked against one process in fp32 above.
-    using T = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime,
-                              memopt::offload::Int8State>;
+    using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Runtime,
+                              memopt::state::Int8>;
     const Run whole = train<T>(base_options().grad_clip(0), 6, true);
     const Run sharded = train<T>(base_options().grad_clip(0).shard_optimizer_state(true), 6, true);
     const double diff = (whole.weights - sharded.weights).abs().max().item<double>();
@@ -158,7 +158,7 @@ TEST_CASE("A sharded optimizer state (ZeRO-1) trains the same and holds half the
   SECTION("bf16 weights with fp32 masters: sharded equals unsharded on the same ranks") {
     // The clip norm is the global one: each rank's owned fp32 master gradients, summed over
     // the ranks (measured on the model's bf16 gradients it would miss the owned ones).
-    using T = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Bf16Pure, memopt::accum::Runtime>;
+    using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Pure, memopt::accum::Runtime>;
     const Run whole = train<T>(base_options(), 6, true);
     const Run sharded = train<T>(base_options().shard_optimizer_state(true), 6, true);
     const double diff = (whole.weights - sharded.weights).abs().max().item<double>();
@@ -244,10 +244,10 @@ TEST_CASE("No collective runs on a non-final micro-step", "[dist]") {
     memopt::models::Llama model(tiny_config());
     RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
     RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
-    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Fixed<4>> trainer(
+    memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Fixed<4>> trainer(
         *model, base_options().accum_steps(4).shard_optimizer_state(sharded).bucket_mib(1));
     std::vector<int64_t> seen;  // collectives() at each micro-step's forward
-    auto loss = [&](const memopt::Batch& batch, const memopt::checkpoint::None& ckpt) {
+    auto loss = [&](const memopt::Batch& batch, const memopt::recompute::None& ckpt) {
       seen.push_back(world.collectives());
       return model->loss_sum(batch, ckpt);
     };

@@ -4,7 +4,6 @@
 // the seed; bad options name themselves.
 #include <catch2/catch.hpp>
 
-#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,11 +25,6 @@ using memopt::test::write_fake_kjv;
 struct TempDir : memopt::test::TempDir {
   TempDir() : memopt::test::TempDir("memopt_gritlm_pairs_test") {}
 };
-
-void require_error(const std::function<void()>& fn, const std::vector<std::string>& parts,
-                   const std::string& prefix = "gritlm") {
-  memopt::test::require_error(fn, prefix, parts);
-}
 
 }  // namespace
 
@@ -104,10 +98,12 @@ TEST_CASE("brown_grit_data: positives follow their query, negatives from the sam
   CHECK(same_negs);
   CHECK_FALSE(other_negs);
 
-  require_error([&] { gritlm::brown_grit_data(dir.path.string(), gritlm::CorpusGritOptions().heldout_every(1)); },
-                {"heldout_every must be >= 2"});
-  require_error([&] { gritlm::brown_grit_data(dir.path.string(), gritlm::CorpusGritOptions().heldout_every(8)); },
-                {"only one in its split", "group_size(1)"});
+  memopt::test::require_error(
+      [&] { gritlm::brown_grit_data(dir.path.string(), gritlm::CorpusGritOptions().heldout_every(1)); }, "gritlm",
+      {"heldout_every must be >= 2"});
+  memopt::test::require_error(
+      [&] { gritlm::brown_grit_data(dir.path.string(), gritlm::CorpusGritOptions().heldout_every(8)); }, "gritlm",
+      {"only one in its split", "group_size(1)"});
 }
 
 TEST_CASE("grit_data on brown::read_corpus's documents is brown_grit_data", "[grit][brown]") {
@@ -177,8 +173,9 @@ TEST_CASE("kjv_grit_data: positives follow their query verse, negatives from oth
       CHECK(a[0].second == p.back().second + 1);
     }
   }
-  require_error([&] { gritlm::kjv_grit_data(dir.file("absent.txt"), options); },
-                {"King James text", "absent.txt", "scripts/fetch_corpus"}, "memopt::data");
-  require_error([&] { gritlm::kjv_grit_data(dir.path.string(), gritlm::CorpusGritOptions().heldout_every(9)); },
-                {"kjv_grit_data: heldout_every 9 holds out no document of the 8 in"});
+  memopt::test::require_error([&] { gritlm::kjv_grit_data(dir.file("absent.txt"), options); }, "memopt::data",
+                              {"King James text", "absent.txt", "scripts/fetch_corpus"});
+  memopt::test::require_error(
+      [&] { gritlm::kjv_grit_data(dir.path.string(), gritlm::CorpusGritOptions().heldout_every(9)); }, "gritlm",
+      {"kjv_grit_data: heldout_every 9 holds out no document of the 8 in"});
 }

@@ -17,7 +17,7 @@ tiny=(--data "$tmp/data" --layers 2 --dim 64 --heads 4 --seq_len 32 --max_seq_le
       --steps 2 --warmup 1 --eval_batches 1 --sample_tokens 2 --threads 1 --log_interval 1)
 
 # --estimate_only: the table, no training.
-out=$("$bin" "${tiny[@]}" --checkpoint none --precision fp32 --estimate_only 2>&1)
+out=$("$bin" "${tiny[@]}" --recompute none --precision fp32 --estimate_only 2>&1)
 if [ $? -ne 0 ] || ! grep -q "memory estimate" <<<"$out" || grep -q "held-out loss" <<<"$out"; then
   fail "estimate_only: $out"
 else
@@ -26,8 +26,8 @@ fi
 full_mib=$(table_peak "$out")
 
 # Explicit flags reach the instantiation they name, and the run trains.
-out=$("$bin" "${tiny[@]}" --checkpoint selective --precision bf16-pure --accum 2 --offload int8 2>&1)
-if [ $? -ne 0 ] || ! grep -q "trainer: Trainer<checkpoint::Selective, precision::Bf16Pure, accum::Runtime, offload::Int8State>" <<<"$out" \
+out=$("$bin" "${tiny[@]}" --recompute selective --precision bf16-pure --accum 2 --optimizer_state int8 2>&1)
+if [ $? -ne 0 ] || ! grep -q "trainer: Trainer<recompute::Selective, precision::Bf16Pure, accum::Runtime, state::Int8>" <<<"$out" \
    || ! grep -q "held-out loss after 2 steps" <<<"$out"; then
   fail "explicit flags: $out"
 else

@@ -15,7 +15,7 @@ tiny_data "$prepare" "$tmp/data"
 # The same documents as JSONL (the generated text has no quotes, backslashes or tabs).
 sed 's/.*/{"id": 1, "text": "&"}/' "$tmp/data/train.txt" > "$tmp/train.jsonl"
 job=(--data "$tmp/data" --layers 2 --dim 64 --heads 4 --seq_len 32 --micro_batch 4 --accum 2 --steps 8 --warmup 2
-     --log_interval 1000 --eval_batches 1 --sample_tokens 1 --threads 1 --precision fp32 --checkpoint none
+     --log_interval 1000 --eval_batches 1 --sample_tokens 1 --threads 1 --precision fp32 --recompute none
      --use-streaming --shuffle-buffer-size 64 --data-workers 2)
 final() { echo "$1/checkpoints/step-00000008/model.safetensors"; }
 

@@ -43,16 +43,17 @@ expect_run dense_dispatch_dropless --output_dir "$tmp/dense_dispatch" --steps 2 
   --capacity_factor 0 --num_experts 3 --top_k 1
 expect_run dense_equivalent --output_dir "$tmp/dense" --steps 2 --dense
 
-# one setting, one name: the seeds' --gradient_checkpointing --mixed_precision are --checkpoint every --precision bf16
-for spelling in "--checkpoint every --precision bf16" "--gradient_checkpointing --mixed_precision" \
-                "--checkpoint every_block --mixed_precision"; do
+# one setting, one name: the seeds' --gradient_checkpointing --mixed_precision and the earlier
+# --checkpoint are --recompute every --precision bf16
+for spelling in "--recompute every --precision bf16" "--gradient_checkpointing --mixed_precision" \
+                "--checkpoint every_block --mixed_precision" "--recompute every_block --precision bf16"; do
   # shellcheck disable=SC2086 # the spelling is several words
   out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/spelling" --estimate_only $spelling 2>&1)
-  if grep -q "checkpoint=every precision=bf16 " <<<"$out"; then ok "spelling '$spelling': checkpoint=every precision=bf16"
-  else fail "spelling '$spelling' did not select checkpoint=every precision=bf16: $out"; fi
+  if grep -q "recompute=every precision=bf16 " <<<"$out"; then ok "spelling '$spelling': recompute=every precision=bf16"
+  else fail "spelling '$spelling' did not select recompute=every precision=bf16: $out"; fi
 done
 # one setting: the later spelling wins, as with any option given twice
-for pair in "--checkpoint none --gradient_checkpointing:checkpoint=every" "--gradient_checkpointing --checkpoint none:checkpoint=none" \
+for pair in "--recompute none --gradient_checkpointing:recompute=every" "--gradient_checkpointing --recompute none:recompute=none" \
             "--precision fp32 --mixed_precision:precision=bf16" "--mixed_precision --precision fp32:precision=fp32"; do
   # shellcheck disable=SC2086 # the spelling is several words
   out=$("$bin" --data "$tmp/data" "${tiny[@]}" --output_dir "$tmp/spelling" --estimate_only ${pair%%:*} 2>&1)

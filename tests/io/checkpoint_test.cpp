@@ -1,10 +1,12 @@
-// Tests for memopt/io/checkpoint.hpp, the Trainer's checkpoints, resume(), non-finite
+// Tests for memopt/io/checkpoint.hpp and the Trainer's checkpoints, resume(), non-finite
 // skips and SIGTERM stop: a run stopped by SIGTERM and resumed from "latest" ends bit for
 // bit where an uninterrupted one does (fp32, 8-bit, disk-offloaded state, bf16 masters,
 // bf16 autocast with checkpointed dropout); corrupt, truncated and half-written checkpoints
 // are refused and the previous one used; malformed manifests are refused naming the field;
 // a NaN gradient skips the step leaving weights and optimizer state untouched, and too many
-// in a row stop the run with a checkpoint of the last good state.
+// in a row stop the run with a checkpoint of the last good state. A resume's refusal of other
+// settings is tested in training_state_test.cpp, the signal handlers in tests/signals_test.cpp,
+// memory_budget in tests/memory/budget_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <csignal>
@@ -19,72 +21,19 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "io/fixtures.hpp"
 #include "support.hpp"
 
 #include <memopt/detail/optimizer_state.hpp>
-#include <memopt/callbacks.hpp>
-#include <memopt/data/loader.hpp>
 #include <memopt/io/checkpoint.hpp>
 #include <memopt/models/llama.hpp>
 #include <memopt/trainer.hpp>
 
 namespace fs = std::filesystem;
 
+using namespace memopt::test::io;  // NOLINT: the fixtures of the checkpoint tests
+
 namespace {
-
-constexpr int64_t kVocab = 50;
-
-memopt::models::LlamaConfig tiny_config() {
-  return memopt::models::LlamaConfig().vocab_size(kVocab).hidden_size(16).num_hidden_layers(2).num_attention_heads(
-      2).max_position_embeddings(16).dropout(0.1);  // dropout: a resume must restore the random state
-}
-
-/// (4, 8) batches drawn from its own position; a ResumableSource.
-struct CountingLoader {
-  int64_t next_index = 0;
-  memopt::Batch next() {
-    torch::Tensor tokens = (torch::arange(36, torch::kLong) * (next_index + 3) + next_index).remainder(kVocab);
-    tokens = tokens.view({4, 9});  // (B, T+1)
-    ++next_index;
-    return {tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8)};
-  }
-  nlohmann::json state() const { return {{"next_index", next_index}}; }
-  void load_state(const nlohmann::json& s) { next_index = s.at("next_index").get<int64_t>(); }
-};
-
-memopt::TrainerOptions options(const std::string& dir = "") {
-  return memopt::TrainerOptions().lr(1e-2).warmup_steps(2).max_steps(6).log_interval(100).checkpoint_dir(
-      dir);
-}
-
-/// The model's loss; at step `signal_at` (1-based), raises `signal` in the forward.
-struct Loss {
-  memopt::models::Llama* model;
-  int64_t* calls;
-  int64_t signal_at = 0;
-  int signal = SIGTERM;
-  template <class C>
-  torch::Tensor operator()(const memopt::Batch& b, const C& ckpt) const {
-    if (++*calls == signal_at) std::raise(signal);
-    return (*model)->loss_sum(b, ckpt);
-  }
-};
-
-template <class TrainerT>
-memopt::FitResult fit(memopt::models::Llama& model, TrainerT& trainer, CountingLoader& loader, int64_t signal_at = 0) {
-  int64_t calls = 0;
-  return trainer.fit(loader, Loss{&model, &calls, signal_at});
-}
-
-void check_same_weights(memopt::models::Llama& expected, memopt::models::Llama& got) {
-  const auto a = expected->named_parameters();
-  const auto b = got->named_parameters();
-  REQUIRE(a.size() == b.size());
-  for (const auto& item : a) {
-    INFO(item.key());
-    CHECK(torch::equal(item.value(), b[item.key()]));
-  }
-}
 
 /// 6 steps in one go == 6 steps with a SIGTERM in step 4 (finished, checkpointed) and a
 /// resume from "latest" in a fresh process-like setting (new model, trainer, loader).
@@ -174,30 +123,30 @@ TEST_CASE("SIGTERM, checkpoint, resume latest: bit for bit the uninterrupted run
 }
 
 TEST_CASE("SIGTERM, checkpoint, resume latest: bit for bit (8-bit AdamW)", "[checkpoint]") {
-  using T = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::None,
-                            memopt::offload::Int8State>;
+  using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::None,
+                            memopt::state::Int8>;
   check_resume_is_exact([](memopt::models::Llama& m, memopt::TrainerOptions o) {  // every moment 8-bit
-    return T(*m, o, {}, memopt::offload::Int8State(memopt::optim::AdamW8bitOptions().min_8bit_size(0)));
+    return T(*m, o, {}, memopt::state::Int8(memopt::optim::AdamW8bitOptions().min_8bit_size(0)));
   });
 }
 
 TEST_CASE("SIGTERM, checkpoint, resume latest: bit for bit (optimizer state on disk)", "[checkpoint]") {
-  using T = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::None,
-                            memopt::offload::Disk>;
+  using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::None,
+                            memopt::state::Disk>;
   memopt::test::TempDir state_dir("memopt_disk_state");
   check_resume_is_exact([&](memopt::models::Llama& m, memopt::TrainerOptions o) {
-    return T(*m, o, {}, memopt::offload::Disk(memopt::optim::DiskAdamWOptions().directory(state_dir.path.string())));
+    return T(*m, o, {}, memopt::state::Disk(memopt::optim::DiskAdamWOptions().directory(state_dir.path.string())));
   });
 }
 
 TEST_CASE("SIGTERM, checkpoint, resume latest: bit for bit (bf16 weights, fp32 masters)", "[checkpoint]") {
-  using T = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Bf16Pure>;
+  using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Pure>;
   check_resume_is_exact([](memopt::models::Llama& m, memopt::TrainerOptions o) { return T(*m, o); });
 }
 
 TEST_CASE("SIGTERM, checkpoint, resume latest: bit for bit (bf16 autocast, checkpointed dropout, accum 2)",
           "[checkpoint]") {
-  using T = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Fixed<2>>;
+  using T = memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Fixed<2>>;
   // Two micro-batches a step: the signal in the 7th forward comes in step 4.
   memopt::test::TempDir dir("memopt_checkpoint");
   auto run = [&](memopt::models::Llama& model, const std::string& ckpt, int64_t signal_at) {
@@ -218,24 +167,6 @@ TEST_CASE("SIGTERM, checkpoint, resume latest: bit for bit (bf16 autocast, check
   memopt::models::Llama resumed(tiny_config());
   CHECK(run(resumed, dir.file("ckpt"), 0).steps == 2);
   check_same_weights(straight, resumed);
-}
-
-TEST_CASE("fit() restores the signal handlers it replaced, and SIGINT stops like SIGTERM", "[checkpoint][signals]") {
-  struct sigaction before {};
-  sigaction(SIGINT, nullptr, &before);
-  torch::manual_seed(3);
-  memopt::models::Llama model(tiny_config());
-  memopt::Trainer<> trainer(*model, options());  // no checkpoint directory: stops without one
-  CountingLoader loader;
-  int64_t calls = 0;
-  const auto result = trainer.fit(loader, Loss{&model, &calls, 2, SIGINT});
-  CHECK(result.stop_signal == SIGINT);
-  CHECK(result.steps == 2);
-  CHECK(result.checkpoint.empty());
-  struct sigaction after {};
-  sigaction(SIGINT, nullptr, &after);
-  CHECK(after.sa_handler == before.sa_handler);
-  CHECK(std::string(memopt::signal_name(SIGINT)) == "SIGINT");
 }
 
 TEST_CASE("latest skips corrupt, truncated and half-written checkpoints, and a named one is refused", "[checkpoint]") {
@@ -299,40 +230,6 @@ TEST_CASE("the newest keep_checkpoints are kept, and latest in an empty folder s
   CHECK_FALSE(trainer.resume("latest", loader));
   CHECK(trainer.steps_taken() == 0);
   CHECK(loader.next_index == 0);
-}
-
-TEST_CASE("resume refuses other policies, options or run settings, naming each difference", "[checkpoint]") {
-  memopt::test::TempDir dir("memopt_checkpoint");
-  const std::string root = dir.file("ckpt");
-  torch::manual_seed(1);
-  memopt::models::Llama model(tiny_config());
-  {
-    memopt::Trainer<> trainer(*model, options(root).max_steps(2));
-    trainer.set_run_config({{"layers", 2}, {"data", "brown"}});
-    CountingLoader loader;
-    fit(model, trainer, loader);
-  }
-  CountingLoader loader;
-  {
-    memopt::Trainer<> other(*model, options(root).lr(5e-3).grad_clip(0.5));
-    other.set_run_config({{"layers", 3}, {"data", "brown"}});
-    memopt::test::require_error([&] { other.resume("latest", loader); }, "memopt::Trainer::resume('latest')",
-                                {"other settings", "lr: 0.01 in the checkpoint, 0.005 now",
-                                 "grad_clip: 1.0 in the checkpoint, 0.5 now", "config.layers: 2 in the checkpoint, 3 now"});
-  }
-  {
-    memopt::Trainer<memopt::checkpoint::EveryBlock> other(*model, options(root));
-    memopt::test::require_error([&] { other.resume("latest", loader); }, "memopt::Trainer::resume('latest')",
-                                {"Trainer<checkpoint::None", "this is Trainer<checkpoint::EveryBlock"});
-  }
-  {  // max_steps may change: a run is extended
-    memopt::Trainer<> longer(*model, options(root).max_steps(3));
-    longer.set_run_config({{"layers", 2}, {"data", "brown"}});
-    CHECK(longer.resume("latest", loader));
-    CHECK(fit(model, longer, loader).steps == 1);
-  }
-  CHECK(memopt::io::setting_differences({{"a", {{"b", 1}}}}, {{"a", {{"b", 2}}}, {"c", 3}}) ==
-        std::vector<std::string>{"a.b: 1 in the checkpoint, 2 now", "c: \"(absent)\" in the checkpoint, 3 now"});
 }
 
 TEST_CASE("manifest.json: each malformed field is refused, naming it and the value", "[checkpoint]") {
@@ -410,7 +307,7 @@ TEST_CASE("a NaN gradient skips the step: weights and optimizer state untouched,
 }
 
 TEST_CASE("a non-finite loss backs off the loss scale and is counted by fit()", "[checkpoint][nonfinite]") {
-  using T = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Scaled<c10::kFloat>>;
+  using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Scaled<c10::kFloat>>;
   torch::manual_seed(12);
   memopt::models::Llama model(tiny_config().dropout(0.0));
   T trainer(*model, options().max_steps(4));
@@ -455,116 +352,4 @@ TEST_CASE("too many skipped steps in a row stop the run with a checkpoint of the
   REQUIRE(restored_trainer.resume("latest", restored_loader));
   CHECK(torch::equal(restored->parameters()[0], good));
   CHECK(restored_loader.next_index == 5);  // the bad batches are behind it
-}
-
-TEST_CASE("RandomWindowLoader's state() continues its exact sequence, and another shape is refused", "[checkpoint][data]") {
-  memopt::test::TempDir dir("memopt_checkpoint");
-  std::vector<int32_t> tokens(500);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 97);
-  const std::string path = dir.file("train.bin");
-  memopt::data::write_shard(path, tokens, 100);
-  const auto shard = memopt::data::TokenShard::open(path);
-  memopt::data::RandomWindowLoader a(shard, memopt::data::LoaderOptions(3, 16).seed(5));
-  a.next();
-  a.next();
-  const auto state = a.state();
-  memopt::data::RandomWindowLoader b(shard, memopt::data::LoaderOptions(3, 16).seed(5));
-  b.load_state(state);
-  CHECK(b.batches_drawn() == 2);
-  CHECK(torch::equal(a.next().inputs, b.next().inputs));
-  memopt::data::RandomWindowLoader other(shard, memopt::data::LoaderOptions(4, 16).seed(5));
-  memopt::test::require_error([&] { other.load_state(state); }, "memopt::data: RandomWindowLoader::load_state",
-                              {"\"batch_size\" is 3 in the checkpoint, 4 now"});
-}
-
-namespace {
-
-/// (B, 129) batches from a formula: B = 8 whole, or its two halves of 4 in turn.
-struct WideLoader {
-  int64_t rows = 8;
-  int64_t index = 0;
-  memopt::Batch next() {
-    const int64_t whole = rows == 8 ? index : index / 2;
-    torch::Tensor tokens = (torch::arange(8 * 129, torch::kLong) * (whole + 5) + whole).remainder(kVocab).view({8, 129});
-    if (rows == 4) tokens = tokens.narrow(0, index % 2 * 4, 4);
-    ++index;
-    return {tokens.narrow(1, 0, 128), tokens.narrow(1, 1, 128)};  // (B, 128)
-  }
-};
-
-/// The largest forward/backward tracked peak of each step.
-struct StepPeaks : memopt::Callback {
-  std::vector<int64_t> peaks;
-  std::vector<std::string> notices;
-  void on_step_begin(int64_t) override { memopt::memory::Tracker::instance().reset_peaks(); }
-  void on_step_end(const memopt::StepStats&) override {
-    const auto s = memopt::memory::Tracker::instance().snapshot();
-    peaks.push_back(std::max(s.phase_peak_bytes[1], s.phase_peak_bytes[2]));  // forward, backward
-  }
-  void on_notice(const std::string& text) override { notices.push_back(text); }
-};
-
-memopt::models::LlamaConfig wide_config() {
-  return memopt::models::LlamaConfig().vocab_size(kVocab).hidden_size(32).num_hidden_layers(2).num_attention_heads(
-      2).max_position_embeddings(128).dropout(0.1);
-}
-
-template <class TrainerT>
-std::shared_ptr<StepPeaks> run_wide(memopt::models::Llama& model, TrainerT& trainer, int64_t rows) {
-  auto peaks = std::make_shared<StepPeaks>();
-  trainer.add_callback(peaks);
-  WideLoader loader{rows};
-  trainer.fit(loader, [&](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
-  return peaks;
-}
-
-}  // namespace
-
-TEST_CASE("over memory_budget the Trainer halves the micro-batch: same effective batch, same weights", "[budget]") {
-  REQUIRE(memopt::memory::Tracker::instance().installed());
-  const auto opts = options().max_steps(3);
-  // The reference: micro-batches of 4 and accumulation 2 from the start.
-  torch::manual_seed(21);
-  memopt::models::Llama halves(wide_config());
-  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Fixed<2>> halves_trainer(*halves,
-                                                                                                           opts);
-  const auto halves_peaks = run_wide(halves, halves_trainer, 4)->peaks;
-  // Whole micro-batches of 8, no budget: a higher peak.
-  torch::manual_seed(21);
-  memopt::models::Llama whole(wide_config());
-  memopt::Trainer<> whole_trainer(*whole, opts);
-  const auto whole_peaks = run_wide(whole, whole_trainer, 8)->peaks;
-  const int64_t budget = (halves_peaks[0] + whole_peaks[0]) / 2;
-  INFO("peaks: halves " << halves_peaks[0] << " .. " << halves_peaks[2] << ", whole " << whole_peaks[0]);
-  REQUIRE(*std::max_element(halves_peaks.begin(), halves_peaks.end()) < budget);  // halves fit at every step
-  REQUIRE(whole_peaks[0] > budget);                                                // whole ones do not
-
-  // Whole micro-batches under the budget: step 1 goes over, is redone as halves, and stays so.
-  torch::manual_seed(21);
-  memopt::models::Llama budgeted(wide_config());
-  memopt::Trainer<> budgeted_trainer(*budgeted, memopt::TrainerOptions(opts).memory_budget(budget));
-  const auto seen = run_wide(budgeted, budgeted_trainer, 8);
-  CHECK(budgeted_trainer.micro_splits() == 2);
-  REQUIRE(seen->notices.size() == 1);
-  CHECK_THAT(seen->notices[0], Catch::Contains("step 1 went over the memory budget") &&
-                                   Catch::Contains("micro-batches of 8 sequences are now run as 2 pieces of about 4"));
-  for (int64_t peak : seen->peaks) CHECK(peak <= budget);
-  CHECK(memopt::memory::Tracker::instance().limit() == 0);  // only while forward and backward run
-  check_same_weights(halves, budgeted);  // dropout included: the redone step draws the halves' masks
-}
-
-TEST_CASE("a memory_budget below one sequence's need stops with the need named", "[budget]") {
-  torch::manual_seed(22);
-  memopt::models::Llama model(wide_config());
-  const int64_t budget = memopt::memory::Tracker::instance().live_bytes() + 64 * 1024;  // weights + 64 KiB
-  memopt::Trainer<> trainer(*model, options().max_steps(1).memory_budget(budget));
-  WideLoader loader{8};
-  memopt::test::require_error(
-      [&] { trainer.fit(loader, [&](const memopt::Batch& b, const auto& c) { return model->loss_sum(b, c); }); },
-      "memopt::Trainer: memory_budget", {"MiB is too small", "micro-batches of 1 sequence(s) needs at least",
-                                         "over the limit of " + std::to_string(budget) + " bytes"});
-  CHECK(trainer.micro_splits() == 8);
-  CHECK(memopt::memory::Tracker::instance().limit() == 0);
-  memopt::test::require_error([] { memopt::TrainerOptions().memory_budget(-1).validate(); },
-                              "memopt::TrainerOptions", {"memory_budget must be >= 0 bytes (got -1)"});
 }

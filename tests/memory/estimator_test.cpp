@@ -19,24 +19,24 @@ namespace {
 
 // The instantiations the estimator test runs (a small list keeps this file's compile short).
 using EstimatorTrainers = memopt::TypeList<
-    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime>,
-    memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Fp32, memopt::accum::Runtime>,
-    memopt::Trainer<memopt::checkpoint::EveryNth<2>, memopt::precision::Fp32, memopt::accum::Runtime>,
-    memopt::Trainer<memopt::checkpoint::Selective, memopt::precision::Fp32, memopt::accum::Runtime>,
-    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Bf16Autocast, memopt::accum::Runtime>,
-    memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
-                    memopt::offload::Int8State>,
-    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Bf16Pure, memopt::accum::Runtime>,
-    memopt::Trainer<memopt::checkpoint::Selective, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
-                    memopt::offload::Disk>,
-    memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Runtime,
-                    memopt::offload::StepInBackward>>;
+    memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::recompute::EveryNth<2>, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::recompute::Selective, memopt::precision::Fp32, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Autocast, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
+                    memopt::state::Int8>,
+    memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Pure, memopt::accum::Runtime>,
+    memopt::Trainer<memopt::recompute::Selective, memopt::precision::Bf16Autocast, memopt::accum::Runtime,
+                    memopt::state::Disk>,
+    memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Runtime,
+                    memopt::state::StepInBackward>>;
 
 struct EstimatorCase {
   int64_t experts;  // > 0: a MoE LM (sorted dispatch, top-2); -K: a LLaMA -> LLaDA distillation with top-K KD
-  const char* checkpoint;
+  const char* recompute;
   const char* precision;
-  const char* offload;
+  const char* state;
   int64_t accum, layers, kv_heads, seq;
   bool blockwise;
   int64_t loss_chunk;
@@ -69,7 +69,7 @@ Measured measure(MakeModel&& make_model, const memopt::memory::PolicyDesc& polic
   Measured out;
   memopt::dispatch<EstimatorTrainers>(policies, [&]<class T>(std::type_identity<T>) {
     T trainer(*model, memopt::TrainerOptions().accum_steps(policies.accum).max_steps(2)
-                          .grad_clip(policies.offload.steps_in_backward ? 0.0 : 1.0));  // it cannot clip
+                          .grad_clip(policies.state.steps_in_backward ? 0.0 : 1.0));  // it cannot clip
     out.trainer = T::name();
     trainer.step(loader, loss_fn);
     tracker.reset_peaks();
@@ -84,38 +84,38 @@ Measured measure(MakeModel&& make_model, const memopt::memory::PolicyDesc& polic
 TEST_CASE("the estimator predicts the tracker's peak within 10% on fourteen configurations (LLaMA, MoE, distillation)", "[estimator]") {
   REQUIRE(memopt::memory::Tracker::instance().installed());
   const std::vector<EstimatorCase> cases = {
-      {0, "none", "fp32", "none", 1, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
-      {0, "every", "fp32", "none", 1, 3, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::EveryBlock, precision::Fp32, accum::Runtime, offload::None>"},
-      {0, "every-2", "fp32", "none", 1, 4, 2, 64, false, 0, 0.0,
-       "Trainer<checkpoint::EveryNth<2>, precision::Fp32, accum::Runtime, offload::None>"},
-      {0, "selective", "fp32", "none", 1, 2, 0, 128, false, 0, 0.0,
-       "Trainer<checkpoint::Selective, precision::Fp32, accum::Runtime, offload::None>"},
-      {0, "none", "bf16", "none", 1, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::None, precision::Bf16Autocast, accum::Runtime, offload::None>"},
+      {0, "none", "fp32", "resident", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>"},
+      {0, "every", "fp32", "resident", 1, 3, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::EveryBlock, precision::Fp32, accum::Runtime, state::Resident>"},
+      {0, "every-2", "fp32", "resident", 1, 4, 2, 64, false, 0, 0.0,
+       "Trainer<recompute::EveryNth<2>, precision::Fp32, accum::Runtime, state::Resident>"},
+      {0, "selective", "fp32", "resident", 1, 2, 0, 128, false, 0, 0.0,
+       "Trainer<recompute::Selective, precision::Fp32, accum::Runtime, state::Resident>"},
+      {0, "none", "bf16", "resident", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Bf16Autocast, accum::Runtime, state::Resident>"},
       {0, "every", "bf16", "int8", 1, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::Int8State>"},
-      {0, "none", "bf16-pure", "none", 2, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::None, precision::Bf16Pure, accum::Runtime, offload::None>"},
+       "Trainer<recompute::EveryBlock, precision::Bf16Autocast, accum::Runtime, state::Int8>"},
+      {0, "none", "bf16-pure", "resident", 2, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Bf16Pure, accum::Runtime, state::Resident>"},
       {0, "selective", "bf16", "disk", 1, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::Selective, precision::Bf16Autocast, accum::Runtime, offload::Disk>"},
-      {0, "none", "fp32", "none", 1, 2, 0, 128, true, 64, 0.0,
-       "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
-      {0, "none", "fp32", "none", 1, 2, 0, 64, false, 0, 0.1,
-       "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::None>"},
-      {4, "none", "bf16", "none", 1, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::None, precision::Bf16Autocast, accum::Runtime, offload::None>"},
-      {4, "every", "fp32", "none", 1, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::EveryBlock, precision::Fp32, accum::Runtime, offload::None>"},
+       "Trainer<recompute::Selective, precision::Bf16Autocast, accum::Runtime, state::Disk>"},
+      {0, "none", "fp32", "resident", 1, 2, 0, 128, true, 64, 0.0,
+       "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>"},
+      {0, "none", "fp32", "resident", 1, 2, 0, 64, false, 0, 0.1,
+       "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>"},
+      {4, "none", "bf16", "resident", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Bf16Autocast, accum::Runtime, state::Resident>"},
+      {4, "every", "fp32", "resident", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::EveryBlock, precision::Fp32, accum::Runtime, state::Resident>"},
       {-16, "every", "bf16", "int8", 1, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::EveryBlock, precision::Bf16Autocast, accum::Runtime, offload::Int8State>"},
+       "Trainer<recompute::EveryBlock, precision::Bf16Autocast, accum::Runtime, state::Int8>"},
       {0, "none", "fp32", "step-in-backward", 1, 2, 0, 64, false, 0, 0.0,
-       "Trainer<checkpoint::None, precision::Fp32, accum::Runtime, offload::StepInBackward>"},
+       "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::StepInBackward>"},
   };
   const int64_t micro = 4;
   for (const auto& c : cases) {
-    const auto policies = memopt::parse_policies<EstimatorTrainers>(c.checkpoint, c.precision, c.offload, c.accum);
+    const auto policies = memopt::parse_policies<EstimatorTrainers>(c.recompute, c.precision, c.state, c.accum);
     auto config = memopt::models::LlamaConfig()
                       .vocab_size(512)
                       .hidden_size(128)
@@ -168,18 +168,18 @@ TEST_CASE("the estimate's parts add up and follow the policies", "[estimator]") 
   for (const auto& p : model->parameters()) params += p.numel();
   CHECK(desc.num_parameters() == params);  // the description counts the real model's parameters
 
-  const auto fp32 = estimate(desc, {4, 64}, parse("none", "fp32", "none"));
+  const auto fp32 = estimate(desc, {4, 64}, parse("none", "fp32", "resident"));
   CHECK(fp32.parameters == 4 * params);
   CHECK(fp32.optimizer_state == 8 * params);
   CHECK(estimate(desc, {4, 64}, parse("none", "fp32", "int8")).optimizer_state < fp32.optimizer_state / 2);
-  const auto pure = estimate(desc, {4, 64}, parse("none", "bf16-pure", "none"));
+  const auto pure = estimate(desc, {4, 64}, parse("none", "bf16-pure", "resident"));
   CHECK(pure.parameters == 2 * params);
   CHECK(pure.master_weights == 4 * params);
-  const auto every = estimate(desc, {4, 64}, parse("every", "fp32", "none"));
-  const auto every2 = estimate(desc, {4, 64}, parse("every-2", "fp32", "none"));
+  const auto every = estimate(desc, {4, 64}, parse("every", "fp32", "resident"));
+  const auto every2 = estimate(desc, {4, 64}, parse("every-2", "fp32", "resident"));
   CHECK(every.activations < every2.activations);
   CHECK(every2.activations < fp32.activations);
   CHECK(fp32.peak == std::max({fp32.forward_peak, fp32.backward_peak, fp32.optimizer_peak}));
   CHECK_THAT(fp32.table(), Catch::Contains("optimizer state") && Catch::Contains("peak"));
-  CHECK(estimate(desc, {8, 64}, parse("none", "fp32", "none")).peak > fp32.peak);
+  CHECK(estimate(desc, {8, 64}, parse("none", "fp32", "resident")).peak > fp32.peak);
 }

@@ -14,7 +14,7 @@
 #include <memopt/memory/tracker.hpp>
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
-#include <memopt/policies/checkpoint.hpp>
+#include <memopt/policies/recompute.hpp>
 
 namespace {
 
@@ -62,7 +62,7 @@ TEST_CASE("Distiller: the inference-mode teacher leaves only its targets and get
   }
   CHECK(tracker.live_bytes() == before);
 
-  distill.loss_sum(b, memopt::checkpoint::None{}).backward();
+  distill.loss_sum(b, memopt::recompute::None{}).backward();
   for (const auto& p : teacher->parameters()) {
     CHECK_FALSE(p.requires_grad());
     CHECK_FALSE(p.grad().defined());
@@ -86,7 +86,7 @@ TEST_CASE("Distiller: teacher_autograd keeps the teacher's graph alive (the naiv
     CHECK(tracker.live_bytes() - before > 4 * t.logits_or_values.nbytes());
   }
   CHECK(tracker.live_bytes() == before);
-  distill.loss_sum(b, memopt::checkpoint::None{}).backward();
+  distill.loss_sum(b, memopt::recompute::None{}).backward();
   CHECK(teacher->lm_head->weight.grad().defined());  // wasted work, as in the naive script
   distill.clear_teacher_grads();
   CHECK_FALSE(teacher->lm_head->weight.grad().defined());
@@ -102,7 +102,7 @@ TEST_CASE("Distiller: loss = (1 - alpha) diffusion + alpha KD on the same masks;
   torch::NoGradGuard no_grad;
 
   torch::manual_seed(5);
-  const auto loss = distill.loss_sum(b, memopt::checkpoint::None{});
+  const auto loss = distill.loss_sum(b, memopt::recompute::None{});
   const auto terms = distill.take_terms();
   CHECK(terms.tokens.item<double>() == 36);
 
@@ -119,7 +119,7 @@ TEST_CASE("Distiller: loss = (1 - alpha) diffusion + alpha KD on the same masks;
 
   Distiller alone(Llama(nullptr), student, DistillOptions(kVocab).alpha(0));
   torch::manual_seed(5);
-  CHECK(alone.loss_sum(b, memopt::checkpoint::None{}).item<double>() ==
+  CHECK(alone.loss_sum(b, memopt::recompute::None{}).item<double>() ==
         Approx(diffusion.item<double>()).epsilon(1e-6));
 }
 

@@ -84,14 +84,14 @@ void require_same_grads(const std::map<std::string, torch::Tensor>& a, const std
 }
 
 // The whole loss, one backward (the reference).
-template <class Ckpt = memopt::checkpoint::None>
+template <class Ckpt = memopt::recompute::None>
 double full_backward(GritLM& model, const GritBatch& b, const Ckpt& ckpt = {}) {
   torch::Tensor loss = (*model)(b, ckpt);
   loss.backward();
   return loss.item<double>();
 }
 
-template <class Ckpt = memopt::checkpoint::None>
+template <class Ckpt = memopt::recompute::None>
 double gradcache_backward(GritLM& model, const GritBatch& b, memopt::accum::GradCacheOptions options,
                           const Ckpt& ckpt = {}) {
   memopt::precision::Fp32 precision;
@@ -163,7 +163,7 @@ TEST_CASE("one backbone: bidirectional, padding-blind embeddings and a causal ge
     auto tokens = torch::randint(1, 64, {1, 6}, torch::kLong);
     auto changed = tokens.clone();
     changed[0][5] = (tokens[0][5].item<int64_t>() % 63) + 1;
-    const memopt::checkpoint::None none;
+    const memopt::recompute::None none;
     auto all = torch::ones({1, 6}, torch::kBool);
     const memopt::nn::AttentionMask bidirectional{false, all};
     // embedding mode: the last token reaches the first position
@@ -207,7 +207,7 @@ TEST_CASE("GradCache gives the gradients of one backward through the whole batch
   }
   SECTION("chunks of 1 row, blocks checkpointed") {
     const double loss = gradcache_backward(model, batch, memopt::accum::GradCacheOptions().chunk_size(1),
-                                           memopt::checkpoint::EveryBlock{});
+                                           memopt::recompute::EveryBlock{});
     CHECK(loss == Approx(full).epsilon(1e-5));
     require_same_grads(take_grads(*model), expected, 1e-5);
   }
@@ -231,7 +231,7 @@ TEST_CASE("GradCache replays each chunk's dropout masks", "[gritlm][gradcache]")
 
   // Reference: the same masks (chunks drawn in GradCache's order), one backward through all.
   torch::manual_seed(99);
-  const memopt::checkpoint::None none;
+  const memopt::recompute::None none;
   auto loss = model->gen_loss(batch, 0, 2, none);  // 2 rows: one chunk
   std::vector<torch::Tensor> reps;
   for (int64_t role = 0; role < 2; ++role) {
@@ -311,8 +311,8 @@ TEST_CASE("the Trainer steps the same with accum::GradCache as with one whole ba
   // the default 1e-8 a gradient element near 1e-8 turns rounding noise between the two
   // (equal in exact arithmetic) backward orders into an lr-sized weight difference.
   const auto options = memopt::TrainerOptions().lr(1e-2).eps(1e-6).max_steps(2).log_interval(1).grad_clip(1.0);
-  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::None> plain(*a, options);
-  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::GradCache> cached(
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::None> plain(*a, options);
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::GradCache> cached(
       *b, options, memopt::accum::GradCache(memopt::accum::GradCacheOptions().chunk_size(3)));
   FixedGritLoader la = data, lb = data;
   const auto ra = plain.fit(la, *a);

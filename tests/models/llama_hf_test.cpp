@@ -21,7 +21,7 @@
 #include <memopt/io/pretrained.hpp>
 #include <memopt/io/safetensors.hpp>
 #include <memopt/models/llama.hpp>
-#include <memopt/policies/checkpoint.hpp>
+#include <memopt/policies/recompute.hpp>
 
 using memopt::test::TempDir;
 
@@ -75,7 +75,7 @@ TEST_CASE("Llama equals transformers' LlamaForCausalLM: logits and every gradien
   INFO("logits: max relative difference " << logits_diff);
   CHECK(logits_diff <= kRelTol);
 
-  const torch::Tensor loss = model->loss_sum(batch, memopt::checkpoint::None{});
+  const torch::Tensor loss = model->loss_sum(batch, memopt::recompute::None{});
   CHECK(loss.item<double>() == Approx(ref.file->get("loss").item<double>()).epsilon(1e-6));
   loss.backward();
   int64_t compared = 0;

@@ -19,7 +19,7 @@
 
 #include <memopt/batch.hpp>
 #include <memopt/models/llama.hpp>
-#include <memopt/policies/checkpoint.hpp>
+#include <memopt/policies/recompute.hpp>
 
 namespace {
 
@@ -98,14 +98,12 @@ memopt::models::Llama reference_model(bool causal) {
 
 memopt::Batch reference_batch() { return {ref_at("inputs"), ref_at("targets")}; }
 
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-}
+using memopt::test::max_abs_diff;
 
 // Forward + backward of loss_sum / num_targets under `ckpt`; checks logits, loss and the
 // gradients named in the reference under `prefix` ("" or "bidir/").
-template <class Checkpoint>
-void check_against_reference(memopt::models::Llama& model, const Checkpoint& ckpt, const std::string& prefix) {
+template <class Recompute>
+void check_against_reference(memopt::models::Llama& model, const Recompute& ckpt, const std::string& prefix) {
   const auto batch = reference_batch();
   {
     torch::NoGradGuard no_grad;
@@ -152,15 +150,15 @@ void check_against_reference(memopt::models::Llama& model, const Checkpoint& ckp
 TEST_CASE("Llama matches the python3-torch reference (causal)", "[llama]") {
   auto model = reference_model(/*causal=*/true);
   REQUIRE(ref_names("grad/").size() == model->named_parameters().size());  // every parameter has a reference grad
-  SECTION("checkpoint::None") { check_against_reference(model, memopt::checkpoint::None{}, ""); }
-  SECTION("checkpoint::EveryBlock") { check_against_reference(model, memopt::checkpoint::EveryBlock{}, ""); }
-  SECTION("checkpoint::EveryNth<2>") { check_against_reference(model, memopt::checkpoint::EveryNth<2>{}, ""); }
+  SECTION("recompute::None") { check_against_reference(model, memopt::recompute::None{}, ""); }
+  SECTION("recompute::EveryBlock") { check_against_reference(model, memopt::recompute::EveryBlock{}, ""); }
+  SECTION("recompute::EveryNth<2>") { check_against_reference(model, memopt::recompute::EveryNth<2>{}, ""); }
 }
 
 TEST_CASE("Llama matches the python3-torch reference (bidirectional)", "[llama]") {
   auto model = reference_model(/*causal=*/false);
-  SECTION("checkpoint::None") { check_against_reference(model, memopt::checkpoint::None{}, "bidir/"); }
-  SECTION("checkpoint::EveryBlock") { check_against_reference(model, memopt::checkpoint::EveryBlock{}, "bidir/"); }
+  SECTION("recompute::None") { check_against_reference(model, memopt::recompute::None{}, "bidir/"); }
+  SECTION("recompute::EveryBlock") { check_against_reference(model, memopt::recompute::EveryBlock{}, "bidir/"); }
 }
 
 TEST_CASE("the reference tells a causal model from a bidirectional one", "[llama]") {
@@ -205,7 +203,7 @@ TEST_CASE("Llama rejects sequences longer than max_position_embeddings", "[llama
   REQUIRE_THROWS_WITH(model->forward(tokens),
                       Catch::Contains("max_position_embeddings") && Catch::Contains("HINT"));
   const memopt::Batch batch{tokens, tokens};
-  REQUIRE_THROWS_WITH(model->loss_sum(batch, memopt::checkpoint::EveryBlock{}),
+  REQUIRE_THROWS_WITH(model->loss_sum(batch, memopt::recompute::EveryBlock{}),
                       Catch::Contains("max_position_embeddings") && Catch::Contains("HINT"));
   // At the limit it runs.
   REQUIRE_NOTHROW(model->forward(tokens.slice(1, 0, too_long - 1)));

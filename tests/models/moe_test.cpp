@@ -1,7 +1,7 @@
 // models/moe.hpp: the MoE layer against a token-by-token python3-torch reference
 // (tests/baselines/moe_reference.py), sort-based dispatch against the dense one-hot
 // dispatch, capacity drops, the router losses, memory linear in tokens, determinism,
-// the whole MoeLM under each checkpoint policy (dropout included) and bad input.
+// the whole MoeLM under each recompute policy (dropout included) and bad input.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -29,9 +29,7 @@ const TensorMap& reference() {
 const torch::Tensor& ref_at(const std::string& key) {
   return memopt::test::baseline_at(reference(), "moe_reference.pt", key);
 }
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-}
+using memopt::test::max_abs_diff;
 // max |a − b| relative to the scale of b (at least 1): fp32 sums in another order differ
 // by a few ulps of the largest term, whatever its size.
 double scaled_diff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -58,8 +56,8 @@ struct LayerRun {
 };
 
 // Forward the reference input, backward (y · upstream).sum() + lb + z.
-template <class Checkpoint = memopt::checkpoint::None>
-LayerRun run_layer(MoeLayer& layer, Checkpoint ckpt = {}) {
+template <class Recompute = memopt::recompute::None>
+LayerRun run_layer(MoeLayer& layer, Recompute ckpt = {}) {
   auto x = ref_at("x").clone().requires_grad_(true);
   LayerRun run;
   run.out = layer->forward(x, ckpt);
@@ -123,7 +121,7 @@ TEST_CASE("MoE expert checkpointing and Selective give the same outputs and grad
   auto plain = reference_layer(0.5, MoeDispatch::kSorted);
   auto ckpt = reference_layer(0.5, MoeDispatch::kSorted, /*checkpoint_experts=*/true);
   auto selective = reference_layer(0.5, MoeDispatch::kSorted);
-  auto a = run_layer(plain), b = run_layer(ckpt), c = run_layer(selective, memopt::checkpoint::Selective{});
+  auto a = run_layer(plain), b = run_layer(ckpt), c = run_layer(selective, memopt::recompute::Selective{});
   REQUIRE(torch::equal(a.out.y, b.out.y));
   REQUIRE(torch::equal(a.grad_x, b.grad_x));
   for (const auto& [name, grad] : a.grads) {
@@ -153,7 +151,7 @@ TEST_CASE("tokens over capacity leave the layer as zero: the residual carries th
   block->eval();
   auto hidden = torch::randn({1, 12, 16});  // (B, T, C)
   auto [cos, sin] = memopt::nn::rope_tables(12, 8, 10000.0, torch::kCPU);
-  auto packed = block->forward(hidden, cos, sin, memopt::checkpoint::None{});
+  auto packed = block->forward(hidden, cos, sin, memopt::recompute::None{});
   auto y = memopt::models::MoeBlockOutput::unpack(packed, hidden.sizes()).hidden;
   auto h = hidden + block->self_attn->forward(block->input_layernorm(hidden), cos, sin);
   // Which tokens dropped out entirely: route them again.
@@ -245,8 +243,8 @@ memopt::models::MoeConfig tiny_config(double dropout) {
       .router_jitter(0.02);
 }
 
-template <class Checkpoint>
-std::map<std::string, torch::Tensor> model_grads(const memopt::models::MoeConfig& cfg, Checkpoint ckpt,
+template <class Recompute>
+std::map<std::string, torch::Tensor> model_grads(const memopt::models::MoeConfig& cfg, Recompute ckpt,
                                                  torch::Tensor* loss_out = nullptr) {
   torch::manual_seed(3);
   memopt::models::MoeLM model(cfg);
@@ -264,10 +262,10 @@ std::map<std::string, torch::Tensor> model_grads(const memopt::models::MoeConfig
 
 }  // namespace
 
-TEST_CASE("MoeLM: gradients match under each checkpoint policy, dropout and jitter included", "[moe]") {
+TEST_CASE("MoeLM: gradients match under each recompute policy, dropout and jitter included", "[moe]") {
   const auto cfg = tiny_config(0.1);
   torch::Tensor loss_none, loss_ckpt;
-  const auto none = model_grads(cfg, memopt::checkpoint::None{}, &loss_none);
+  const auto none = model_grads(cfg, memopt::recompute::None{}, &loss_none);
   auto compare = [&](const std::map<std::string, torch::Tensor>& other) {
     for (const auto& [name, grad] : none) {
       INFO(name);
@@ -275,16 +273,16 @@ TEST_CASE("MoeLM: gradients match under each checkpoint policy, dropout and jitt
     }
   };
   SECTION("EveryBlock") {
-    compare(model_grads(cfg, memopt::checkpoint::EveryBlock{}, &loss_ckpt));
+    compare(model_grads(cfg, memopt::recompute::EveryBlock{}, &loss_ckpt));
     CHECK(torch::equal(loss_none, loss_ckpt));
   }
-  SECTION("EveryNth<2>") { compare(model_grads(cfg, memopt::checkpoint::EveryNth<2>{})); }
-  SECTION("Selective") { compare(model_grads(cfg, memopt::checkpoint::Selective{})); }
+  SECTION("EveryNth<2>") { compare(model_grads(cfg, memopt::recompute::EveryNth<2>{})); }
+  SECTION("Selective") { compare(model_grads(cfg, memopt::recompute::Selective{})); }
   SECTION("expert checkpointing inside EveryBlock") {
-    compare(model_grads(memopt::models::MoeConfig(cfg).checkpoint_experts(true), memopt::checkpoint::EveryBlock{}));
+    compare(model_grads(memopt::models::MoeConfig(cfg).checkpoint_experts(true), memopt::recompute::EveryBlock{}));
   }
   SECTION("dense dispatch") {
-    compare(model_grads(memopt::models::MoeConfig(cfg).dispatch(MoeDispatch::kDense), memopt::checkpoint::None{}));
+    compare(model_grads(memopt::models::MoeConfig(cfg).dispatch(MoeDispatch::kDense), memopt::recompute::None{}));
   }
   // The router gets gradient from the aux losses through the packed block output.
   CHECK(none.at("model.layers.0.block_sparse_moe.gate.weight").abs().sum().item<double>() > 0);
@@ -298,15 +296,15 @@ TEST_CASE("MoeLM::loss_sum is the CE sum plus the weighted aux losses; stats ave
   auto inputs = torch::randint(0, 37, {2, 12});
   memopt::Batch batch{inputs, inputs.roll(-1, 1)};
   torch::NoGradGuard no_grad;
-  auto out = model->forward_hidden(inputs, memopt::checkpoint::None{});
+  auto out = model->forward_hidden(inputs, memopt::recompute::None{});
   auto ce = torch::nn::functional::cross_entropy(
       model->lm_head(out.hidden).reshape({-1, 37}), batch.targets.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   const double n = 24;
   const double expected = ce.item<double>() + n * (0.01 * out.lb_loss.item<double>() + 0.001 * out.z_loss.item<double>());
   (void)model->take_stats();
-  CHECK(model->loss_sum(batch, memopt::checkpoint::None{}).item<double>() == Approx(expected).epsilon(1e-6));
-  CHECK(model->loss_sum(batch, memopt::checkpoint::EveryBlock{}).item<double>() == Approx(expected).epsilon(1e-6));
+  CHECK(model->loss_sum(batch, memopt::recompute::None{}).item<double>() == Approx(expected).epsilon(1e-6));
+  CHECK(model->loss_sum(batch, memopt::recompute::EveryBlock{}).item<double>() == Approx(expected).epsilon(1e-6));
   auto stats = model->take_stats();
   CHECK(stats.forwards == 2);
   CHECK(stats.lb_loss == Approx(out.lb_loss.item<double>()));

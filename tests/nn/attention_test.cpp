@@ -15,7 +15,7 @@
 #include <memopt/models/llama.hpp>
 #include <memopt/nn/attention.hpp>
 #include <memopt/nn/cross_entropy.hpp>
-#include <memopt/policies/checkpoint.hpp>
+#include <memopt/policies/recompute.hpp>
 
 #include "nn/fixtures.hpp"
 #include "support.hpp"
@@ -188,8 +188,8 @@ TEST_CASE("Llama gives the same logits and gradients with blockwise attention an
         INFO("logits max abs diff " << diff);
         CHECK(diff <= kFp32Atol);
       }
-      check_same_training(blockwise, math, batch, memopt::checkpoint::None{});
-      check_same_training(blockwise, math, batch, memopt::checkpoint::EveryBlock{});
+      check_same_training(blockwise, math, batch, memopt::recompute::None{});
+      check_same_training(blockwise, math, batch, memopt::recompute::EveryBlock{});
     }
   }
 }

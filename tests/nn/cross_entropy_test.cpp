@@ -13,7 +13,7 @@
 #include <memopt/models/llama.hpp>
 #include <memopt/nn/attention.hpp>
 #include <memopt/nn/cross_entropy.hpp>
-#include <memopt/policies/checkpoint.hpp>
+#include <memopt/policies/recompute.hpp>
 
 #include "nn/fixtures.hpp"
 #include "support.hpp"
@@ -86,6 +86,6 @@ TEST_CASE("Llama::loss_sum with loss_chunk_size equals the full logits' loss", "
   memopt::models::Llama full(small_llama(true));
   auto chunked = copy_of(full, small_llama(true).loss_chunk_size(24));  // 80 rows: ragged chunks
   const auto batch = small_batch(2, 40, 97);
-  check_same_training(chunked, full, batch, memopt::checkpoint::None{});
-  check_same_training(chunked, full, batch, memopt::checkpoint::EveryBlock{});
+  check_same_training(chunked, full, batch, memopt::recompute::None{});
+  check_same_training(chunked, full, batch, memopt::recompute::EveryBlock{});
 }

@@ -15,7 +15,7 @@
 #include <memopt/models/llama.hpp>
 #include <memopt/nn/attention.hpp>
 #include <memopt/nn/cross_entropy.hpp>
-#include <memopt/policies/checkpoint.hpp>
+#include <memopt/policies/recompute.hpp>
 
 
 #include "support.hpp"
@@ -38,9 +38,7 @@ constexpr double kBf16Floor = 1e-2;
 constexpr double kLossRtol = 1e-6;
 constexpr double kGradRtol = 2e-5;
 
-inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-}
+using memopt::test::max_abs_diff;
 
 // One attention problem: q (B, H, T, D), k and v (B, KV, T, D).
 struct Case {
@@ -184,9 +182,9 @@ inline memopt::Batch small_batch(int64_t B, int64_t T, int64_t vocab) {
 }
 
 // Loss, then every parameter's gradient, compared relative to the largest reference entry.
-template <class Checkpoint>
+template <class Recompute>
 inline void check_same_training(memopt::models::Llama& got, memopt::models::Llama& want, const memopt::Batch& batch,
-                         const Checkpoint& ckpt) {
+                         const Recompute& ckpt) {
   got->zero_grad();
   want->zero_grad();
   const torch::Tensor loss_got = got->loss_sum(batch, ckpt);

@@ -39,7 +39,7 @@ TEST_CASE("accumulation equals the big batch with ragged padding across micro-ba
   // The classic bug — averaging each micro-batch's mean — is measurably different here.
   torch::manual_seed(7);
   memopt::models::Llama model(tiny_llama(0.0));
-  for (const auto& b : micro) (model->loss_sum(b, memopt::checkpoint::None{}) / b.num_targets() / 4).backward();
+  for (const auto& b : micro) (model->loss_sum(b, memopt::recompute::None{}) / b.num_targets() / 4).backward();
   std::vector<torch::Tensor> naive;
   for (auto& g : model->named_parameters()) naive.push_back(g.value().grad());
   // named_parameters() and the optimizer's groups order differ; compare norms instead.

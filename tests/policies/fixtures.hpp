@@ -1,6 +1,6 @@
 // tests/policies/fixtures.hpp — what the policy and Trainer tests share: a tiny LLaMA, random
-// and padded batches, gradients of a model under a checkpoint policy, a user-defined module with
-// dropout, an offload policy that records the gradients the optimizer sees, and short runs.
+// and padded batches, gradients of a model under a recompute policy, a user-defined module with
+// dropout, an optimizer-state policy that records the gradients the optimizer sees, and short runs.
 #pragma once
 
 #include <cstdint>
@@ -51,11 +51,11 @@ inline double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vecto
   return d;
 }
 
-template <class Checkpoint>
+template <class Recompute>
 inline std::vector<torch::Tensor> llama_grads(memopt::models::Llama& model, const Batch& batch, uint64_t dropout_seed) {
   zero_grads(*model);
   torch::manual_seed(dropout_seed);
-  auto loss = model->loss_sum(batch, Checkpoint{}) / batch.num_targets();
+  auto loss = model->loss_sum(batch, Recompute{}) / batch.num_targets();
   loss.backward();
   return grads_of(*model);
 }
@@ -83,7 +83,7 @@ struct UserNetImpl : torch::nn::Module {
     }
     head = register_module("head", torch::nn::Linear(dim, vocab));
   }
-  template <memopt::CheckpointPolicy C>
+  template <memopt::RecomputePolicy C>
   torch::Tensor loss_sum(const Batch& b, const C& ckpt) {
     auto x = memopt::run_sequential(ckpt, blocks, embed(b.inputs));  // (B, T, C)
     auto logits = head(x);                                           // (B, T, V)
@@ -97,21 +97,21 @@ struct UserNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(UserNet);
 
-template <class Checkpoint>
+template <class Recompute>
 inline std::vector<torch::Tensor> user_grads(UserNet& net, const Batch& batch, uint64_t dropout_seed) {
   zero_grads(*net);
   torch::manual_seed(dropout_seed);
-  (net->loss_sum(batch, Checkpoint{}) / batch.num_targets()).backward();
+  (net->loss_sum(batch, Recompute{}) / batch.num_targets()).backward();
   return grads_of(*net);
 }
 
-// An offload policy that records the gradients the optimizer is about to use: lets a
+// An optimizer-state policy that records the gradients the optimizer is about to use: lets a
 // test see the accumulated, normalised gradients inside Trainer::step.
 struct RecordGrads {
   std::shared_ptr<std::vector<torch::Tensor>> seen = std::make_shared<std::vector<torch::Tensor>>();
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& o) const {
-    return memopt::offload::None{}.make_optimizer(std::move(groups), o);
+    return memopt::state::Resident{}.make_optimizer(std::move(groups), o);
   }
   void before_step(torch::optim::Optimizer& opt) const {
     seen->clear();
@@ -120,7 +120,7 @@ struct RecordGrads {
   }
   void after_step(torch::optim::Optimizer&) const {}
 };
-static_assert(memopt::OffloadPolicy<RecordGrads>);
+static_assert(memopt::StatePolicy<RecordGrads>);
 
 // Replays a fixed list of batches.
 struct ListLoader {
@@ -152,12 +152,12 @@ template <class Accum>
 inline std::vector<torch::Tensor> trainer_grads(const std::vector<Batch>& micro_batches, memopt::TrainerOptions opts) {
   torch::manual_seed(7);
   memopt::models::Llama model(tiny_llama(0.0));
-  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, Accum, RecordGrads> trainer(
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, Accum, RecordGrads> trainer(
       *model, opts.grad_clip(0));
   ListLoader loader{micro_batches};
   auto stats = trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
   REQUIRE(stats.step == 1);
-  return *trainer.offload().seen;
+  return *trainer.optimizer_state().seen;
 }
 
 
@@ -168,12 +168,12 @@ inline std::vector<torch::Tensor> params_of(torch::nn::Module& m) {
 }
 
 // Trains a fresh tiny LLaMA (same init every call) for `steps` steps; returns its weights.
-template <class Checkpoint, class Precision, class Offload>
-inline std::vector<torch::Tensor> weights_after(int steps, memopt::TrainerOptions opts, Offload offload = {}) {
+template <class Recompute, class Precision, class State>
+inline std::vector<torch::Tensor> weights_after(int steps, memopt::TrainerOptions opts, State offload = {}) {
   torch::manual_seed(11);
   memopt::models::Llama model(tiny_llama(0.0));
   ListLoader loader{{random_batch(2, 16, 64, 21), random_batch(2, 16, 64, 22)}};
-  memopt::Trainer<Checkpoint, Precision, memopt::accum::None, Offload> trainer(
+  memopt::Trainer<Recompute, Precision, memopt::accum::None, State> trainer(
       *model, opts.lr(1e-2).warmup_steps(2).max_steps(steps), {},
       std::move(offload));  // lr changes every step
   for (int s = 0; s < steps; ++s)

@@ -21,14 +21,14 @@ TEST_CASE("Bf16Autocast: linear layers in bf16, fp32 master weights and grads, l
   torch::manual_seed(0);
   memopt::models::Llama model(tiny_llama(0.0).num_hidden_layers(2));
   const Batch batch = random_batch(4, 16, 64, 3);
-  torch::Tensor fp32_loss = model->loss_sum(batch, memopt::checkpoint::None{}) / batch.num_targets();
+  torch::Tensor fp32_loss = model->loss_sum(batch, memopt::recompute::None{}) / batch.num_targets();
 
   torch::Tensor bf16_loss;
   {
     auto guard = memopt::precision::Bf16Autocast{}.autocast(c10::kCPU);
-    auto hidden = model->model->forward(batch.inputs, memopt::checkpoint::None{});  // (B, T, C)
+    auto hidden = model->model->forward(batch.inputs, memopt::recompute::None{});  // (B, T, C)
     CHECK(model->lm_head(hidden).scalar_type() == torch::kBFloat16);
-    bf16_loss = model->loss_sum(batch, memopt::checkpoint::None{}) / batch.num_targets();
+    bf16_loss = model->loss_sum(batch, memopt::recompute::None{}) / batch.num_targets();
   }
   CHECK_FALSE(memopt::detail::AutocastState::current(c10::kCPU).enabled);  // guard restored
   bf16_loss.backward();
@@ -44,16 +44,16 @@ TEST_CASE("Bf16Autocast: linear layers in bf16, fp32 master weights and grads, l
 
 TEST_CASE("Scaled: loss scaling leaves fp32 training unchanged", "[precision]") {
   using Scaled = memopt::precision::Scaled<c10::kFloat>;
-  const auto plain = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::None>(
+  const auto plain = weights_after<memopt::recompute::None, memopt::precision::Fp32, memopt::state::Resident>(
       3, memopt::TrainerOptions());
   const auto scaled =
-      weights_after<memopt::checkpoint::None, Scaled, memopt::offload::None>(3, memopt::TrainerOptions());
+      weights_after<memopt::recompute::None, Scaled, memopt::state::Resident>(3, memopt::TrainerOptions());
   CHECK(max_abs_diff(plain, scaled) <= 1e-6);
   // Clipping sees the unscaled gradients: with a tight clip both still agree.
-  const auto plain_clip = weights_after<memopt::checkpoint::None, memopt::precision::Fp32, memopt::offload::None>(
+  const auto plain_clip = weights_after<memopt::recompute::None, memopt::precision::Fp32, memopt::state::Resident>(
       3, memopt::TrainerOptions().grad_clip(0.05));
   const auto scaled_clip =
-      weights_after<memopt::checkpoint::None, Scaled, memopt::offload::None>(3, memopt::TrainerOptions().grad_clip(0.05));
+      weights_after<memopt::recompute::None, Scaled, memopt::state::Resident>(3, memopt::TrainerOptions().grad_clip(0.05));
   CHECK(max_abs_diff(plain_clip, scaled_clip) <= 1e-6);
   CHECK(max_abs_diff(plain, plain_clip) > 1e-4);  // the clip did bite
 }
@@ -62,7 +62,7 @@ TEST_CASE("Scaled: an inf gradient skips the step and backs the scale off", "[pr
   torch::manual_seed(0);
   memopt::models::Llama model(tiny_llama(0.0));
   ListLoader loader{{random_batch(2, 16, 64, 1)}};
-  memopt::Trainer<memopt::checkpoint::None, memopt::precision::Scaled<c10::kFloat>> trainer(
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Scaled<c10::kFloat>> trainer(
       *model, memopt::TrainerOptions());
   int calls = 0;
   auto loss_fn = [&](const Batch& b, const auto& ckpt) {
@@ -157,8 +157,8 @@ TEST_CASE("Bf16Pure: bf16 weights and activations, fp32 masters, losses track fp
     }
     return losses;
   };
-  using Fp32Trainer = memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32>;
-  using PureTrainer = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Pure>;
+  using Fp32Trainer = memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32>;
+  using PureTrainer = memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Pure>;
   const auto fp32 = losses_of(std::type_identity<Fp32Trainer>{}, 3e-3, nullptr);
   const auto pure = losses_of(std::type_identity<PureTrainer>{}, 3e-3, nullptr);
   for (size_t s = 0; s < fp32.size(); ++s) CHECK(std::abs(pure[s] - fp32[s]) / fp32[s] < 0.03);

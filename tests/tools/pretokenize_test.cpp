@@ -8,7 +8,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -38,16 +37,9 @@ struct TempDir : memopt::test::TempDir {
   TempDir() : memopt::test::TempDir("memopt_pretokenize_test") {}
 };
 
+using memopt::test::read_text;
+using memopt::test::require_error;
 using memopt::test::write_text;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void require_error(const std::function<void()>& fn, const std::string& prefix, const std::vector<std::string>& parts) {
-  memopt::test::require_error(fn, prefix, parts);
-}
 
 // A BPE model: <unk> 0, <s> 1, </s> 2 (EOS), ▁ 3, 'a'..'z' 4..29, '0'..'9' 30..39, then a few
 // merges ("th", "he", "▁t", "▁th", "▁the", "in", "ng", "ing"), so encoding is more than a lookup.
@@ -150,7 +142,7 @@ TEST_CASE("ShardWriter streams ids into the same bytes write_shard makes", "[pre
     std::vector<int32_t> all = a;
     all.insert(all.end(), c.begin(), c.end());
     memopt::data::write_shard(whole, all, vocab);
-    CHECK(read_file(streamed) == read_file(whole));
+    CHECK(read_text(streamed) == read_text(whole));
     CHECK(shard_ids(streamed) == all);
   }
 
@@ -207,14 +199,14 @@ TEST_CASE("pretokenize: >= 3 shards holding the documents' ids + EOS, the same f
   for (int64_t s = 0; s < one.shards; ++s) {
     const std::string name = fmt::format("shard-{:05d}.bin", s);
     INFO(name);
-    const std::string bytes = read_file(dir.file("out1/" + name));
-    CHECK(bytes == read_file(dir.file("out3/" + name)));  // byte-identical whatever the workers
+    const std::string bytes = read_text(dir.file("out1/" + name));
+    CHECK(bytes == read_text(dir.file("out3/" + name)));  // byte-identical whatever the workers
     const auto ids = shard_ids(dir.file("out1/" + name));
     CHECK(static_cast<int64_t>(ids.size()) == (s + 1 < one.shards ? 1000 : one.tokens - 1000 * s));
     streamed.insert(streamed.end(), ids.begin(), ids.end());
   }
   CHECK(streamed == expected);
-  CHECK(read_file(dir.file("out1/index.json")) == read_file(dir.file("out3/index.json")));
+  CHECK(read_text(dir.file("out1/index.json")) == read_text(dir.file("out3/index.json")));
   for (const auto& entry : fs::directory_iterator(dir.file("out1"))) {
     CHECK(entry.path().extension() != ".tmp");
   }
@@ -266,7 +258,7 @@ TEST_CASE("pretokenize: index.json names the tokenizer, its checksum, the counts
   const std::string model = write_model(dir), corpus = write_corpus(dir), out = dir.file("out");
   const auto summary = memopt::tools::pretokenize(options_for(corpus, model, out).workers(2));
   CHECK(summary.index == out + "/index.json");
-  const auto index = nlohmann::json::parse(read_file(summary.index));
+  const auto index = nlohmann::json::parse(read_text(summary.index));
   const memopt::data::Tokenizer tok(model);
 
   CHECK(index["format"] == "memopt-token-shards");

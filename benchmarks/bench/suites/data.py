@@ -26,11 +26,11 @@ from ..summaries import data_summary
 # ~6 min); --quick: 4 and 8 MiB corpora, ~1 min.
 DATA = {"small_bytes": 1 << 28, "large_bytes": 1 << 30, "cap": "20000000",
         "trainer": "--layers 4 --dim 256 --heads 8 --seq 256 --micro 8 --accum 2 --vocab 4096 --precision bf16"
-                   " --checkpoint every --warmup 1 --steps 3"}
+                   " --recompute every --warmup 1 --steps 3"}
 # --quick, a smoke test: 4 and 8 MiB corpora, 1M tokens, one trainer step
 DATA_QUICK = {"small_bytes": 4 << 20, "large_bytes": 8 << 20, "cap": "1000000",
               "trainer": "--layers 4 --dim 256 --heads 8 --seq 256 --micro 2 --accum 1 --vocab 4096 --precision bf16"
-                         " --checkpoint every --warmup 0 --steps 1"}
+                         " --recompute every --warmup 0 --steps 1"}
 
 
 def corpus_path(ctx: Context, size: int) -> Path:

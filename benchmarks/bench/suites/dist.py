@@ -19,7 +19,7 @@ from ..summaries import dist_summary
 # process per rank started as torchrun would on loopback: RANK, WORLD_SIZE, MASTER_ADDR, a random
 # MASTER_PORT, OMP_NUM_THREADS=1) on the reference LLaMA (4 x d256, 8 heads, seq 256, vocab 4096;
 # the King James shard when data/kjv/train.bin exists, else random tokens), bf16 autocast +
-# checkpoint::EveryBlock, 1 intra-op thread per rank, the same global batch everywhere: 1 rank
+# recompute::EveryBlock, 1 intra-op thread per rank, the same global batch everywhere: 1 rank
 # trains micro-batches of 8 rows x accum 2, 2 ranks 4 rows each of every 8-row micro-batch
 # (RankSlice). Configurations: 1 rank; 2 ranks; 2 ranks with ZeRO-1 (broadcast, all-gather),
 # in BENCH_DIST_ROUNDS rounds (default 3) so that drift in the machine's speed hits all alike;
@@ -39,12 +39,12 @@ from ..summaries import dist_summary
 # themselves); a configuration disturbed by >= 0.15 CPUs of other work runs once more. ~10 min
 # on an idle 2-core machine (--quick: ~10 s once built).
 DIST = {"model": "--layers 4 --dim 256 --heads 8 --seq 256 --vocab 4096 --micro 8 --accum 2",
-        "bf16": "--precision bf16 --checkpoint every --warmup 2 --steps 30",  # ~1.3 s a step on 1 rank
-        "fp32": "--precision fp32 --checkpoint every --warmup 2 --steps 10"}  # ~2 s
+        "bf16": "--precision bf16 --recompute every --warmup 2 --steps 30",  # ~1.3 s a step on 1 rank
+        "fp32": "--precision fp32 --recompute every --warmup 2 --steps 10"}  # ~2 s
 # --quick, a smoke test: every configuration, a tiny shape, 2 steps
 DIST_QUICK = {"model": "--layers 2 --dim 64 --heads 4 --seq 32 --vocab 4096 --micro 4 --accum 2",
-              "bf16": "--precision bf16 --checkpoint every --warmup 1 --steps 1",
-              "fp32": "--precision fp32 --checkpoint every --warmup 1 --steps 1"}
+              "bf16": "--precision bf16 --recompute every --warmup 1 --steps 1",
+              "fp32": "--precision fp32 --recompute every --warmup 1 --steps 1"}
 BUSY = 0.15  # CPUs kept busy by other processes that make a timing disturbed
 ATTEMPTS = 3  # another port when one was taken; once more when other work disturbed the timing
 

@@ -68,22 +68,22 @@ def estimator_configs(quick: bool) -> list[tuple[str, str]]:
     moe = f"{ref} --experts 4 --ffn 512"  # moe-nano (models/moe.hpp, sorted dispatch, top-2)
     return [
         ("ref-fp32", ref),
-        ("ref-every", f"{ref} --checkpoint every"),
-        ("ref-every-2", f"{ref} --checkpoint every-2"),
-        ("ref-selective", f"{ref} --checkpoint selective"),
+        ("ref-every", f"{ref} --recompute every"),
+        ("ref-every-2", f"{ref} --recompute every-2"),
+        ("ref-selective", f"{ref} --recompute selective"),
         ("ref-bf16", f"{ref} --precision bf16"),
-        ("ref-bf16-every-int8", f"{ref} --precision bf16 --checkpoint every --offload int8"),
+        ("ref-bf16-every-int8", f"{ref} --precision bf16 --recompute every --optimizer_state int8"),
         ("ref-bf16pure-accum2", f"{ref} --precision bf16-pure --accum 2"),
-        ("ref-bf16-selective-disk", f"{ref} --precision bf16 --checkpoint selective --offload disk"),
+        ("ref-bf16-selective-disk", f"{ref} --precision bf16 --recompute selective --optimizer_state disk"),
         ("ref-blockwise-chunked", f"{ref} --attention blockwise --loss_chunk 512"),
         ("ref-dropout", f"{ref} --dropout 0.1"),
         ("large-fp32", large),
-        ("large-bf16-every", f"{large} --precision bf16 --checkpoint every"),
-        ("gqa-every-2-int8", f"{gqa} --checkpoint every-2 --offload int8"),
+        ("large-bf16-every", f"{large} --precision bf16 --recompute every"),
+        ("gqa-every-2-int8", f"{gqa} --recompute every-2 --optimizer_state int8"),
         ("moe-nano-fp32", moe),
-        ("moe-nano-bf16-every", f"{moe} --precision bf16 --checkpoint every"),
+        ("moe-nano-bf16-every", f"{moe} --precision bf16 --recompute every"),
         ("moe-nano-checkpoint-experts", f"{moe} --checkpoint_experts"),
-        ("distill-comprehensive", f"{ref} --kd_top_k 64 --precision bf16 --checkpoint every --teacher_bf16"),
+        ("distill-comprehensive", f"{ref} --kd_top_k 64 --precision bf16 --recompute every --teacher_bf16"),
         ("distill-dense-kd", f"{ref} --kd_top_k 0"),
     ]
 
@@ -146,10 +146,10 @@ def estimator(ctx: Context) -> list[Step]:
 # planner.hpp's cost model (step_seconds) next to measured step times: on the reference LLaMA
 # (4 × d256, seq 256, vocab 4096), 8 sequences per optimizer step, one process per
 # configuration (memopt_bench_estimator --time_steps 3: a warm-up step, the memory-measured
-# step, then 3 timed steps): checkpoint {none, every, selective} × precision {fp32, bf16} ×
-# offload {none, int8} at micro-batch 8, and the micro-batch's effect (every at 2 × 4 and 4 × 2,
+# step, then 3 timed steps): recompute {none, every, selective} × precision {fp32, bf16} ×
+# optimizer state {resident, int8} at micro-batch 8, and the micro-batch's effect (every at 2 × 4 and 4 × 2,
 # none at 4 × 2); then a shape the machine figures were not fitted on (8 × d512, seq 512, 4
-# sequences per step: checkpoint × precision at micro-batch 4, two smaller micro-batches). One
+# sequences per step: recompute × precision at micro-batch 4, two smaller micro-batches). One
 # line per configuration (predicted/measured s/step and MiB), then a "cost_model" line: the
 # Spearman rank correlation of predicted vs measured s/step (all, and per shape), the
 # median and the worst of their ratio, and per budget and shape the configuration the planner would
@@ -168,16 +168,20 @@ PLANNER_QUICK_LARGE = "--layers 2 --dim 96 --heads 4 --seq 48 --vocab 256"
 PLANNER_QUICK_BUDGETS = ("reference:3.5", "reference:4.5", "reference:6", "large:5", "large:8")
 
 
+# A name's optimizer-state part -> the flag value (names keep their earlier "none").
+STATE_FLAG = {"none": "resident", "int8": "int8"}
+
+
 def planner_configs(ref: str, large: str) -> list[tuple[str, str]]:
-    """NAME, FLAGS: 8 sequences per step in each; NAME: checkpoint-precision-offload-micro×accum."""
-    configs = [(f"{c}-{p}-{o}-8x1", f"{ref} --checkpoint {c} --precision {p} --offload {o} --micro 8 --accum 1")
+    """NAME, FLAGS: 8 sequences per step in each; NAME: recompute-precision-state-micro×accum."""
+    configs = [(f"{c}-{p}-{o}-8x1", f"{ref} --recompute {c} --precision {p} --optimizer_state {STATE_FLAG[o]} --micro 8 --accum 1")
                for c in ("none", "every", "selective") for p in ("fp32", "bf16") for o in ("none", "int8")]
-    configs += [("every-fp32-none-2x4", f"{ref} --checkpoint every --micro 2 --accum 4"),
-                ("every-fp32-none-4x2", f"{ref} --checkpoint every --micro 4 --accum 2"),
+    configs += [("every-fp32-none-2x4", f"{ref} --recompute every --micro 2 --accum 4"),
+                ("every-fp32-none-4x2", f"{ref} --recompute every --micro 4 --accum 2"),
                 ("none-fp32-none-4x2", f"{ref} --micro 4 --accum 2")]
-    configs += [(f"large-{c}-{p}-none-4x1", f"{large} --checkpoint {c} --precision {p} --micro 4")
+    configs += [(f"large-{c}-{p}-none-4x1", f"{large} --recompute {c} --precision {p} --micro 4")
                 for c in ("none", "every") for p in ("fp32", "bf16")]
-    return configs + [("large-every-fp32-none-2x2", f"{large} --checkpoint every --micro 2 --accum 2"),
+    return configs + [("large-every-fp32-none-2x2", f"{large} --recompute every --micro 2 --accum 2"),
                       ("large-none-bf16-none-1x4", f"{large} --precision bf16 --micro 1 --accum 4")]
 
 

@@ -40,7 +40,7 @@ def moe_run(ctx: Context, out: Path, args: list[str], line_args: tuple[str, ...]
 # The seed's before/after memory story per preset (moe-nano, moe-micro), effective batch 16 x 256
 # tokens: original = one-hot dense dispatch, fp32 (--precision fp32: moe_lm's default, auto, may
 # take bf16), no checkpointing, micro-batch 16; optimized =
-# sort-based dispatch, bf16 autocast, checkpoint::EveryBlock, micro-batch 4 x accumulation 4.
+# sort-based dispatch, bf16 autocast, recompute::EveryBlock, micro-batch 4 x accumulation 4.
 # One process each, 3 steps (the first included); then ratio lines (optimized / original;
 # target: memory <= 0.25). ~6 min on an idle 2-core machine (--quick: 1 step of 2 x 32 tokens).
 MOE_SIZE = "--steps 3 --warmup 1 --seq_len 256 --eval_batches 0"

@@ -43,14 +43,14 @@ def trainer(ctx: Context) -> list[Step]:
     steps: list[Step] = [Build(["memopt_bench_trainer"])]
     for size, shape in TRAINER_SHAPES.items():
         for precision in ("fp32", "bf16"):
-            for checkpoint in ("none", "every"):
-                args = f"{shape} --precision {precision} --checkpoint {checkpoint}"
+            for recompute in ("none", "every"):
+                args = f"{shape} --precision {precision} --recompute {recompute}"
                 if ctx.quick:  # smoke test: every configuration runs, one step of 2 × 2 rows, no warm-up
                     args = args.replace("--micro 8", "--micro 2", 1) + " --warmup 0 --steps 1"
                 else:
                     args += f" --warmup 1 --steps {TRAINER_STEPS[f'{size}-{precision}']}"
-                config = f"{size}-{precision}-{checkpoint}"
-                steps += [Log(f"trainer {size} {precision} checkpoint={checkpoint}: {args}"),
+                config = f"{size}-{precision}-{recompute}"
+                steps += [Log(f"trainer {size} {precision} recompute={recompute}: {args}"),
                           trainer_run(ctx, "memopt", config, args.split())]
                 for impl in TRAINER_PEERS:
                     steps += [trainer_run(ctx, impl, config, args.split()),
@@ -58,8 +58,8 @@ def trainer(ctx: Context) -> list[Step]:
                 if config == "small-fp32-none":
                     # The Trainer's overhead: the same model and step in a hand-written LibTorch loop,
                     # run right after the Trainer so both see the same machine.
-                    hand = args.replace("--precision fp32 --checkpoint none", "", 1).split()
-                    steps += [Log(f"trainer overhead: a hand-written LibTorch loop, {size} fp32 no checkpoint"),
+                    hand = args.replace("--precision fp32 --recompute none", "", 1).split()
+                    steps += [Log(f"trainer overhead: a hand-written LibTorch loop, {size} fp32 no recompute"),
                               trainer_run(ctx, "hand", config, hand),
                               Derive([f"{config}/memopt", f"{config}/hand"], L.overhead_ratio, "overhead ratio")]
     return steps
@@ -130,7 +130,7 @@ def distill_quality(ctx: Context) -> list[Step]:
 
 
 # ---- suite: adamw8bit ----
-# fp32 AdamW (offload::None) against 8-bit AdamW (offload::Int8State) training the bundled LM
+# fp32 AdamW (state::Resident) against 8-bit AdamW (state::Int8) training the bundled LM
 # (LLaMA, 4 layers, d256, 8 heads, vocab 4096, 8 rows of 128 tokens) on the King James corpus: the
 # same init and batches, 150 steps, one process each. One line per impl (loss_last: mean of the
 # last 10 steps; val_loss: held-out), then the ratios of 8-bit to fp32 and whether loss_last

@@ -88,7 +88,7 @@ class StepBudget {
                   " MiB is too small: step ", step, " with micro-batches of ", (rows + splits_ - 1) / splits_,
                   " sequence(s) needs at least ", fmt::format("{:.1f}", mib(need)), " MiB (", e.what_without_backtrace(),
                   "). HINT: raise the budget, shorten the sequences, or pick lighter policies "
-                  "(checkpoint::EveryBlock, precision::Bf16Autocast; memopt::plan() finds them)");
+                  "(recompute::EveryBlock, precision::Bf16Autocast; memopt::plan() finds them)");
       splits_ *= 2;
       return fmt::format(
           "memopt: step {} went over the memory budget ({:.1f} MiB; it needed {:.1f} MiB): micro-batches of {} "

@@ -1,7 +1,7 @@
 // memopt/memory/estimator.hpp — know before you run: the peak tensor memory of a training
 // step, predicted from the model's shape, the micro-batch and the policy combination, with a
-// breakdown — parameters, fp32 master weights, gradients, optimizer state (by offload policy),
-// activations saved per block (by checkpoint and precision policy and attention path), the
+// breakdown — parameters, fp32 master weights, gradients, optimizer state (by optimizer-state policy),
+// activations saved per block (by recompute and precision policy and attention path), the
 // logits and loss, and the transient workspace of the step's largest moment. DeepSpeed's
 // estimator covers the model states only and HF's the loading; this one covers a whole step.
 //
@@ -15,7 +15,7 @@
 // The policies come as their descriptions (memory/policy_desc.hpp), so the estimator knows
 // no policy by name: a new policy that describes itself is estimated like the built-in ones.
 //
-//   using T = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast>;
+//   using T = memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Autocast>;
 //   auto e = memopt::memory::estimate(memopt::models::describe(cfg), memopt::memory::RunDesc{8, 256},
 //                                     memopt::memory::describe<T>());
 //   fmt::print("{}", e.table());   // … peak 412.3 MiB (backward)
@@ -155,7 +155,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double F = static_cast<double>(m.ffn_size);
   const bool pure = pol.precision.half_weights;
   const bool autocast = pol.precision.half_matmuls && !pure;
-  const bool in_backward = pol.offload.steps_in_backward;  // no gradient outlives its parameter's step
+  const bool in_backward = pol.state.steps_in_backward;  // no gradient outlives its parameter's step
   const bool math = m.attention == nn::AttentionKind::kMath;
   const double grad_e = pure ? 2 : 4;  // gradients are the parameters' dtype until the step
   const double experts = static_cast<double>(std::max<int64_t>(m.num_experts, 1));
@@ -167,7 +167,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   e.parameters = static_cast<int64_t>((pure ? 2 : 4) * P);
   e.master_weights = pure ? static_cast<int64_t>(4 * P) : 0;
   e.gradients = in_backward ? 0 : static_cast<int64_t>(4 * P);
-  e.optimizer_state = pol.offload.resident(numels);
+  e.optimizer_state = pol.state.resident(numels);
   const double rows = static_cast<double>(run.micro_batch * run.seq_len);
   e.teacher = m.frozen_parameter_bytes + static_cast<int64_t>(rows) * m.teacher_target_bytes;
   const double statics =
@@ -175,14 +175,14 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
 
   // ---- what the forward keeps ----
   const double btc = B * T * C;
-  auto per_block = detail::block_saved(pol.precision, pol.checkpoint.cheap_parts, m);
+  auto per_block = detail::block_saved(pol.precision, pol.recompute.cheap_parts, m);
   if (run.key_padding && per_block.bhtt > 0 && !pol.precision.half_matmuls)
     per_block.bhtt += 4;  // the probabilities with fully padded rows zeroed feed the PV matmul
   const double full = per_block.bytes(B, T, m);
   const double input = btc * (pure ? 2 : 4);  // a checkpointed block keeps its input only
   std::vector<bool> recomputed(static_cast<size_t>(m.num_layers), false);
   for (int64_t i = 0; i < m.num_layers; ++i)
-    recomputed[static_cast<size_t>(i)] = pol.checkpoint.whole_block(i, m.num_layers);
+    recomputed[static_cast<size_t>(i)] = pol.recompute.whole_block(i, m.num_layers);
   std::vector<double> kept(recomputed.size());
   double stack = 0;
   for (size_t i = 0; i < kept.size(); ++i) stack += kept[i] = recomputed[i] ? input : full;
@@ -251,7 +251,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   // AdamW's per-parameter temporaries (other passes' activations and the teacher's targets are
   // gone by then; stepped in backward, nothing is left) ----
   const double targets = rows * static_cast<double>(m.teacher_target_bytes);
-  const double brought_in = static_cast<double>(pol.offload.step_state_bytes(numels) - e.optimizer_state);
+  const double brought_in = static_cast<double>(pol.state.step_state_bytes(numels) - e.optimizer_state);
   e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - targets +
                                           (in_backward ? 0 : 4 * P + brought_in + 2 * 4 * largest));
   e.peak = std::max({e.forward_peak, e.backward_peak, e.optimizer_peak});

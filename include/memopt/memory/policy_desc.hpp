@@ -3,7 +3,7 @@
 // to memory and time. The estimator, the planner, dispatch and the command-line flags read
 // only these descriptions, so a new policy is one struct (examples/04_custom_policy).
 //
-//   struct MyOffload {                                     // … make_optimizer, before/after_step
+//   struct MyState {                                       // … make_optimizer, before/after_step
 //     static memopt::memory::StateDesc describe() {
 //       return {.flag = "bf16-moments", .resident = [](const auto& n) { return 4 * memopt::memory::sum(n); }};
 //     }
@@ -29,13 +29,13 @@ inline int64_t sum(const std::vector<int64_t>& numels) { return std::accumulate(
 /// Bytes of state as a function of the parameter tensors' element counts.
 using StateBytes = std::function<int64_t(const std::vector<int64_t>& numels)>;
 
-/// A checkpoint policy: what runs again in backward.
+/// A recompute policy: what runs again in backward.
 struct RecomputeDesc {
-  std::string flag = "none";  // its --checkpoint spelling
+  std::string flag = "none";  // its --recompute spelling
   /// Whether block `index` of `layers` is recomputed whole (it keeps only its input).
   std::function<bool(int64_t index, int64_t layers)> whole_block = [](int64_t, int64_t) { return false; };
   /// The parts a model runs through memopt::run_cheap (norms, the attention core, the SwiGLU
-  /// product) are recomputed in every block (checkpoint::Selective).
+  /// product) are recomputed in every block (recompute::Selective).
   bool cheap_parts = false;
 };
 
@@ -57,9 +57,9 @@ struct SplitDesc {
 /// AdamW's state: two fp32 moments per parameter.
 inline int64_t adamw_state_bytes(const std::vector<int64_t>& numels) { return 8 * sum(numels); }
 
-/// An offload policy: where the optimizer state lives and what its step moves.
+/// An optimizer-state policy: where the optimizer state lives and what its step moves.
 struct StateDesc {
-  std::string flag = "none";  // its --offload spelling
+  std::string flag = "resident";  // its --optimizer_state spelling
   /// Optimizer-state bytes on the parameters' device between steps.
   StateBytes resident = adamw_state_bytes;
   /// … during the optimizer step, when the state comes in for it (empty: `resident`).
@@ -77,46 +77,46 @@ struct StateDesc {
 
 /// A Trainer instantiation's policies as data, and the run-time accumulation count.
 struct PolicyDesc {
-  RecomputeDesc checkpoint;
+  RecomputeDesc recompute;
   DtypeDesc precision;
   SplitDesc split;
-  StateDesc offload;
+  StateDesc state;
   int64_t accum = 1;  // micro-batches per optimizer step
 
-  /// "checkpoint=every precision=bf16 offload=none accum=2" (+ " split=grad-cache").
+  /// "recompute=every precision=bf16 state=resident accum=2" (+ " split=grad-cache").
   std::string name() const {
-    return fmt::format("checkpoint={} precision={} offload={} accum={}{}", checkpoint.flag, precision.flag,
-                       offload.flag, accum, split.grad_cache ? " split=" + split.flag : "");
+    return fmt::format("recompute={} precision={} state={} accum={}{}", recompute.flag, precision.flag, state.flag,
+                       accum, split.grad_cache ? " split=" + split.flag : "");
   }
-  /// "--checkpoint every --precision bf16 --offload none" (+ " (grad-cache)").
+  /// "--recompute every --precision bf16 --optimizer_state resident" (+ " (grad-cache)").
   std::string flags() const {
-    return fmt::format("--checkpoint {} --precision {} --offload {}{}", checkpoint.flag, precision.flag, offload.flag,
-                       split.grad_cache ? " (" + split.flag + ")" : "");
+    return fmt::format("--recompute {} --precision {} --optimizer_state {}{}", recompute.flag, precision.flag,
+                       state.flag, split.grad_cache ? " (" + split.flag + ")" : "");
   }
   /// The same policy types (accum is a run-time count, not part of the type).
   bool same_types(const PolicyDesc& o) const {
-    return checkpoint.flag == o.checkpoint.flag && precision.flag == o.precision.flag && split.flag == o.split.flag &&
-           offload.flag == o.offload.flag;
+    return recompute.flag == o.recompute.flag && precision.flag == o.precision.flag && split.flag == o.split.flag &&
+           state.flag == o.state.flag;
   }
   bool operator==(const PolicyDesc& o) const { return same_types(o) && accum == o.accum; }
 };
 
 /// The PolicyDesc of a Trainer instantiation (its policy types' describe(); accum as given,
 /// or the Accum type's fixed count).
-///   memopt::memory::describe<memopt::Trainer<memopt::checkpoint::EveryBlock>>(4)
+///   memopt::memory::describe<memopt::Trainer<memopt::recompute::EveryBlock>>(4)
 template <class TrainerT>
 PolicyDesc describe(int64_t accum = 1) {
-  using C = typename TrainerT::checkpoint_type;
+  using C = typename TrainerT::recompute_type;
   using P = typename TrainerT::precision_type;
   using A = typename TrainerT::accum_type;
-  using O = typename TrainerT::offload_type;
-  static_assert(hooks::Describes<C, RecomputeDesc>, "memopt::memory::describe: the checkpoint policy has no "
+  using O = typename TrainerT::state_type;
+  static_assert(hooks::Describes<C, RecomputeDesc>, "memopt::memory::describe: the recompute policy has no "
                 "`static memopt::memory::RecomputeDesc describe()`: the estimator and the planner need one");
   static_assert(hooks::Describes<P, DtypeDesc>, "memopt::memory::describe: the precision policy has no "
                 "`static memopt::memory::DtypeDesc describe()`: the estimator and the planner need one");
   static_assert(hooks::Describes<A, SplitDesc>, "memopt::memory::describe: the accumulation policy has no "
                 "`static memopt::memory::SplitDesc describe()`: the estimator and the planner need one");
-  static_assert(hooks::Describes<O, StateDesc>, "memopt::memory::describe: the offload policy has no "
+  static_assert(hooks::Describes<O, StateDesc>, "memopt::memory::describe: the optimizer-state policy has no "
                 "`static memopt::memory::StateDesc describe()`: the estimator and the planner need one");
   PolicyDesc d{C::describe(), P::describe(), A::describe(), O::describe(), accum};
   if (d.split.fixed_steps > 0) d.accum = d.split.fixed_steps;

@@ -17,7 +17,7 @@
 #include "memopt/detail/autocast.hpp"
 #include "memopt/models/llada.hpp"
 #include "memopt/models/llama.hpp"
-#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/recompute.hpp"
 
 namespace memopt::models {
 
@@ -108,8 +108,8 @@ class Distiller {
   }
 
   /// Σ over the batch of the mixed loss (fp32, 0-dim). x0 = batch.inputs (B, L).
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor loss_sum(const Batch& batch, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor loss_sum(const Batch& batch, const Recompute& ckpt) {
     const torch::Tensor& x0 = batch.inputs;  // (B, L)
     // The teacher first: its (B, L, V) logits are gone (top-k kept) before the student's exist.
     const bool kd = options_.alpha() > 0;

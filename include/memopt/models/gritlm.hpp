@@ -26,7 +26,7 @@
 #include "memopt/concepts.hpp"
 #include "memopt/data/grit.hpp"
 #include "memopt/models/llama.hpp"
-#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/recompute.hpp"
 
 namespace memopt::models {
 
@@ -93,8 +93,8 @@ class GritLMImpl : public torch::nn::Cloneable<GritLMImpl> {
   }
 
   /// Embeddings of rows [begin, end) of `e`: (end − begin, C) fp32.
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor embed(const data::EmbedBatch& e, int64_t begin, int64_t end, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor embed(const data::EmbedBatch& e, int64_t begin, int64_t end, const Recompute& ckpt) {
     auto tokens = e.tokens.narrow(0, begin, end - begin);        // (n, T)
     auto attention = e.attention.narrow(0, begin, end - begin);  // (n, T) bool
     auto hidden = model->forward(tokens, ckpt, nn::AttentionMask{false, attention});  // (n, T, C)
@@ -103,14 +103,14 @@ class GritLMImpl : public torch::nn::Cloneable<GritLMImpl> {
                                       pooled, torch::nn::functional::NormalizeFuncOptions().dim(-1))
                                 : pooled;
   }
-  torch::Tensor embed(const data::EmbedBatch& e) { return embed(e, 0, e.tokens.size(0), checkpoint::None{}); }
+  torch::Tensor embed(const data::EmbedBatch& e) { return embed(e, 0, e.tokens.size(0), recompute::None{}); }
 
   // ---- the loss in stages (memopt::RepresentationLoss) ----
   /// 2 (queries, passages) or 0 for a batch without an embedding part.
   int64_t roles(const data::GritBatch& b) const { return b.queries.tokens.defined() ? 2 : 0; }
   int64_t rows(const data::GritBatch& b, int64_t role) const { return part(b, role).tokens.size(0); }
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor encode(const data::GritBatch& b, int64_t role, int64_t begin, int64_t end, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor encode(const data::GritBatch& b, int64_t role, int64_t begin, int64_t end, const Recompute& ckpt) {
     return embed(part(b, role), begin, end, ckpt);  // (end − begin, C)
   }
   /// reps[0] (B, C) queries, reps[1] (B·G, C) passages.
@@ -121,8 +121,8 @@ class GritLMImpl : public torch::nn::Cloneable<GritLMImpl> {
     return b.generative.inputs.defined() ? b.generative.inputs.size(0) : 0;
   }
   /// Rows [begin, end) of the generative part: their share of its loss (see GenLossType).
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor gen_loss(const data::GritBatch& b, int64_t begin, int64_t end, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor gen_loss(const data::GritBatch& b, int64_t begin, int64_t end, const Recompute& ckpt) {
     const Batch rows{b.generative.inputs.narrow(0, begin, end - begin), b.generative.targets.narrow(0, begin, end - begin)};
     torch::Tensor sum = llama_->loss_sum(rows, ckpt);  // 0-dim fp32, CE summed over the rows' targets
     torch::Tensor denominator = options.gen_loss_type() == GenLossType::kMixed
@@ -133,8 +133,8 @@ class GritLMImpl : public torch::nn::Cloneable<GritLMImpl> {
 
   /// The whole loss: generative first, then representations (the order GradCache runs them in,
   /// so dropout draws the same masks).
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor operator()(const data::GritBatch& b, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor operator()(const data::GritBatch& b, const Recompute& ckpt) {
     torch::Tensor loss = torch::zeros({}, torch::TensorOptions().device(lm_head->weight.device()));
     if (gen_rows(b) > 0) loss = loss + gen_loss(b, 0, gen_rows(b), ckpt);
     if (roles(b) > 0) {

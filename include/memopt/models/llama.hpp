@@ -20,7 +20,7 @@
 #include "memopt/nn/mlp.hpp"
 #include "memopt/nn/rmsnorm.hpp"
 #include "memopt/nn/rope.hpp"
-#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/recompute.hpp"
 
 namespace memopt::models {
 
@@ -154,9 +154,9 @@ inline LlamaConfig shape_for_params(int64_t target_params, LlamaConfig base) {
       .intermediate_size(0);
 }
 
-/// RMSNorm through the policy: recomputed in backward under checkpoint::Selective.
-template <CheckpointPolicy Checkpoint>
-torch::Tensor cheap_norm(const Checkpoint& ckpt, const nn::RMSNorm& layer, const torch::Tensor& x) {
+/// RMSNorm through the policy: recomputed in backward under recompute::Selective.
+template <RecomputePolicy Recompute>
+torch::Tensor cheap_norm(const Recompute& ckpt, const nn::RMSNorm& layer, const torch::Tensor& x) {
   auto module = layer.ptr();  // shared: outlives this call, as the recompute needs
   return run_cheap(ckpt, [module](const std::vector<torch::Tensor>& in) { return module->forward(in[0]); }, {x},
                    {layer->weight});
@@ -177,14 +177,14 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
 
   /// x (B, T, C), cos/sin (T, D) -> (B, T, C)
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-    return forward(x, cos, sin, checkpoint::None{});
+    return forward(x, cos, sin, recompute::None{});
   }
 
-  /// The same; checkpoint::Selective recomputes the norms, the attention core and the
+  /// The same; recompute::Selective recomputes the norms, the attention core and the
   /// SwiGLU product in backward (memopt::run_cheap), keeping the matmul outputs.
-  template <CheckpointPolicy Checkpoint>
+  template <RecomputePolicy Recompute>
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const Checkpoint& ckpt, const nn::AttentionMask& mask = {}) {
+                        const Recompute& ckpt, const nn::AttentionMask& mask = {}) {
     const double p = config.dropout();
     auto a = self_attn->forward(cheap_norm(ckpt, input_layernorm, x), cos, sin, ckpt, mask);  // (B, T, C)
     auto h = x + torch::dropout(a, p, is_training());                                   // (B, T, C)
@@ -212,8 +212,8 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
 
   /// tokens (B, T) -> hidden states (B, T, C); each block runs through the policy. `mask`
   /// overrides the config's causal flag and marks padded keys (see nn::AttentionMask).
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor forward(const torch::Tensor& tokens, const Checkpoint& ckpt, const nn::AttentionMask& mask = {}) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor forward(const torch::Tensor& tokens, const Recompute& ckpt, const nn::AttentionMask& mask = {}) {
     const int64_t T = tokens.size(1);
     TORCH_CHECK(T <= config.max_position_embeddings(), "memopt::models::Llama: sequence length ", T,
                 " exceeds max_position_embeddings ", config.max_position_embeddings(),
@@ -255,7 +255,7 @@ struct SampleOptions {
 /// LLaMA for causal LM (HF's LlamaForCausalLM): model + untied lm_head.
 ///   memopt::models::Llama model(memopt::models::LlamaConfig().vocab_size(4096));
 ///   auto logits = model->forward(tokens);                          // (B, T, V)
-///   auto loss = model->loss_sum(batch, memopt::checkpoint::EveryBlock{});
+///   auto loss = model->loss_sum(batch, memopt::recompute::EveryBlock{});
 class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
  public:
   explicit LlamaImpl(LlamaConfig config) : config(config) {
@@ -279,16 +279,16 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   }
 
   /// tokens (B, T) -> logits (B, T, V)
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor forward(const torch::Tensor& tokens, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor forward(const torch::Tensor& tokens, const Recompute& ckpt) {
     return lm_head(model->forward(tokens, ckpt));
   }
-  torch::Tensor forward(const torch::Tensor& tokens) { return forward(tokens, checkpoint::None{}); }
+  torch::Tensor forward(const torch::Tensor& tokens) { return forward(tokens, recompute::None{}); }
 
   /// Sum of next-token cross-entropies over the batch's non-ignored targets (fp32). With
   /// loss_chunk_size > 0 the head and the loss run fused, chunk by chunk, without logits.
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor loss_sum(const Batch& batch, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor loss_sum(const Batch& batch, const Recompute& ckpt) {
     if (config.loss_chunk_size() > 0) {
       auto hidden = model->forward(batch.inputs, ckpt);  // (B, T, C)
       return nn::chunked_cross_entropy_sum(

@@ -34,7 +34,7 @@
 //
 // A checkpointed block has one output tensor, so a block returns its hidden state and
 // its router statistics packed in one flat tensor (MoeBlockOutput::pack/unpack): the
-// aux losses then get their gradients under any checkpoint policy.
+// aux losses then get their gradients under any recompute policy.
 #pragma once
 
 #include <cmath>
@@ -51,7 +51,7 @@
 #include "memopt/models/llama.hpp"
 #include "memopt/nn/cross_entropy.hpp"
 #include "memopt/nn/mlp.hpp"
-#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/recompute.hpp"
 
 namespace memopt::models {
 
@@ -128,11 +128,11 @@ class MoeLayerImpl : public torch::nn::Cloneable<MoeLayerImpl> {
       experts->push_back(nn::SwiGLU(nn::SwiGLUOptions(options.hidden_size(), options.intermediate_size())));
   }
 
-  MoeLayerOutput forward(const torch::Tensor& x) { return forward(x, checkpoint::None{}); }
+  MoeLayerOutput forward(const torch::Tensor& x) { return forward(x, recompute::None{}); }
 
-  /// x (N, C) -> MoeLayerOutput; checkpoint::Selective recomputes the experts' SwiGLU products.
-  template <CheckpointPolicy Checkpoint>
-  MoeLayerOutput forward(const torch::Tensor& x, const Checkpoint& ckpt) {
+  /// x (N, C) -> MoeLayerOutput; recompute::Selective recomputes the experts' SwiGLU products.
+  template <RecomputePolicy Recompute>
+  MoeLayerOutput forward(const torch::Tensor& x, const Recompute& ckpt) {
     TORCH_CHECK(x.dim() == 2 && x.size(1) == options.hidden_size(), "memopt::models::MoeLayer: input must be (N, ",
                 options.hidden_size(), ") (got ", x.sizes(), ").");
     const Routing r = route(x);
@@ -179,9 +179,9 @@ class MoeLayerImpl : public torch::nn::Cloneable<MoeLayerImpl> {
   // Sort the assignments by expert (stable: priority order within an expert), keep the
   // first `capacity` of each, gather their tokens, run each expert on its slice, scale by
   // the gates and scatter-add into the output.
-  template <CheckpointPolicy Checkpoint>
+  template <RecomputePolicy Recompute>
   torch::Tensor dispatch_sorted(const torch::Tensor& x, const Routing& r, const torch::Tensor& slot_expert,
-                                const torch::Tensor& counts, const Checkpoint& ckpt) {
+                                const torch::Tensor& counts, const Recompute& ckpt) {
     const int64_t N = x.size(0), kN = slot_expert.size(0);
     auto order = std::get<1>(slot_expert.sort(/*stable=*/true, 0, false));        // (k·N) slots grouped by expert
     auto starts = counts.cumsum(0) - counts;                                      // (E) first sorted slot of each
@@ -204,9 +204,9 @@ class MoeLayerImpl : public torch::nn::Cloneable<MoeLayerImpl> {
   }
 
   // GShard's dense dispatch: one-hot (N, E, C) dispatch and combine tensors.
-  template <CheckpointPolicy Checkpoint>
+  template <RecomputePolicy Recompute>
   torch::Tensor dispatch_dense(const torch::Tensor& x, const Routing& r, const torch::Tensor& slot_expert,
-                               const Checkpoint& ckpt) {
+                               const Recompute& ckpt) {
     const int64_t N = x.size(0), E = options.num_experts(), k = options.top_k();
     const int64_t cap = options.capacity(N) > 0 ? options.capacity(N) : N;
     auto mask = torch::one_hot(slot_expert, E);                                // (k·N, E) int64, priority order
@@ -223,13 +223,13 @@ class MoeLayerImpl : public torch::nn::Cloneable<MoeLayerImpl> {
     return torch::einsum("nec,ecd->nd", {combine.to(expert_out.scalar_type()), expert_out}).to(x.scalar_type());
   }
 
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor run_expert(int64_t e, const torch::Tensor& xe, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor run_expert(int64_t e, const torch::Tensor& xe, const Recompute& ckpt) {
     auto expert = experts->ptr<nn::SwiGLUImpl>(e);
     if (!options.checkpoint_experts()) return expert->forward(xe, ckpt);
     return memopt::detail::checkpointed(
         [expert](const std::vector<torch::Tensor>& in) { return expert->forward(in[0]); }, {xe},
-        checkpoint::detail::trainable(*expert));
+        recompute::detail::trainable(*expert));
   }
 };
 TORCH_MODULE(MoeLayer);
@@ -349,9 +349,9 @@ class MoeDecoderLayerImpl : public torch::nn::Cloneable<MoeDecoderLayerImpl> {
   }
 
   /// x (B, T, C), cos/sin (T, D) -> MoeBlockOutput::pack(y (B, T, C), router statistics)
-  template <CheckpointPolicy Checkpoint>
+  template <RecomputePolicy Recompute>
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const Checkpoint& ckpt) {
+                        const Recompute& ckpt) {
     const double p = config.base().dropout();
     auto a = self_attn->forward(cheap_norm(ckpt, input_layernorm, x), cos, sin, ckpt);      // (B, T, C)
     auto h = x + torch::dropout(a, p, is_training());                                       // (B, T, C)
@@ -379,7 +379,7 @@ struct MoeStats {
 
 /// The MoE language model: model.embed_tokens, model.layers.N (MoE blocks), model.norm, lm_head.
 ///   memopt::models::MoeLM model(memopt::models::MoeConfig::preset("moe-nano", 4096));
-///   auto loss = model->loss_sum(batch, memopt::checkpoint::EveryBlock{});  // CE sum + aux terms
+///   auto loss = model->loss_sum(batch, memopt::recompute::EveryBlock{});  // CE sum + aux terms
 class MoeLMImpl : public torch::nn::Cloneable<MoeLMImpl> {
  public:
   explicit MoeLMImpl(MoeConfig config) : config(config) {
@@ -403,8 +403,8 @@ class MoeLMImpl : public torch::nn::Cloneable<MoeLMImpl> {
   }
 
   /// tokens (B, T) -> final hidden states (B, T, C), with the layers' mean aux losses.
-  template <CheckpointPolicy Checkpoint>
-  MoeBlockOutput forward_hidden(const torch::Tensor& tokens, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  MoeBlockOutput forward_hidden(const torch::Tensor& tokens, const Recompute& ckpt) {
     const auto& base = config.base();
     const int64_t T = tokens.size(1);
     TORCH_CHECK(T <= base.max_position_embeddings(), "memopt::models::MoeLM: sequence length ", T,
@@ -432,12 +432,12 @@ class MoeLMImpl : public torch::nn::Cloneable<MoeLMImpl> {
   }
 
   /// tokens (B, T) -> logits (B, T, V)
-  torch::Tensor forward(const torch::Tensor& tokens) { return lm_head(forward_hidden(tokens, checkpoint::None{}).hidden); }
+  torch::Tensor forward(const torch::Tensor& tokens) { return lm_head(forward_hidden(tokens, recompute::None{}).hidden); }
 
   /// Σ cross-entropy over the batch's targets + n_targets · (aux_loss_coef · lb + z_loss_coef · z).
   /// Records the router statistics (take_stats()).
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor loss_sum(const Batch& batch, const Checkpoint& ckpt) {
+  template <RecomputePolicy Recompute>
+  torch::Tensor loss_sum(const Batch& batch, const Recompute& ckpt) {
     auto out = forward_hidden(batch.inputs, ckpt);  // (B, T, C)
     record(out);
     const auto n = batch.num_targets().to(torch::kFloat);
@@ -447,7 +447,7 @@ class MoeLMImpl : public torch::nn::Cloneable<MoeLMImpl> {
 
   /// Σ cross-entropy alone (evaluation: no aux terms, no statistics recorded).
   torch::Tensor ce_sum(const Batch& batch) {
-    return cross_entropy_sum(forward_hidden(batch.inputs, checkpoint::None{}).hidden, batch.targets);
+    return cross_entropy_sum(forward_hidden(batch.inputs, recompute::None{}).hidden, batch.targets);
   }
 
   /// The router statistics averaged over the forwards since the last call; resets them.

@@ -23,7 +23,7 @@
 
 #include "memopt/detail/autocast.hpp"
 #include "memopt/nn/rope.hpp"
-#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/recompute.hpp"
 
 namespace memopt::nn {
 
@@ -494,14 +494,14 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
 
   /// x (B, T, C), cos/sin (T, D) -> (B, T, C)
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-    return forward(x, cos, sin, checkpoint::None{});
+    return forward(x, cos, sin, recompute::None{});
   }
 
-  /// The same under a checkpoint policy: checkpoint::Selective recomputes the math path's
+  /// The same under a recompute policy: recompute::Selective recomputes the math path's
   /// scores and softmax in backward (the blockwise path keeps no (T, T) tensor anyway).
-  template <CheckpointPolicy Checkpoint>
+  template <RecomputePolicy Recompute>
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const Checkpoint& ckpt, const AttentionMask& mask = {}) {
+                        const Recompute& ckpt, const AttentionMask& mask = {}) {
     const int64_t B = x.size(0), T = x.size(1), H = options.num_heads(), KV = kv_heads();
     const bool causal = mask.causal.value_or(options.causal());
     const torch::Tensor key_padding = mask.key_padding;

@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "memopt/policies/checkpoint.hpp"
+#include "memopt/policies/recompute.hpp"
 
 namespace memopt::nn {
 
@@ -28,11 +28,11 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
     down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(F, C).bias(false)));
   }
   torch::Tensor forward(const torch::Tensor& x) {  // (B, T, C) -> (B, T, C)
-    return forward(x, checkpoint::None{});
+    return forward(x, recompute::None{});
   }
-  /// checkpoint::Selective recomputes silu(gate) · up in backward; the matmul outputs stay.
-  template <CheckpointPolicy Checkpoint>
-  torch::Tensor forward(const torch::Tensor& x, const Checkpoint& ckpt) {  // (B, T, C) -> (B, T, C)
+  /// recompute::Selective recomputes silu(gate) · up in backward; the matmul outputs stay.
+  template <RecomputePolicy Recompute>
+  torch::Tensor forward(const torch::Tensor& x, const Recompute& ckpt) {  // (B, T, C) -> (B, T, C)
     auto gated = run_cheap(ckpt, [](const std::vector<torch::Tensor>& in) { return torch::silu(in[0]) * in[1]; },
                            {gate_proj(x), up_proj(x)});  // (B, T, F)
     return down_proj(gated);                             // (B, T, C)

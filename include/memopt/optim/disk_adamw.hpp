@@ -34,7 +34,7 @@ struct DiskAdamWOptions {
 
 /// AdamW with LibTorch's exact update (decoupled weight decay, bias correction, eps after
 /// the square root), its state in a file. CPU parameters only (the state is read into
-/// host buffers; for CUDA training use offload::PinnedHost).
+/// host buffers; for CUDA training use state::PinnedHost).
 ///   memopt::optim::DiskAdamW opt(memopt::optim::single_group(params, adamw), adamw, {});
 class DiskAdamW : public torch::optim::Optimizer {
  public:
@@ -49,7 +49,7 @@ class DiskAdamW : public torch::optim::Optimizer {
       for (auto& p : group.params()) {
         TORCH_CHECK(p.device().is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous(),
                     "memopt::optim::DiskAdamW: parameters must be contiguous fp32 CPU tensors (got ", p.scalar_type(),
-                    " on ", p.device(), "). HINT: for CUDA training use offload::PinnedHost; for bf16 weights "
+                    " on ", p.device(), "). HINT: for CUDA training use state::PinnedHost; for bf16 weights "
                     "use precision::Bf16Pure, whose fp32 masters the optimizer owns.");
         file_offset_.push_back(offset);
         steps_.push_back(0);

@@ -21,7 +21,7 @@
 // positive v never rounds to the code 0 (v in (0, 1.6e-7·absmax) rounds up to the smallest
 // code, 3.25e-7·absmax), for the same reason (Li et al., "Memory Efficient Optimizers with 4-bit
 // States", 2023, found v's zero code to be what breaks low-bit Adam). Measured on a small
-// LLaMA's AdamW moments (tests/optim/adamw8bit_test.cpp), relative L2 error of the update
+// LLaMA's AdamW moments (tests/optim/quantize_test.cpp), relative L2 error of the update
 // m̂/(sqrt(v̂)+eps) after 1 step / after 30: 3.9% / 1.6% here, 2500% / 1.6% with v rounding
 // to 0 as in bitsandbytes, 2.6e6% / 3.8e5% with linear maps.
 #pragma once

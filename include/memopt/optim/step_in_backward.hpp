@@ -143,7 +143,7 @@ class StepInBackward : public torch::optim::Optimizer {
                   e.param.sizes(),
                   ") received a second gradient before step(): a second backward (gradient accumulation) or a "
                   "weight shared across checkpointed blocks. HINT: steps in backward need exactly one "
-                  "gradient per parameter per step; use offload::None for accumulation.");
+                  "gradient per parameter per step; use state::Resident for accumulation.");
       e.updated_at = shared->step;
       e.optimizer->param_groups()[0].options().set_lr(shared->lr_of(e.group));
       e.optimizer->step();

@@ -29,7 +29,7 @@ struct None {
 };
 
 /// N micro-batches per step, fixed at compile time.
-///   memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::Fixed<4>>
+///   memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Fixed<4>>
 template <int64_t N>
 struct Fixed {
   static std::string name() { return "accum::Fixed<" + std::to_string(N) + ">"; }
@@ -83,7 +83,7 @@ struct GradCacheOptions {
 /// one role at a time (GritLM: the passages, then the queries) for one extra forward per
 /// earlier role. The generative part still runs in chunks of chunk_size.
 ///
-///   memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::GradCache>
+///   memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::GradCache>
 ///       trainer(model, options, memopt::accum::GradCache(memopt::accum::GradCacheOptions().chunk_size(8)));
 class GradCache {
  public:

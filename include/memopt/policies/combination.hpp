@@ -15,9 +15,9 @@
 
 namespace memopt {
 
-/// Checks that Trainer<Checkpoint, Precision, Accum, Offload> can train with these options, this
+/// Checks that Trainer<Recompute, Precision, Accum, State> can train with these options, this
 /// Accum value and these ranks.
-template <class Checkpoint, class Precision, class Accum, class Offload>
+template <class Recompute, class Precision, class Accum, class State>
 void check_combination(const TrainerOptions& options, const Accum& accum, const StepSync& sync) {
   TORCH_CHECK(options.accum_steps() == 1 || options.accum_steps() == accum.micro_steps(),
               "memopt::Trainer: TrainerOptions::accum_steps is ", options.accum_steps(), " but ",
@@ -28,26 +28,26 @@ void check_combination(const TrainerOptions& options, const Accum& accum, const 
                 "state cannot combine with ", detail::policy_name<Precision>(), " (its inf/nan check sees only this "
                 "rank's shard). HINT: use bf16, or shard_optimizer_state(false)");
   }
-  if constexpr (hooks::StepsInBackward<Offload>) {
+  if constexpr (hooks::StepsInBackward<State>) {
     // One gradient per parameter per step, taken whole: nothing that needs every gradient at once.
     static_assert(!hooks::PrepareGrads<Precision>,
-                  "memopt::Trainer: offload::StepInBackward cannot combine with a precision policy that prepares "
+                  "memopt::Trainer: state::StepInBackward cannot combine with a precision policy that prepares "
                   "the gradients before the step (Scaled's inf/nan check, Bf16Pure's master weights): use "
                   "precision::Fp32 or Bf16Autocast");
     if constexpr (requires { typename std::integral_constant<int64_t, Accum::micro_steps()>; })
       static_assert(Accum::micro_steps() == 1,
-                    "memopt::Trainer: offload::StepInBackward cannot combine with gradient accumulation "
+                    "memopt::Trainer: state::StepInBackward cannot combine with gradient accumulation "
                     "(each micro-batch's gradient would update the weights): use accum::None");
     TORCH_CHECK(accum.micro_steps() == 1,
-                "memopt::Trainer: offload::StepInBackward needs 1 micro-batch per step (got accumulation over ",
-                accum.micro_steps(), "). HINT: use offload::None for gradient accumulation.");
+                "memopt::Trainer: state::StepInBackward needs 1 micro-batch per step (got accumulation over ",
+                accum.micro_steps(), "). HINT: use state::Resident for gradient accumulation.");
     TORCH_CHECK(options.grad_clip() == 0,
-                "memopt::Trainer: offload::StepInBackward cannot clip by the global gradient norm (got grad_clip ",
+                "memopt::Trainer: state::StepInBackward cannot clip by the global gradient norm (got grad_clip ",
                 options.grad_clip(), "): each update runs before the other gradients exist. "
                 "HINT: set TrainerOptions().grad_clip(0).");
-    TORCH_CHECK(!sync.distributed(), "memopt::Trainer: offload::StepInBackward updates each weight inside "
+    TORCH_CHECK(!sync.distributed(), "memopt::Trainer: state::StepInBackward updates each weight inside "
                 "backward, before the gradients are summed over the ranks (world size ", sync.size(),
-                "). HINT: use offload::None, Int8 or Disk for data-parallel training");
+                "). HINT: use state::Resident, Int8 or Disk for data-parallel training");
   }
 }
 

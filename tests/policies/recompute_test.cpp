@@ -1,4 +1,4 @@
-// Tests for memopt/policies/checkpoint.hpp: checkpointing gives the gradients of no
+// Tests for memopt/policies/recompute.hpp: checkpointing gives the gradients of no
 // checkpointing with dropout on (LLaMA and a user module) and leaves the RNG stream and the
 // autocast state as it found them.
 #include <limits>
@@ -23,16 +23,16 @@ TEST_CASE("checkpointing gives the gradients of no checkpointing, dropout on (LL
   model->train();
   const Batch batch = random_batch(3, 16, 64, 11);
 
-  const auto plain = llama_grads<memopt::checkpoint::None>(model, batch, 123);
-  const auto every = llama_grads<memopt::checkpoint::EveryBlock>(model, batch, 123);
-  const auto nth = llama_grads<memopt::checkpoint::EveryNth<2>>(model, batch, 123);
-  const auto selective = llama_grads<memopt::checkpoint::Selective>(model, batch, 123);
+  const auto plain = llama_grads<memopt::recompute::None>(model, batch, 123);
+  const auto every = llama_grads<memopt::recompute::EveryBlock>(model, batch, 123);
+  const auto nth = llama_grads<memopt::recompute::EveryNth<2>>(model, batch, 123);
+  const auto selective = llama_grads<memopt::recompute::Selective>(model, batch, 123);
   CHECK(max_abs_diff(plain, every) <= 1e-6);
   CHECK(max_abs_diff(plain, nth) <= 1e-6);
   CHECK(max_abs_diff(plain, selective) <= 1e-6);
 
   // The comparison is sensitive: another dropout draw changes the gradients.
-  const auto other_draw = llama_grads<memopt::checkpoint::None>(model, batch, 124);
+  const auto other_draw = llama_grads<memopt::recompute::None>(model, batch, 124);
   CHECK(max_abs_diff(plain, other_draw) > 1e-4);
 }
 
@@ -41,12 +41,12 @@ TEST_CASE("checkpointing gives the gradients of no checkpointing, dropout on (us
   UserNet net(50, 24, 4);
   net->train();
   const Batch batch = random_batch(2, 12, 50, 5);
-  const auto plain = user_grads<memopt::checkpoint::None>(net, batch, 99);
-  const auto every = user_grads<memopt::checkpoint::EveryBlock>(net, batch, 99);
-  const auto nth = user_grads<memopt::checkpoint::EveryNth<2>>(net, batch, 99);
+  const auto plain = user_grads<memopt::recompute::None>(net, batch, 99);
+  const auto every = user_grads<memopt::recompute::EveryBlock>(net, batch, 99);
+  const auto nth = user_grads<memopt::recompute::EveryNth<2>>(net, batch, 99);
   CHECK(max_abs_diff(plain, every) <= 1e-6);
   CHECK(max_abs_diff(plain, nth) <= 1e-6);
-  CHECK(max_abs_diff(plain, user_grads<memopt::checkpoint::None>(net, batch, 100)) > 1e-4);
+  CHECK(max_abs_diff(plain, user_grads<memopt::recompute::None>(net, batch, 100)) > 1e-4);
 }
 
 TEST_CASE("checkpointing leaves the RNG stream and autocast state as it found them", "[checkpoint]") {
@@ -54,10 +54,10 @@ TEST_CASE("checkpointing leaves the RNG stream and autocast state as it found th
   UserNet net(20, 8, 2);
   const Batch batch = random_batch(2, 4, 20, 1);
   torch::manual_seed(5);
-  (net->loss_sum(batch, memopt::checkpoint::EveryBlock{}) / batch.num_targets()).backward();
+  (net->loss_sum(batch, memopt::recompute::EveryBlock{}) / batch.num_targets()).backward();
   const auto after_checkpointed = torch::rand({4});
   torch::manual_seed(5);
-  (net->loss_sum(batch, memopt::checkpoint::None{}) / batch.num_targets()).backward();
+  (net->loss_sum(batch, memopt::recompute::None{}) / batch.num_targets()).backward();
   const auto after_plain = torch::rand({4});
   CHECK(torch::equal(after_checkpointed, after_plain));
   CHECK_FALSE(memopt::detail::AutocastState::current(c10::kCPU).enabled);

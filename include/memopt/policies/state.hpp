@@ -1,6 +1,7 @@
-// memopt/policies/offload.hpp — offload policies: which optimizer holds the state and
-// where that state lives between steps. offload::None keeps LibTorch's AdamW state in
-// RAM (or device memory); offload::Int8State keeps it there in 8 bits (optim::AdamW8bit).
+// memopt/policies/state.hpp — optimizer-state policies: which optimizer holds AdamW's state,
+// in what form, and where it lives between steps. state::Resident keeps LibTorch's AdamW state
+// where the parameters are; state::Int8 keeps it there in 8 bits (optim::AdamW8bit); Disk and
+// PinnedHost offload it; StepInBackward updates each parameter inside backward.
 #pragma once
 
 #include <algorithm>
@@ -19,7 +20,7 @@
 #include "memopt/optim/disk_adamw.hpp"
 #include "memopt/optim/step_in_backward.hpp"
 
-namespace memopt::offload {
+namespace memopt::state {
 
 namespace detail {
 /// optim::AdamW8bit's state: 2 B/param plus a scale per block of each moment; parameters under
@@ -32,10 +33,26 @@ inline int64_t int8_state_bytes(const std::vector<int64_t>& numels) {
 }
 }  // namespace detail
 
+/// Replaces both AdamW moments of every parameter that has state (none before the first step)
+/// with `fn(moment, param)`: for policies that move or recast AdamW's state around the step
+/// (PinnedHost; examples/04_custom_policy's bf16 moments).
+///   memopt::state::for_each_adamw_moment(opt, [](const auto& m, const auto&) { return m.to(torch::kFloat); });
+template <class Fn>
+void for_each_adamw_moment(torch::optim::Optimizer& optimizer, Fn&& fn) {
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params()) {
+      auto it = optimizer.state().find(memopt::detail::optimizer_state_key(optimizer.state(), p));
+      if (it == optimizer.state().end()) continue;
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      s.exp_avg(fn(s.exp_avg(), p));
+      s.exp_avg_sq(fn(s.exp_avg_sq(), p));
+    }
+}
+
 /// State stays where the parameters are, in torch::optim::AdamW.
-struct None {
-  static std::string name() { return "offload::None"; }
-  static memory::StateDesc describe() { return {.flag = "none"}; }
+struct Resident {
+  static std::string name() { return "state::Resident"; }
+  static memory::StateDesc describe() { return {.flag = "resident"}; }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
     return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
@@ -49,12 +66,12 @@ struct None {
 /// is the per-parameter optimizer: torch::optim::AdamW (StepInBackward) or optim::AdamW8bit
 /// (StepInBackwardInt8: no gradients and 8-bit state). The Trainer rejects it with
 /// accumulation, global-norm clipping or loss scaling.
-///   memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Bf16Autocast,
-///                   memopt::accum::None, memopt::offload::StepInBackward> t(*model, opts.grad_clip(0));
+///   memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Autocast,
+///                   memopt::accum::None, memopt::state::StepInBackward> t(*model, opts.grad_clip(0));
 template <class Inner>
 struct StepInBackwardWith {
   static std::string name() {
-    return std::is_same_v<Inner, torch::optim::AdamW> ? "offload::StepInBackward" : "offload::StepInBackwardInt8";
+    return std::is_same_v<Inner, torch::optim::AdamW> ? "state::StepInBackward" : "state::StepInBackwardInt8";
   }
   static constexpr bool kStepsInBackward = true;
   static memory::StateDesc describe() {
@@ -79,18 +96,18 @@ using StepInBackwardInt8 = StepInBackwardWith<optim::AdamW8bit>;
 
 /// Both AdamW moments 8-bit block-quantised where the parameters are, in
 /// optim::AdamW8bit: ~2 B/param of state instead of 8 (parameters under 4096 elements keep fp32).
-///   memopt::Trainer<memopt::checkpoint::None, memopt::precision::Fp32, memopt::accum::None,
-///                   memopt::offload::Int8State> trainer(*model, options);
-struct Int8State {
-  static std::string name() { return "offload::Int8State"; }
+///   memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::None,
+///                   memopt::state::Int8> trainer(*model, options);
+struct Int8 {
+  static std::string name() { return "state::Int8"; }
   /// 8-bit moments; the (de)quantisation makes the step's traffic 40 B/param.
   static memory::StateDesc describe() {
     return {.flag = "int8", .resident = detail::int8_state_bytes, .step_bytes_per_param = 40};
   }
-  Int8State() = default;
+  Int8() = default;
   /// E.g. the token embedding's state in fp32, as bitsandbytes does:
-  ///   memopt::offload::Int8State(memopt::optim::AdamW8bitOptions().fp32_params({model->model->embed_tokens->weight}))
-  explicit Int8State(optim::AdamW8bitOptions state_options) : options(std::move(state_options)) {}
+  ///   memopt::state::Int8(memopt::optim::AdamW8bitOptions().fp32_params({model->model->embed_tokens->weight}))
+  explicit Int8(optim::AdamW8bitOptions state_options) : options(std::move(state_options)) {}
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& adamw) const {
     return std::make_unique<optim::AdamW8bit>(std::move(groups), adamw, options);
@@ -103,11 +120,11 @@ struct Int8State {
 /// AdamW state in a file, streamed through three chunk buffers at each step
 /// (optim::DiskAdamW): the resident set holds 3 chunks of state instead of 8 B/param.
 /// CPU training; pass the folder (fast local disk) or let it use $MEMOPT_OFFLOAD_DIR / the temp folder.
-///   using T = memopt::Trainer<memopt::checkpoint::EveryBlock, memopt::precision::Fp32,
-///                             memopt::accum::None, memopt::offload::Disk>;
-///   T trainer(*model, options, {}, memopt::offload::Disk(memopt::optim::DiskAdamWOptions().directory("/nvme")));
+///   using T = memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Fp32,
+///                             memopt::accum::None, memopt::state::Disk>;
+///   T trainer(*model, options, {}, memopt::state::Disk(memopt::optim::DiskAdamWOptions().directory("/nvme")));
 struct Disk {
-  static std::string name() { return "offload::Disk"; }
+  static std::string name() { return "state::Disk"; }
   /// Resident: three (2, chunk) fp32 buffers; each step reads and writes the state.
   static memory::StateDesc describe() {
     return {.flag = "disk",
@@ -135,7 +152,7 @@ struct Disk {
 /// forward and backward, where activations peak — the device holds no optimizer state.
 /// Needs parameters on a CUDA device: on CPU parameters it stops with a clear error.
 struct PinnedHost {
-  static std::string name() { return "offload::PinnedHost"; }
+  static std::string name() { return "state::PinnedHost"; }
   /// No state on the device between steps; AdamW's whole state during the step, 16 B/param
   /// each way over the host link.
   static memory::StateDesc describe() {
@@ -149,40 +166,24 @@ struct PinnedHost {
                                                           const torch::optim::AdamWOptions& options) const {
     for (const auto& group : groups)
       for (const auto& p : group.params())
-        TORCH_CHECK(p.is_cuda(), "memopt::offload::PinnedHost: parameters must live on a CUDA device (got one on ",
-                    p.device(), "). HINT: move the model to CUDA first; on the CPU use offload::Disk or Int8State.");
+        TORCH_CHECK(p.is_cuda(), "memopt::state::PinnedHost: parameters must live on a CUDA device (got one on ",
+                    p.device(), "). HINT: move the model to CUDA first; on the CPU use state::Disk or state::Int8.");
     return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
   }
   /// Host → device: the state the step needs.
   void before_step(torch::optim::Optimizer& optimizer) const {
-    for_each_state(optimizer, [](torch::Tensor& t, const torch::Tensor& param) {
-      t = t.to(param.device(), /*non_blocking=*/true);
+    for_each_adamw_moment(optimizer, [](const torch::Tensor& m, const torch::Tensor& param) {
+      return m.to(param.device(), /*non_blocking=*/true);
     });
   }
   /// Device → pinned host: frees the device copy.
   void after_step(torch::optim::Optimizer& optimizer) const {
-    for_each_state(optimizer, [](torch::Tensor& t, const torch::Tensor&) {
-      auto host = torch::empty(t.sizes(), t.options().device(torch::kCPU).pinned_memory(true));
-      host.copy_(t, /*non_blocking=*/true);
-      t = host;
+    for_each_adamw_moment(optimizer, [](const torch::Tensor& m, const torch::Tensor&) {
+      auto host = torch::empty(m.sizes(), m.options().device(torch::kCPU).pinned_memory(true));
+      return host.copy_(m, /*non_blocking=*/true);
     });
   }
 
- private:
-  template <class Fn>
-  static void for_each_state(torch::optim::Optimizer& optimizer, Fn&& fn) {
-    for (auto& group : optimizer.param_groups())
-      for (auto& p : group.params()) {
-        auto it = optimizer.state().find(memopt::detail::optimizer_state_key(optimizer.state(), p));
-        if (it == optimizer.state().end()) continue;  // before the first step
-        auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-        auto avg = s.exp_avg(), sq = s.exp_avg_sq();
-        fn(avg, p);
-        fn(sq, p);
-        s.exp_avg(avg);
-        s.exp_avg_sq(sq);
-      }
-  }
 };
 
-}  // namespace memopt::offload
+}  // namespace memopt::state

@@ -1,0 +1,74 @@
+// tests/io/fixtures.hpp — what the checkpoint, training-state, signal and memory-budget tests
+// share: a tiny LLaMA with dropout, a resumable loader of formula batches, the options of a
+// 6-step run, a loss that raises a signal at a given step, and a weights comparison.
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <memopt/models/llama.hpp>
+#include <memopt/trainer.hpp>
+
+namespace memopt::test::io {
+
+inline constexpr int64_t kVocab = 50;
+
+inline memopt::models::LlamaConfig tiny_config() {
+  return memopt::models::LlamaConfig().vocab_size(kVocab).hidden_size(16).num_hidden_layers(2).num_attention_heads(
+      2).max_position_embeddings(16).dropout(0.1);  // dropout: a resume must restore the random state
+}
+
+/// (4, 8) batches drawn from its own position; a ResumableSource.
+struct CountingLoader {
+  int64_t next_index = 0;
+  memopt::Batch next() {
+    torch::Tensor tokens = (torch::arange(36, torch::kLong) * (next_index + 3) + next_index).remainder(kVocab);
+    tokens = tokens.view({4, 9});  // (B, T+1)
+    ++next_index;
+    return {tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8)};
+  }
+  nlohmann::json state() const { return {{"next_index", next_index}}; }
+  void load_state(const nlohmann::json& s) { next_index = s.at("next_index").get<int64_t>(); }
+};
+
+inline memopt::TrainerOptions options(const std::string& dir = "") {
+  return memopt::TrainerOptions().lr(1e-2).warmup_steps(2).max_steps(6).log_interval(100).checkpoint_dir(
+      dir);
+}
+
+/// The model's loss; at step `signal_at` (1-based), raises `signal` in the forward.
+struct Loss {
+  memopt::models::Llama* model;
+  int64_t* calls;
+  int64_t signal_at = 0;
+  int signal = SIGTERM;
+  template <class C>
+  torch::Tensor operator()(const memopt::Batch& b, const C& ckpt) const {
+    if (++*calls == signal_at) std::raise(signal);
+    return (*model)->loss_sum(b, ckpt);
+  }
+};
+
+template <class TrainerT>
+memopt::FitResult fit(memopt::models::Llama& model, TrainerT& trainer, CountingLoader& loader, int64_t signal_at = 0) {
+  int64_t calls = 0;
+  return trainer.fit(loader, Loss{&model, &calls, signal_at});
+}
+
+inline void check_same_weights(memopt::models::Llama& expected, memopt::models::Llama& got) {
+  const auto a = expected->named_parameters();
+  const auto b = got->named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (const auto& item : a) {
+    INFO(item.key());
+    CHECK(torch::equal(item.value(), b[item.key()]));
+  }
+}
+
+}  // namespace memopt::test::io

@@ -1,0 +1,53 @@
+// tests/io/training_state_test.cpp — memopt/io/training_state.hpp: a resume refuses a checkpoint
+// of other policies, options or run settings, naming each difference; a longer max_steps extends
+// the run.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <memopt/io/checkpoint.hpp>
+#include <memopt/io/training_state.hpp>
+#include <memopt/models/llama.hpp>
+#include <memopt/trainer.hpp>
+
+#include "io/fixtures.hpp"
+#include "support.hpp"
+
+using namespace memopt::test::io;  // NOLINT: the fixtures of the checkpoint tests
+
+TEST_CASE("resume refuses other policies, options or run settings, naming each difference", "[checkpoint]") {
+  memopt::test::TempDir dir("memopt_checkpoint");
+  const std::string root = dir.file("ckpt");
+  torch::manual_seed(1);
+  memopt::models::Llama model(tiny_config());
+  {
+    memopt::Trainer<> trainer(*model, options(root).max_steps(2));
+    trainer.set_run_config({{"layers", 2}, {"data", "brown"}});
+    CountingLoader loader;
+    fit(model, trainer, loader);
+  }
+  CountingLoader loader;
+  {
+    memopt::Trainer<> other(*model, options(root).lr(5e-3).grad_clip(0.5));
+    other.set_run_config({{"layers", 3}, {"data", "brown"}});
+    memopt::test::require_error([&] { other.resume("latest", loader); }, "memopt::Trainer::resume('latest')",
+                                {"other settings", "lr: 0.01 in the checkpoint, 0.005 now",
+                                 "grad_clip: 1.0 in the checkpoint, 0.5 now", "config.layers: 2 in the checkpoint, 3 now"});
+  }
+  {
+    memopt::Trainer<memopt::recompute::EveryBlock> other(*model, options(root));
+    memopt::test::require_error([&] { other.resume("latest", loader); }, "memopt::Trainer::resume('latest')",
+                                {"Trainer<recompute::None", "this is Trainer<recompute::EveryBlock"});
+  }
+  {  // max_steps may change: a run is extended
+    memopt::Trainer<> longer(*model, options(root).max_steps(3));
+    longer.set_run_config({{"layers", 2}, {"data", "brown"}});
+    CHECK(longer.resume("latest", loader));
+    CHECK(fit(model, longer, loader).steps == 1);
+  }
+  CHECK(memopt::io::setting_differences({{"a", {{"b", 1}}}}, {{"a", {{"b", 2}}}, {"c", 3}}) ==
+        std::vector<std::string>{"a.b: 1 in the checkpoint, 2 now", "c: \"(absent)\" in the checkpoint, 3 now"});
+}
