@@ -1,7 +1,7 @@
 // memopt/step_sync.hpp: a Trainer's link to the other ranks. This test binary does not include
 // memopt/dist.hpp, so data parallel training is not compiled in: a Trainer started as one of
 // several ranks must refuse to train alone (each rank would train its own model and write
-// the same checkpoints) and say how to turn it on. tests/dist/dist_test.cpp covers DataParallel.
+// the same checkpoints) and say how to turn it on. tests/dist/*_test.cpp cover DataParallel.
 #include <catch2/catch.hpp>
 
 #include <csignal>

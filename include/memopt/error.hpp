@@ -18,7 +18,7 @@ inline std::string error_message(const std::exception& e) {
   return e.what();
 }
 
-/// Runs a program body; prints "error: ..." and returns 1 on any exception.
+/// Runs a program body; prints "error: ..." and returns 1 on a std::exception (c10::Error included).
 ///   int main(int argc, char** argv) { return memopt::guarded_main([&] { ...; return 0; }); }
 template <class Fn>
 int guarded_main(Fn&& body) {

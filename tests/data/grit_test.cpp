@@ -273,7 +273,7 @@ TEST_CASE("GritBatcher: length bucketing lowers the padding fraction", "[grit]")
   }
 }
 
-TEST_CASE("GritBatcher: batch(index) is a pure function of seed and index; epochs reshuffle", "[grit]") {
+TEST_CASE("GritBatcher: batch(index) is a pure function of seed and index, epochs reshuffle", "[grit]") {
   auto format = std::make_shared<GritFormat>(make_tokenizer());
   const auto records = diverse_records(40);
   std::vector<GenRecord> gen = {{"a", "b c"}, {"d e f", "g"}, {"h", "i j k l"}, {"m", "n"}, {"o p", "q r s"}};
@@ -315,7 +315,7 @@ TEST_CASE("GritBatcher: batch(index) is a pure function of seed and index; epoch
   require_error([&] { a.batch(-1); }, {"batch index must be >= 0 (got -1)"}, "memopt::data");
 }
 
-TEST_CASE("GritBatcher: drops long instructions and records without negatives; char pre-filter", "[grit]") {
+TEST_CASE("GritBatcher: drops long instructions and records without negatives, char pre-filter", "[grit]") {
   auto format = std::make_shared<GritFormat>(make_tokenizer());
   const std::string huge(5000, 'x');
   std::vector<EmbedRecord> records = {

@@ -77,7 +77,7 @@ TEST_CASE("Prefetcher rethrows a producer's exception from the next() of its ite
   }
 }
 
-TEST_CASE("Prefetcher keeps at most depth items ahead; start and skip resume", "[grit][prefetch]") {
+TEST_CASE("Prefetcher keeps at most depth items ahead, start and skip resume", "[grit][prefetch]") {
   std::atomic<int64_t> produced{0};
   auto wait_for = [&](int64_t n) {
     for (int i = 0; i < 2000 && produced.load() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));

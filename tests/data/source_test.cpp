@@ -20,7 +20,7 @@ using memopt::data::RawDocument;
 using memopt::data::SourceOptions;
 using memopt::data::Split;
 
-TEST_CASE("resolve_sources: files, directories, globs and index.json, sorted; errors name the spec",
+TEST_CASE("resolve_sources: files, directories, globs and index.json, sorted, errors name the spec",
           "[data][stream]") {
   TempDir dir;
   write_docs(dir.file("c/b.txt"), 0, 2);
@@ -64,7 +64,7 @@ TEST_CASE("resolve_sources: files, directories, globs and index.json, sorted; er
                 {"bad/index.json", "memopt-pretokenize index"}, "memopt::data");
 }
 
-TEST_CASE("DocumentReader: a document a line, a paragraph, a JSONL record; blank lines are no documents",
+TEST_CASE("DocumentReader: a document a line, a paragraph, a JSONL record, blank lines are no documents",
           "[data][stream]") {
   TempDir dir;
   write_text(dir.file("t.txt"), "one line\n\n  \nsecond one\nthird\n\nlast para");

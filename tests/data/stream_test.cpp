@@ -86,7 +86,7 @@ StreamOptions padded(int64_t batch, int64_t seq_len) {
 
 }  // namespace
 
-TEST_CASE("Packing puts EOS between documents; a shuffle buffer of 1 keeps the reading order",
+TEST_CASE("Packing puts EOS between documents, a shuffle buffer of 1 keeps the reading order",
           "[data][stream]") {
   TempDir dir;
   const auto tok = char_tokenizer(dir);
@@ -190,7 +190,7 @@ TEST_CASE("Rank sharding: each rank's documents are disjoint and together cover 
   for (int k = 0; k < 97; ++k) CHECK(all.count(k) == 1);
 }
 
-TEST_CASE("max_examples and epochs bound the stream; epochs(0) streams on", "[data][stream]") {
+TEST_CASE("max_examples and epochs bound the stream, epochs(0) streams on", "[data][stream]") {
   TempDir dir;
   const auto tok = char_tokenizer(dir);
   write_docs(dir.file("a.txt"), 0, 30);
@@ -251,7 +251,7 @@ TEST_CASE("Resuming from state() gives the remaining batches exactly", "[data][s
                 "memopt::data");
 }
 
-TEST_CASE("Token shards stream as they are; ids beyond the vocabulary are refused", "[data][stream]") {
+TEST_CASE("Token shards stream as they are, ids beyond the vocabulary are refused", "[data][stream]") {
   TempDir dir;
   std::vector<int32_t> ids;
   for (int k = 0; k < 30; ++k) {

@@ -17,7 +17,7 @@
 
 #include "support.hpp"
 
-TEST_CASE("the timeline records allocations, frees and phases; the Chrome trace is ordered JSON", "[memory][timeline]") {
+TEST_CASE("the timeline records allocations, frees and phases, the Chrome trace is ordered JSON", "[memory][timeline]") {
   namespace mm = memopt::memory;
   auto& tracker = mm::Tracker::instance();
   CHECK_FALSE(tracker.timeline_recording());

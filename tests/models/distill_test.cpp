@@ -92,7 +92,7 @@ TEST_CASE("Distiller: teacher_autograd keeps the teacher's graph alive (the naiv
   CHECK_FALSE(teacher->lm_head->weight.grad().defined());
 }
 
-TEST_CASE("Distiller: loss = (1 - alpha) diffusion + alpha KD on the same masks; alpha 0 needs no teacher",
+TEST_CASE("Distiller: loss = (1 - alpha) diffusion + alpha KD on the same masks, alpha 0 needs no teacher",
           "[distill]") {
   torch::manual_seed(3);
   Llama teacher(tiny(kVocab, true)), student(tiny(kVocab + 1, false));

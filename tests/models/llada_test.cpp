@@ -234,7 +234,7 @@ TEST_CASE("losses match python's GUIDELINES and KD reference values", "[llada]")
         Approx(ref_at("loss/kd_topk").item<double>()).epsilon(0.05));
 }
 
-TEST_CASE("a bidirectional student sees the last token at position 0; the causal teacher does not", "[llada]") {
+TEST_CASE("a bidirectional student sees the last token at position 0, the causal teacher does not", "[llada]") {
   auto config = memopt::models::LlamaConfig()
                     .vocab_size(17)
                     .hidden_size(16)
@@ -322,7 +322,7 @@ TEST_CASE("KD aligns student position i with teacher position i-1", "[llada]") {
   CHECK(llada::kd_loss_sum(student, targets, none, 2.0).item<double>() == 0.0);
 }
 
-TEST_CASE("sparse KD with k = V equals dense KD; gradients reach the student", "[llada]") {
+TEST_CASE("sparse KD with k = V equals dense KD, gradients reach the student", "[llada]") {
   const int64_t B = 3, L = 9, V = 13;
   const auto x0 = random_tokens(B, L, V, 30);
   const auto teacher = torch::randn({B, L, V}, seeded(31)) * 3;

@@ -162,7 +162,7 @@ TEST_CASE("tokens over capacity leave the layer as zero: the residual carries th
   CHECK(torch::equal(y.reshape({-1, 16}).index({gone}), h.reshape({-1, 16}).index({gone})));
 }
 
-TEST_CASE("load-balancing loss is 1 under uniform routing; z-loss matches its formula", "[moe]") {
+TEST_CASE("load-balancing loss is 1 under uniform routing, z-loss matches its formula", "[moe]") {
   auto layer = reference_layer(0.0, MoeDispatch::kSorted);
   const auto x = ref_at("x");
   torch::NoGradGuard no_grad;
@@ -288,7 +288,7 @@ TEST_CASE("MoeLM: gradients match under each recompute policy, dropout and jitte
   CHECK(none.at("model.layers.0.block_sparse_moe.gate.weight").abs().sum().item<double>() > 0);
 }
 
-TEST_CASE("MoeLM::loss_sum is the CE sum plus the weighted aux losses; stats average", "[moe]") {
+TEST_CASE("MoeLM::loss_sum is the CE sum plus the weighted aux losses, stats average", "[moe]") {
   auto cfg = tiny_config(0.0).router_jitter(0.0);
   torch::manual_seed(5);
   memopt::models::MoeLM model(cfg);

@@ -111,7 +111,7 @@ TEST_CASE("fp32_params keep fp32 moments whatever their size", "[adamw8bit]") {
   CHECK(opt.state_bytes() == (2 * 8192 + 8 * 32 + 8) + (8 * 8192 + 8));
 }
 
-TEST_CASE("one step equals torch::optim::AdamW; training stays close to it", "[adamw8bit]") {
+TEST_CASE("one step equals torch::optim::AdamW, training stays close to it", "[adamw8bit]") {
   const Problem problem;
   auto ref_net = make_mlp(3), net = make_mlp(3);
   const auto options = torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95}).weight_decay(0.1);

@@ -81,7 +81,7 @@ TEST_CASE("Scaled: an inf gradient skips the step and backs the scale off", "[pr
   CHECK(max_abs_diff(before, params_of(*model)) > 0.0);
 }
 
-TEST_CASE("LossScaler grows the scale after growth_interval clean steps; bad options rejected", "[precision]") {
+TEST_CASE("LossScaler grows the scale after growth_interval clean steps, bad options rejected", "[precision]") {
   auto w = torch::ones({3}, torch::requires_grad());
   torch::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1));
   memopt::precision::LossScaler scaler(memopt::precision::LossScaleOptions().init_scale(8).growth_interval(2));

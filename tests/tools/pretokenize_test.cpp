@@ -153,7 +153,7 @@ TEST_CASE("ShardWriter streams ids into the same bytes write_shard makes", "[pre
   }
 }
 
-TEST_CASE("ShardWriter: no close() leaves no file; bad ids and closed writers are errors", "[pretokenize][shard]") {
+TEST_CASE("ShardWriter: no close() leaves no file, bad ids and closed writers are errors", "[pretokenize][shard]") {
   TempDir dir;
   const std::string path = dir.file("s.bin");
   {

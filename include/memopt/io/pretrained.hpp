@@ -1,8 +1,9 @@
 // memopt/io/pretrained.hpp — HuggingFace-style checkpoints of memopt::models::Llama: a
-// folder with config.json (HF's LlamaConfig fields) and model.safetensors (HF parameter
-// names), as written by transformers' save_pretrained. save_pretrained()/load_pretrained()
-// round-trip a model; load_state_dict() loads any module strictly, naming what is missing,
-// unexpected or of the wrong shape.
+// folder with config.json (HF's LlamaConfig fields) and model.safetensors, or shards listed by
+// model.safetensors.index.json (HF parameter names), as written by transformers'
+// save_pretrained. save_pretrained()/load_pretrained() round-trip a model; load_state_dict()
+// loads any module strictly from a file or shards, naming what is missing, unexpected or of
+// the wrong shape.
 #pragma once
 
 #include <cerrno>
@@ -20,6 +21,7 @@
 
 #include "memopt/error.hpp"
 #include "memopt/io/safetensors.hpp"
+#include "memopt/io/shards.hpp"
 #include "memopt/models/llama.hpp"
 
 namespace memopt::io {
@@ -248,11 +250,13 @@ inline bool is_vocab_tensor(const std::string& name) {
 }
 }  // namespace detail
 
-/// Copies the model's parameters and buffers from `file` by name, converting dtype and
-/// device. Shapes are all checked before anything is copied.
+/// Copies the model's parameters and buffers from `file` (a SafetensorsFile or SafetensorsShards)
+/// by name, each tensor straight from the mapping into the model's dtype and device. Shapes are
+/// all checked before anything is copied.
 ///   memopt::io::load_state_dict(*model, *memopt::io::SafetensorsFile::open("model.safetensors"));
-inline void load_state_dict(torch::nn::Module& model, const SafetensorsFile& file,
-                            const LoadStateDictOptions& options = {}) {
+///   memopt::io::load_state_dict(*model, memopt::io::SafetensorsShards::open_dir("checkpoints/llama"));
+template <TensorSource Source>
+void load_state_dict(torch::nn::Module& model, const Source& file, const LoadStateDictOptions& options = {}) {
   const std::string who = "memopt::io: load_state_dict from '" + file.path() + "'";
   std::vector<std::pair<std::string, torch::Tensor>> targets;
   for (const auto& item : model.named_parameters()) targets.emplace_back(item.key(), item.value());
@@ -306,12 +310,30 @@ inline void load_state_dict(torch::nn::Module& model, const SafetensorsFile& fil
   }
 }
 
-/// Writes `dir`/config.json and `dir`/model.safetensors (HF names, metadata {"format": "pt"},
-/// parameters and floating buffers cast to `dtype`), creating `dir`. `config` must be the
-/// one the model was built with.
-///   memopt::io::save_pretrained(*model, model->config, "checkpoints/tiny", torch::kBFloat16);
+/// What save_pretrained() writes.   SavePretrainedOptions().dtype(torch::kBFloat16).max_shard_bytes(2'000'000'000)
+struct SavePretrainedOptions {
+  /// The dtype of the parameters and floating buffers in the files (and config.json's torch_dtype).
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
+  /// Shards of at most this many bytes (transformers' max_shard_size: "50GB" by default in
+  /// transformers 5, "5GB" in 4.x); one model.safetensors when the weights fit; 0: always one file.
+  TORCH_ARG(int64_t, max_shard_bytes) = 50'000'000'000;
+};
+
+/// What load_pretrained() builds.   LoadPretrainedOptions().dtype(torch::kBFloat16)
+struct LoadPretrainedOptions {
+  /// The model's parameters and buffers: each file tensor is converted once, as it is copied in.
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
+  TORCH_ARG(c10::Device, device) = torch::kCPU;
+};
+
+/// Writes `dir`/config.json and the weights (HF names, metadata {"format": "pt"}, parameters
+/// and floating buffers cast to the options' dtype): model.safetensors, or shards and
+/// model.safetensors.index.json over max_shard_bytes. Creates `dir`. `config` must be the one
+/// the model was built with.
+///   memopt::io::save_pretrained(*model, model->config, "checkpoints/tiny", SavePretrainedOptions().dtype(torch::kBFloat16));
 inline void save_pretrained(torch::nn::Module& model, const models::LlamaConfig& config, const std::string& dir,
-                            torch::Dtype dtype = torch::kFloat32) {
+                            const SavePretrainedOptions& options) {
+  const torch::Dtype dtype = options.dtype();
   const std::string who = "memopt::io: save_pretrained('" + dir + "')";
   TORCH_CHECK(detail::hf_dtype_name(dtype) != nullptr, who, ": dtype ", dtype,
               " is not a floating type. HINT: pass torch::kFloat32, kBFloat16 or kFloat16");
@@ -327,8 +349,15 @@ inline void save_pretrained(torch::nn::Module& model, const models::LlamaConfig&
     tensors.emplace_back(item.key(), buffer.is_floating_point() ? buffer.to(dtype) : buffer);
   }
   const std::filesystem::path root(dir);
-  save_safetensors((root / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  save_sharded(dir, tensors, {{"format", "pt"}}, options.max_shard_bytes());
   write_llama_config(config, (root / "config.json").string(), dtype);
+}
+
+/// The same with a dtype and transformers' default shard size.
+///   memopt::io::save_pretrained(*model, model->config, "checkpoints/tiny", torch::kBFloat16);
+inline void save_pretrained(torch::nn::Module& model, const models::LlamaConfig& config, const std::string& dir,
+                            torch::Dtype dtype = torch::kFloat32) {
+  save_pretrained(model, config, dir, SavePretrainedOptions().dtype(dtype));
 }
 
 /// The same for a Llama, with its own config.
@@ -337,10 +366,13 @@ inline void save_pretrained(models::Llama& model, const std::string& dir, torch:
   save_pretrained(*model, model->config, dir, dtype);
 }
 
-/// Builds a float32 Llama from `dir`/config.json and loads `dir`/model.safetensors into it
-/// (strictly). The model is returned in training mode, like a freshly built one.
+/// Builds a Llama from `dir`/config.json (float32 on the CPU unless the options say otherwise)
+/// and loads its weights into it strictly: model.safetensors, or the shards
+/// model.safetensors.index.json lists. The model is returned in training mode, like a freshly
+/// built one.
 ///   memopt::models::Llama model = memopt::io::load_pretrained("checkpoints/tiny");
-inline models::Llama load_pretrained(const std::string& dir) {
+///   auto bf16 = memopt::io::load_pretrained("checkpoints/llama", LoadPretrainedOptions().dtype(torch::kBFloat16));
+inline models::Llama load_pretrained(const std::string& dir, const LoadPretrainedOptions& options = {}) {
   namespace fs = std::filesystem;
   const fs::path root(dir);
   const std::string config_path = (root / "config.json").string();
@@ -350,18 +382,18 @@ inline models::Llama load_pretrained(const std::string& dir) {
               folder_hint);
   TORCH_CHECK(fs::exists(config_path), "memopt::io: load_pretrained: '", config_path, "' does not exist. HINT: ",
               folder_hint);
-  if (!fs::exists(weights_path)) {
-    const char* hint = fs::exists(root / "model.safetensors.index.json")
-                           ? "this is a sharded checkpoint, which memopt does not read; merge the shards into "
-                             "one model.safetensors"
-                       : fs::exists(root / "pytorch_model.bin")
+  if (!fs::exists(weights_path) && !fs::exists(root / "model.safetensors.index.json")) {
+    const char* hint = fs::exists(root / "pytorch_model.bin")
                            ? "convert pytorch_model.bin to model.safetensors (safetensors.torch.save_file)"
                            : folder_hint;
-    TORCH_CHECK(false, "memopt::io: load_pretrained: '", weights_path, "' does not exist. HINT: ", hint);
+    TORCH_CHECK(false, "memopt::io: load_pretrained: '", weights_path, "' does not exist (nor a sharded "
+                "model.safetensors.index.json). HINT: ", hint);
   }
   const models::LlamaConfig config = read_llama_config(config_path);
+  const auto weights = SafetensorsShards::open_dir(dir);  // every shard validated before the model is built
   models::Llama model(config);
-  load_state_dict(*model, *SafetensorsFile::open(weights_path));
+  model->to(options.device(), options.dtype());
+  load_state_dict(*model, weights);
   return model;
 }
 

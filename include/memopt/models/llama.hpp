@@ -88,9 +88,10 @@ struct LlamaConfig {
                 hidden_size_, " / ", num_attention_heads_, "). HINT: RoPE rotates pairs of head dimensions.");
     TORCH_CHECK(num_attention_heads_ % kv_heads() == 0,
                 "memopt::models::LlamaConfig: num_attention_heads must be a multiple of num_key_value_heads (got ",
-                num_attention_heads_, " and ", kv_heads(), ").");
+                num_attention_heads_, " and ", kv_heads(), "). HINT: each key/value head serves an equal group of "
+                "query heads; pick a divisor of num_attention_heads (equal to it: no grouping).");
     TORCH_CHECK(dropout_ >= 0 && dropout_ < 1, "memopt::models::LlamaConfig: dropout must lie in [0, 1) (got ",
-                dropout_, ").");
+                dropout_, "). HINT: a probability of zeroing an activation; 0 turns dropout off.");
     TORCH_CHECK(attention_kind_ != nn::AttentionKind::kBlockwise || dropout_ == 0,
                 "memopt::models::LlamaConfig: the blockwise attention has no dropout (got dropout ", dropout_,
                 "). HINT: use attention_kind(AttentionKind::kMath) for dropout, or set dropout 0.");

@@ -1,5 +1,6 @@
 // memopt/nn/rmsnorm.hpp — RMSNorm as in LLaMA: normalise in fp32 by the root mean
-// square over the last dimension, scale by a learned weight, return the input's dtype.
+// square over the last dimension, cast back to the input's dtype, scale by a learned weight
+// (so, as in HF's LlamaRMSNorm, an fp32 weight makes a bf16 input's result fp32).
 #pragma once
 
 #include <torch/torch.h>
