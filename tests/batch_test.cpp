@@ -11,6 +11,8 @@
 
 #include <memopt/batch.hpp>
 
+#include "support.hpp"
+
 namespace {
 
 // (rows, 4) inputs 0, 1, 2, … and targets inputs + 100, with kIgnoreIndex at every position
@@ -78,7 +80,11 @@ TEST_CASE("Batch::to keeps the tensors when they are on the device already, copi
   const auto same = b.to(torch::kCPU);
   CHECK(same.inputs.data_ptr() == b.inputs.data_ptr());
   CHECK(same.targets.data_ptr() == b.targets.data_ptr());
-  if (!torch::cuda::is_available()) return;  // the copy needs a second device
+}
+
+TEST_CASE("CUDA: Batch::to copies to the GPU, values and target count unchanged", "[batch][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const auto b = numbered(3);
   const auto moved = b.to(torch::Device(torch::kCUDA, 0));
   CHECK(moved.inputs.is_cuda());
   CHECK(moved.targets.is_cuda());

@@ -2,7 +2,7 @@
 // whole files, the check that a call fails with memopt's error style (the component's prefix,
 // the parts named, a HINT), the largest difference of two tensors, the loader of the
 // python3-torch reference files in tests/baselines/, and protobuf helpers to write small
-// SentencePiece models by hand.
+// SentencePiece models by hand; and MEMOPT_REQUIRE_CUDA, which skips a [cuda] test without a GPU.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -11,7 +11,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -57,6 +60,28 @@ inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
+
+/// Skips the running test case: under ctest (which sets MEMOPT_TEST_SKIP_CODE for every case it
+/// registers, and counts that exit code as skipped) the process ends with that code; in a direct
+/// run of the test binary, which runs many cases in one process, the case returns with a warning.
+inline void skip_case(const std::string& reason) {
+  if (const char* code = std::getenv("MEMOPT_TEST_SKIP_CODE"); code != nullptr && *code != '\0') {
+    std::cout << "SKIPPED: " << reason << std::endl;
+    std::fflush(nullptr);
+    std::_Exit(std::atoi(code));
+  }
+  WARN("skipped: " << reason);
+}
+
+/// The first statement of a test case tagged [cuda]: without a CUDA device (a CPU build of
+/// LibTorch, or no GPU), the case is skipped (skip_case) and counted as such.
+#define MEMOPT_REQUIRE_CUDA()                                                                         \
+  do {                                                                                                \
+    if (!torch::cuda::is_available()) {                                                               \
+      ::memopt::test::skip_case("needs a CUDA device (torch::cuda::is_available() is false)");        \
+      return;                                                                                         \
+    }                                                                                                 \
+  } while (false)
 
 /// Runs `fn`; requires a c10::Error whose message holds `prefix`, a HINT and every part.
 inline void require_error(const std::function<void()>& fn, const std::string& prefix,

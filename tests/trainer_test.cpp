@@ -55,3 +55,44 @@ TEST_CASE("bad Trainer options fail with the option, the value and a HINT", "[tr
   CHECK_THROWS_WITH(memopt::init(memopt::RuntimeOptions().threads(-2)), Catch::Contains("(got -2)") &&
                                                                            Catch::Contains("HINT"));
 }
+
+TEST_CASE("CUDA: the optimizer sees the CPU's gradients under every recompute policy and accumulation",
+          "[trainer][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  std::vector<Batch> micro;
+  for (int m = 0; m < 4; ++m) micro.push_back(with_padding(random_batch(2, 16, 64, 300 + m), m));
+  const auto cpu = trainer_grads<memopt::accum::None>({concat(micro)}, memopt::TrainerOptions());
+  // fp32 on both devices; the GPU sums in other orders (and with atomics): ~1e-7 apart.
+  constexpr double kTolerance = 1e-5;
+  CHECK(max_abs_diff(cpu, trainer_grads<memopt::accum::None>({concat(micro)}, memopt::TrainerOptions(), cuda)) <=
+        kTolerance);
+  CHECK(max_abs_diff(cpu, trainer_grads<memopt::accum::Fixed<4>, memopt::recompute::EveryBlock>(
+                              micro, memopt::TrainerOptions(), cuda)) <= kTolerance);
+  CHECK(max_abs_diff(cpu, trainer_grads<memopt::accum::Runtime, memopt::recompute::Selective>(
+                              micro, memopt::TrainerOptions().accum_steps(4), cuda)) <= kTolerance);
+  // Sensitive: half the batch gives other gradients.
+  CHECK(max_abs_diff(cpu, trainer_grads<memopt::accum::Fixed<2>>(micro, memopt::TrainerOptions(), cuda)) > 1e-4);
+}
+
+TEST_CASE("CUDA: a Trainer with bf16 autocast, checkpointing and accumulation lowers the loss on the GPU",
+          "[trainer][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.1));
+  model->to(torch::Device(torch::kCUDA, 0));
+  ListLoader loader{{random_batch(4, 16, 64, 1), random_batch(4, 16, 64, 2)}};
+  memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Bf16Autocast, memopt::accum::Fixed<2>> trainer(
+      *model, memopt::TrainerOptions().lr(3e-3).max_steps(30).log_interval(10).warmup_steps(2));
+  auto release = std::make_shared<memopt::callbacks::ReleaseCache>(10);
+  trainer.add_callback(release);
+  auto loss_fn = [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
+  const double first = trainer.step(loader, loss_fn).loss.item<double>();
+  const auto result = trainer.fit(loader, loss_fn);
+  CHECK(result.steps == 29);
+  CHECK(result.final_loss < first * 0.8);
+  CHECK(release->releases() == 3);
+  REQUIRE_FALSE(result.memory.cuda.empty());
+  CHECK(result.memory.cuda.at(0).peak_allocated_bytes > 0);
+  for (const auto& p : model->parameters()) CHECK(p.is_cuda());
+}

@@ -39,7 +39,9 @@ TEST_CASE("Prefetcher returns the same sequence with 0, 1 and 3 workers", "[grit
     std::vector<torch::Tensor> seq;
     for (int i = 0; i < 9; ++i) {
       const GritBatch b = prefetch.next();
-      if (!torch::cuda::is_available()) CHECK_FALSE(b.queries.tokens.is_pinned());  // a no-op without CUDA
+      // Pinning needs CUDA (a no-op without it); with a GPU every tensor of the batch is pinned.
+      CHECK(b.queries.tokens.is_pinned() == torch::cuda::is_available());
+      CHECK(b.generative.targets.is_pinned() == torch::cuda::is_available());
       seq.push_back(b.passages.tokens);
       seq.push_back(b.generative.targets);
     }
@@ -128,4 +130,20 @@ TEST_CASE("Prefetcher's destructor stops workers waiting on a full queue", "[gri
     }, PrefetchOptions().workers(2).depth(4));
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
+
+TEST_CASE("CUDA: pinned prefetched batches copy to the GPU without blocking, unchanged", "[grit][prefetch][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  auto format = std::make_shared<GritFormat>(make_tokenizer());
+  std::vector<GenRecord> gen = {{"a", "b c"}, {"d e f", "g"}};
+  GritBatcher batcher(format, diverse_records(12), gen, GritBatcherOptions(4).gen_batch_size(2));
+  Prefetcher<GritBatch> prefetch([&](int64_t i) { return batcher.batch(i); },
+                                 PrefetchOptions().workers(2).depth(2).pin_memory(true));
+  for (int i = 0; i < 3; ++i) {
+    const GritBatch b = prefetch.next();
+    REQUIRE(b.passages.tokens.is_pinned());
+    const auto on_gpu = b.passages.tokens.to(cuda, /*non_blocking=*/true);
+    CHECK(torch::equal(on_gpu.cpu(), batcher.batch(i).passages.tokens));
+  }
 }

@@ -160,6 +160,15 @@ else
   fail "JSONL skip (TF-IDF MRR $(field "$tmp/jsonl" tfidf_mrr)): $out"
 fi
 
+# ---- CUDA (where a GPU is visible): plain, and GradCache with checkpointing and bf16 ----
+if has_gpu; then
+  expect_run cuda_plain --output_dir "$tmp/cuda_plain" --device cuda
+  expect_run cuda_ckpt_bf16_gradcache --output_dir "$tmp/cuda_ckpt" --device cuda:0 --grad_cache_chunk 3 \
+    --gradient_checkpointing --mixed_precision
+else
+  skip_runs 2 "--device cuda runs"
+fi
+
 # ---- bad input ----
 expect_error() {  # expect_error NAME REGEX ARGS...
   local name="$1" regex="$2"

@@ -9,10 +9,15 @@ passed=0
 
 fail() { echo "FAIL $1"; failures=$((failures + 1)); }
 ok() { echo "ok   $1"; passed=$((passed + 1)); }
+skipped=0
 finish() {  # the summary line; the exit status of the script
-  echo "$passed passed, $failures failed"
+  echo "$passed passed, $failures failed, $skipped skipped"
   [ "$failures" -eq 0 ]
 }
+# has_gpu: whether a CUDA GPU is visible (the --device cuda runs need one).
+has_gpu() { nvidia-smi -L > /dev/null 2>&1; }
+# skip_runs N WHAT: N runs not made (counted in the summary line), and why.
+skip_runs() { echo "skip $1 $2: no GPU visible"; skipped=$((skipped + $1)); }
 
 # expect_failure NAME REGEX CMD...: CMD exits 1, and its output matches REGEX and carries a HINT
 # (the rule for bad input); the ok line quotes the first line naming an error.

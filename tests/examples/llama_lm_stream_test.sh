@@ -57,6 +57,22 @@ else
   fail "loaded whole / --target-params: $(tail -5 <<<"$out")"
 fi
 
+# ---- CUDA (where a GPU is visible): the stream on the GPU under each precision ----
+if has_gpu; then
+  for setting in "fp32 none resident" "bf16 every int8" "fp16 selective resident" "bf16-pure every resident"; do
+    read -r precision recompute state <<<"$setting"
+    out=$("$bin" "${job[@]}" --dataset "$tmp/train.jsonl" --output_dir "$tmp/cuda_$precision" --device cuda \
+          --precision "$precision" --recompute "$recompute" --optimizer_state "$state" 2>&1)
+    if [ $? -eq 0 ] && grep -q "held-out loss after" <<<"$out" && [ -s "$(final "$tmp/cuda_$precision")" ]; then
+      ok "cuda: $setting: $(grep -m1 'held-out loss after' <<<"$out" | cut -c1-60)"
+    else
+      fail "cuda: $setting: $(tail -5 <<<"$out")"
+    fi
+  done
+else
+  skip_runs 4 "--device cuda runs"
+fi
+
 # ---- bad input: the flag, file and line named, exit 1 ----
 expect_error() {  # expect_error NAME PATTERN ARGS...
   local name="$1" pattern="$2"

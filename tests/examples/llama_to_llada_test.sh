@@ -85,12 +85,14 @@ expect_run student_from_checkpoint --teacher_model "$tmp/teacher" --output_dir "
   --student_model "$tmp/simple/student" --strategy simple --alpha 0
 
 # ---- CUDA (where a GPU is visible): student on the GPU, teacher on the CPU, and both on the GPU ----
-if nvidia-smi -L > /dev/null 2>&1; then
+if has_gpu; then
   expect_run cuda_student_cpu_teacher --teacher_model "$tmp/teacher" --output_dir "$tmp/cuda_split" \
     --device cuda --teacher_device cpu
   expect_run cuda_both --teacher_model "$tmp/teacher" --output_dir "$tmp/cuda_both" --device cuda:0
+  expect_run cuda_comprehensive_bf16 --teacher_model "$tmp/teacher" --output_dir "$tmp/cuda_comp" --device cuda \
+    --strategy comprehensive --gradient_accumulation_steps 2 --kd_top_k 8 --mixed_precision
 else
-  echo "skip cuda runs: no GPU visible"
+  skip_runs 3 "--device cuda runs"
 fi
 
 # ---- bad input ----

@@ -95,6 +95,17 @@ else
   fail "resume: $(final_loss "$tmp/straight") straight vs $(final_loss "$tmp/halves") resumed"
 fi
 
+# ---- CUDA (where a GPU is visible): both dispatches, every lever ----
+if has_gpu; then
+  expect_run cuda_sorted_all_levers --output_dir "$tmp/cuda_levers" --steps 2 --device cuda --gradient_checkpointing \
+    --mixed_precision --grad_accum 2 --checkpoint_experts --router_jitter 0.01 --monitor_memory
+  expect_run cuda_dense_dispatch --output_dir "$tmp/cuda_dense" --steps 2 --device cuda:0 --dispatch dense
+  if grep -q '"cuda_peak_mib"' "$tmp/cuda_levers/metrics.jsonl"; then ok "cuda: metrics.jsonl has the caching allocator's peak"
+  else fail "cuda: no cuda_peak_mib in $tmp/cuda_levers/metrics.jsonl: $(tail -2 "$tmp/cuda_levers/metrics.jsonl")"; fi
+else
+  skip_runs 3 "--device cuda runs"
+fi
+
 # ---- bad input ----
 expect_error() {  # expect_error NAME REGEX ARGS...
   local name="$1" regex="$2" data=(--data "$tmp/data")

@@ -148,30 +148,38 @@ inline Batch concat(const std::vector<Batch>& parts) {
   return {torch::cat(in), torch::cat(tg)};
 }
 
-template <class Accum>
-inline std::vector<torch::Tensor> trainer_grads(const std::vector<Batch>& micro_batches, memopt::TrainerOptions opts) {
+// The gradients the optimizer sees at the first step of a fresh tiny LLaMA (same init every
+// call) on `device`, returned on the CPU.
+template <class Accum, class Recompute = memopt::recompute::None>
+inline std::vector<torch::Tensor> trainer_grads(const std::vector<Batch>& micro_batches, memopt::TrainerOptions opts,
+                                                torch::Device device = torch::kCPU) {
   torch::manual_seed(7);
   memopt::models::Llama model(tiny_llama(0.0));
-  memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, Accum, RecordGrads> trainer(
-      *model, opts.grad_clip(0));
+  model->to(device);
+  memopt::Trainer<Recompute, memopt::precision::Fp32, Accum, RecordGrads> trainer(*model, opts.grad_clip(0));
   ListLoader loader{micro_batches};
   auto stats = trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
   REQUIRE(stats.step == 1);
-  return *trainer.optimizer_state().seen;
+  std::vector<torch::Tensor> seen;
+  for (const auto& g : *trainer.optimizer_state().seen) seen.push_back(g.cpu());
+  return seen;
 }
 
 
 inline std::vector<torch::Tensor> params_of(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
-  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
+  for (auto& p : m.parameters()) out.push_back(p.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
   return out;
 }
 
-// Trains a fresh tiny LLaMA (same init every call) for `steps` steps; returns its weights.
+// Trains a fresh tiny LLaMA (same init every call) on `device` for `steps` steps; returns its
+// weights, on the CPU.
 template <class Recompute, class Precision, class State>
-inline std::vector<torch::Tensor> weights_after(int steps, memopt::TrainerOptions opts, State offload = {}) {
+inline std::vector<torch::Tensor> weights_after(int steps, memopt::TrainerOptions opts, State offload = {},
+                                                torch::Device device = torch::kCPU) {
   torch::manual_seed(11);
   memopt::models::Llama model(tiny_llama(0.0));
+  model->to(device);
   ListLoader loader{{random_batch(2, 16, 64, 21), random_batch(2, 16, 64, 22)}};
   memopt::Trainer<Recompute, Precision, memopt::accum::None, State> trainer(
       *model, opts.lr(1e-2).warmup_steps(2).max_steps(steps), {},
@@ -179,6 +187,22 @@ inline std::vector<torch::Tensor> weights_after(int steps, memopt::TrainerOption
   for (int s = 0; s < steps; ++s)
     REQUIRE(trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); }).stepped);
   return params_of(*model);
+}
+
+// The losses of `steps` steps of Trainer T on a fresh tiny LLaMA (same init and batches every
+// call) on `device`.
+template <class T>
+inline std::vector<double> losses_of(torch::Device device, double lr, int steps) {
+  torch::manual_seed(11);
+  memopt::models::Llama model(tiny_llama(0.0));
+  model->to(device);
+  ListLoader loader{{random_batch(4, 16, 64, 21), random_batch(4, 16, 64, 22)}};
+  T trainer(*model, memopt::TrainerOptions().lr(lr).warmup_steps(0).max_steps(steps).grad_clip(1.0));
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s)
+    losses.push_back(trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); })
+                         .loss.template item<double>());
+  return losses;
 }
 
 }  // namespace memopt::test::policies

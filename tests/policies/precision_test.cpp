@@ -181,3 +181,51 @@ TEST_CASE("Bf16Pure: bf16 weights and activations, fp32 masters, losses track fp
   CHECK(max_move > 5e-6);  // ~20 steps x 1e-6
   CHECK(max_move < 1e-4);  // below the bf16 spacing of the weights
 }
+
+TEST_CASE("CUDA: bf16 autocast, fp16 with loss scaling and pure bf16 track fp32's losses", "[precision][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  using memopt::recompute::EveryBlock;
+  using memopt::recompute::None;
+  constexpr int kSteps = 20;
+  const auto fp32 = losses_of<memopt::Trainer<None, memopt::precision::Fp32>>(cuda, 3e-3, kSteps);
+  // fp32 on the GPU is fp32 on the CPU (no TF32: LibTorch leaves it off for matmuls).
+  const auto cpu = losses_of<memopt::Trainer<None, memopt::precision::Fp32>>(torch::kCPU, 3e-3, kSteps);
+  for (int s = 0; s < kSteps; ++s) CHECK(std::abs(cpu[s] - fp32[s]) / cpu[s] < 1e-3);
+
+  const auto check_tracks = [&](const std::vector<double>& half, double tolerance, const char* what) {
+    INFO(what);
+    for (int s = 0; s < kSteps; ++s) CHECK(std::abs(half[s] - fp32[s]) / fp32[s] < tolerance);
+    CHECK(half.back() < half.front() * 0.9);  // it trains
+    CHECK(half.front() != fp32.front());      // and really computes in half precision
+  };
+  check_tracks(losses_of<memopt::Trainer<EveryBlock, memopt::precision::Bf16Autocast>>(cuda, 3e-3, kSteps), 0.03,
+               "bf16 autocast");
+  check_tracks(losses_of<memopt::Trainer<EveryBlock, memopt::precision::Fp16Scaled>>(cuda, 3e-3, kSteps), 0.03,
+               "fp16 autocast + loss scaling");
+  check_tracks(losses_of<memopt::Trainer<None, memopt::precision::Bf16Pure>>(cuda, 3e-3, kSteps), 0.03, "pure bf16");
+}
+
+TEST_CASE("CUDA: fp16 loss scaling skips a step with an inf gradient and backs the scale off", "[precision][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  torch::manual_seed(3);
+  memopt::models::Llama model(tiny_llama(0.0));
+  model->to(cuda);
+  ListLoader loader{{random_batch(2, 16, 64, 1)}};
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Fp16Scaled> trainer(
+      *model, memopt::TrainerOptions().lr(1e-3).warmup_steps(0).max_steps(3));
+  const auto before = params_of(*model);
+  const double scale = trainer.precision().scaler().current_scale();
+  // A loss of +inf: every gradient overflows.
+  auto stats = trainer.step(loader, [&](const Batch& b, const auto& ckpt) {
+    return model->loss_sum(b, ckpt) * std::numeric_limits<float>::infinity();
+  });
+  CHECK_FALSE(stats.stepped);
+  CHECK(trainer.precision().scaler().current_scale() == scale / 2);
+  CHECK(trainer.precision().scaler().skipped_steps() == 1);
+  CHECK(max_abs_diff(before, params_of(*model)) == 0.0);
+  stats = trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
+  CHECK(stats.stepped);
+  CHECK(max_abs_diff(before, params_of(*model)) > 0.0);
+}

@@ -62,3 +62,38 @@ TEST_CASE("checkpointing leaves the RNG stream and autocast state as it found th
   CHECK(torch::equal(after_checkpointed, after_plain));
   CHECK_FALSE(memopt::detail::AutocastState::current(c10::kCPU).enabled);
 }
+
+TEST_CASE("CUDA: checkpointing gives the gradients of no checkpointing, dropout on", "[checkpoint][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  // Tolerance: the CUDA kernels' own run-to-run spread (atomics in the embedding and attention
+  // backward), far below what another dropout draw moves (checked last).
+  constexpr double kTolerance = 2e-5;
+  torch::manual_seed(0);
+  memopt::models::Llama model(tiny_llama(0.1));
+  model->to(cuda);
+  model->train();
+  const Batch batch = random_batch(3, 16, 64, 11).to(cuda);
+  const auto plain = llama_grads<memopt::recompute::None>(model, batch, 123);
+  CHECK(max_abs_diff(plain, llama_grads<memopt::recompute::EveryBlock>(model, batch, 123)) <= kTolerance);
+  CHECK(max_abs_diff(plain, llama_grads<memopt::recompute::EveryNth<2>>(model, batch, 123)) <= kTolerance);
+  CHECK(max_abs_diff(plain, llama_grads<memopt::recompute::Selective>(model, batch, 123)) <= kTolerance);
+  CHECK(max_abs_diff(plain, llama_grads<memopt::recompute::None>(model, batch, 124)) > 1e-4);
+
+  torch::manual_seed(1);
+  UserNet net(50, 24, 4);
+  net->to(cuda);
+  net->train();
+  const Batch user_batch = random_batch(2, 12, 50, 5).to(cuda);
+  const auto user_plain = user_grads<memopt::recompute::None>(net, user_batch, 99);
+  CHECK(max_abs_diff(user_plain, user_grads<memopt::recompute::EveryBlock>(net, user_batch, 99)) <= kTolerance);
+  CHECK(max_abs_diff(user_plain, user_grads<memopt::recompute::None>(net, user_batch, 100)) > 1e-4);
+
+  // The CUDA generator continues as if nothing had been recomputed.
+  torch::manual_seed(5);
+  (net->loss_sum(user_batch, memopt::recompute::EveryBlock{}) / user_batch.num_targets()).backward();
+  const auto after_checkpointed = torch::rand({4}, torch::TensorOptions().device(cuda)).cpu();
+  torch::manual_seed(5);
+  (net->loss_sum(user_batch, memopt::recompute::None{}) / user_batch.num_targets()).backward();
+  CHECK(torch::equal(after_checkpointed, torch::rand({4}, torch::TensorOptions().device(cuda)).cpu()));
+}

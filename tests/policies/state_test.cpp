@@ -6,9 +6,14 @@
 
 #include <set>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <memopt/memopt.hpp>
+
+#include "policies/fixtures.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -98,4 +103,96 @@ TEST_CASE("the optimizer-state policies' flags are distinct, and say what the pl
   CHECK(st::StepInBackward::describe().steps_in_backward);
   CHECK(st::StepInBackwardInt8::describe().steps_in_backward);
   CHECK(!st::Resident::describe().steps_in_backward);
+}
+
+TEST_CASE("CUDA: PinnedHost trains as Resident does, with no optimizer state on the GPU between steps",
+          "[state][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  namespace pf = memopt::test::policies;
+  using memopt::precision::Fp32;
+  using memopt::recompute::None;
+  const torch::Device cuda(torch::kCUDA, 0);
+  const auto resident = pf::weights_after<None, Fp32, memopt::state::Resident>(3, memopt::TrainerOptions(), {}, cuda);
+  const auto pinned = pf::weights_after<None, Fp32, memopt::state::PinnedHost>(3, memopt::TrainerOptions(), {}, cuda);
+  CHECK(pf::max_abs_diff(resident, pinned) <= 1e-6);
+
+  // One step each; then the moments (read at once: the step returns with them on the host) and
+  // the bytes the caching allocator holds for tensors.
+  struct AfterStep {
+    std::vector<torch::Tensor> moments;
+    int64_t allocated = 0;
+    int64_t params = 0;
+  };
+  auto after_step = [&]<class State>(std::type_identity<State>) {
+    torch::manual_seed(11);
+    memopt::models::Llama model(pf::tiny_llama(0.0));
+    model->to(cuda);
+    pf::ListLoader loader{{pf::random_batch(2, 16, 64, 21)}};
+    memopt::Trainer<None, Fp32, memopt::accum::None, State> trainer(
+        *model, memopt::TrainerOptions().lr(1e-2).warmup_steps(0).max_steps(2));
+    REQUIRE(trainer.step(loader, [&](const pf::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); })
+                .stepped);
+    AfterStep out;
+    memopt::state::for_each_adamw_moment(trainer.optimizer(), [&](const torch::Tensor& m, const torch::Tensor&) {
+      if constexpr (std::is_same_v<State, memopt::state::PinnedHost>) {
+        CHECK(m.device().is_cpu());
+        CHECK(m.is_pinned());
+      } else {
+        CHECK(m.is_cuda());
+      }
+      out.moments.push_back(m.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+      return m;
+    });
+    torch::cuda::synchronize();
+    out.allocated = memopt::memory::CudaMemory::now().at(0).allocated_bytes;
+    for (const auto& p : model->parameters()) out.params += p.numel();
+    return out;
+  };
+  const auto on_gpu = after_step(std::type_identity<memopt::state::Resident>{});
+  const auto on_host = after_step(std::type_identity<memopt::state::PinnedHost>{});
+  REQUIRE(on_gpu.moments.size() == on_host.moments.size());
+  CHECK(pf::max_abs_diff(on_gpu.moments, on_host.moments) <= 1e-6);
+  // The two fp32 moments, 8 B/param, left the GPU (the allocator rounds each block up to 512 B).
+  const int64_t saved = on_gpu.allocated - on_host.allocated;
+  INFO("allocated after a step: resident " << on_gpu.allocated << " B, pinned-host " << on_host.allocated
+                                           << " B; parameters " << on_gpu.params);
+  CHECK(saved >= 8 * on_gpu.params);
+  CHECK(saved <= 8 * on_gpu.params + 512 * static_cast<int64_t>(on_gpu.moments.size()));
+}
+
+TEST_CASE("CUDA: Int8 keeps 8-bit moments on the GPU and steps as it does on the CPU", "[state][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  // Parameters of 64 x 128 and more: above AdamW8bit's 4096-element fp32 floor, so quantised.
+  auto weights_after = [](torch::Device device) {
+    torch::manual_seed(2);
+    torch::nn::Linear a(torch::nn::LinearOptions(128, 64)), b(torch::nn::LinearOptions(64, 128));
+    a->to(device);
+    b->to(device);
+    auto params = a->parameters();
+    for (const auto& p : b->parameters()) params.push_back(p);
+    auto optimizer = memopt::state::Int8{}.make_optimizer({torch::optim::OptimizerParamGroup(params)},
+                                                          torch::optim::AdamWOptions(1e-2));
+    const auto x = torch::randn({32, 128}).to(device);
+    for (int s = 0; s < 3; ++s) {
+      optimizer->zero_grad();
+      b(torch::gelu(a(x))).pow(2).mean().backward();
+      optimizer->step();
+    }
+    int64_t byte_state = 0;
+    for (const auto& [key, state] : optimizer->state()) {
+      const auto& s = static_cast<const memopt::optim::AdamW8bitParamState&>(*state);
+      for (const auto& t : {s.exp_avg(), s.exp_avg_sq()})
+        if (t.scalar_type() == torch::kByte && t.device() == device) byte_state += t.numel();
+    }
+    std::vector<torch::Tensor> out;
+    for (const auto& p : params) out.push_back(p.detach().cpu());
+    return std::pair{out, byte_state};
+  };
+  const auto [gpu, gpu_bytes] = weights_after(cuda);
+  const auto [cpu, cpu_bytes] = weights_after(torch::kCPU);
+  CHECK(gpu_bytes == cpu_bytes);
+  CHECK(gpu_bytes >= 2 * (128 * 64 + 64 * 128));  // two 8-bit moments per quantised element
+  // The same algorithm; a moment may round to the neighbouring 8-bit code on one device only.
+  CHECK(memopt::test::policies::max_abs_diff(gpu, cpu) <= 1e-3);
 }

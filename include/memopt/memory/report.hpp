@@ -35,7 +35,14 @@ struct CudaMemory {
     std::vector<CudaMemory> out;
 #if MEMOPT_HAS_CUDA
     if (!torch::cuda::is_available()) return out;
+    // The caching allocator starts at the process's first CUDA allocation (asking it for stats
+    // before that fails with "Invalid device argument"): until then it holds nothing.
+    const bool started = c10::cuda::CUDACachingAllocator::get()->initialized();
     for (int d = 0; d < static_cast<int>(torch::cuda::device_count()); ++d) {
+      if (!started) {
+        out.push_back({.device = d});
+        continue;
+      }
       const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(d));
       constexpr auto kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
       out.push_back({d, stats.allocated_bytes[kAll].current, stats.reserved_bytes[kAll].current,

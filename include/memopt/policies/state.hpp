@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -176,12 +177,16 @@ struct PinnedHost {
       return m.to(param.device(), /*non_blocking=*/true);
     });
   }
-  /// Device → pinned host: frees the device copy.
+  /// Device → pinned host: frees the device copy. The step returns once the copies have landed,
+  /// so what reads the state on the host next (a checkpoint, the metrics) sees this step's values.
   void after_step(torch::optim::Optimizer& optimizer) const {
-    for_each_adamw_moment(optimizer, [](const torch::Tensor& m, const torch::Tensor&) {
+    std::optional<c10::DeviceIndex> device;
+    for_each_adamw_moment(optimizer, [&device](const torch::Tensor& m, const torch::Tensor& param) {
+      device = param.device().index();
       auto host = torch::empty(m.sizes(), m.options().device(torch::kCPU).pinned_memory(true));
       return host.copy_(m, /*non_blocking=*/true);
     });
+    if (device) torch::cuda::synchronize(*device);
   }
 
 };
