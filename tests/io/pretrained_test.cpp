@@ -3,7 +3,9 @@
 // shape before it copies anything; config.json values of the wrong kind, a non-object file,
 // mlp_bias and non-floating dtypes are refused naming the file, the field and a HINT; a folder
 // with only pytorch_model.bin says how to convert it; the round trip's logits, HF defaults,
-// missing fields, tied embeddings, rope_scaling, bad JSON, strict names and grow_vocab. (Shards:
+// missing fields, bad JSON, strict names and grow_vocab; head_dim, rope_scaling / rope_parameters
+// in both transformers' spellings, unknown rope types and missing rope fields; tied embeddings
+// saved without lm_head.weight and read as transformers reads them. (Shards:
 // tests/io/shards_test.cpp; transformers itself: tests/models/llama_hf_test.cpp.)
 #include <catch2/catch.hpp>
 
@@ -256,10 +258,129 @@ TEST_CASE("config.json round-trips and takes HF defaults", "[io][pretrained]") {
   CHECK(defaults.rope_theta() == 10000.0);
   CHECK(defaults.causal());
 
-  // transformers 5 writes theta inside rope_parameters (and head_dim); both are read.
+  // transformers 5 writes theta inside rope_parameters (and head_dim); both are read, and a
+  // head_dim of hidden_size / num_attention_heads stays implicit (written back as before).
   write_text(path, R"({"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                        "head_dim": 32, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}})");
   CHECK(memopt::io::read_llama_config(path).rope_theta() == 500000.0);
+  CHECK(memopt::io::read_llama_config(path).head_dim() == 0);
+  CHECK(memopt::io::read_llama_config(path).rope_scaling().type() == memopt::nn::RopeType::kDefault);
+}
+
+TEST_CASE("config.json: head_dim, tied embeddings and RoPE scaling in both transformers' spellings",
+          "[io][pretrained]") {
+  using memopt::nn::RopeType;
+  TempDir dir;
+  const std::string path = dir.file("config.json");
+  // Llama 3.2 1B's fields, as transformers 4 wrote them.
+  write_text(path, R"({"vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+                       "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
+                       "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": true,
+                       "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                        "original_max_position_embeddings": 8192, "rope_type": "llama3"}})");
+  const auto llama32 = memopt::io::read_llama_config(path);
+  CHECK(llama32.tie_word_embeddings());
+  CHECK(llama32.head_size() == 64);
+  CHECK(llama32.rope_theta() == 500000.0);
+  CHECK(llama32.rope_scaling().type() == RopeType::kLlama3);
+  CHECK(llama32.rope_scaling().factor() == 32.0);
+  CHECK(llama32.rope_scaling().low_freq_factor() == 1.0);
+  CHECK(llama32.rope_scaling().high_freq_factor() == 4.0);
+  CHECK(llama32.rope_scaling().original_max_position_embeddings() == 8192);
+  // Its estimate counts the tied embedding once: 1.24 B parameters, as published.
+  CHECK(memopt::models::describe(llama32).num_parameters() == 1'235'814'400);
+
+  // transformers 5's rope_parameters; llama3 without original_max_position_embeddings takes
+  // max_position_embeddings, as transformers does.
+  write_text(path, R"({"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+                       "head_dim": 24, "max_position_embeddings": 64,
+                       "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8,
+                                           "low_freq_factor": 1, "high_freq_factor": 4}})");
+  const auto v5 = memopt::io::read_llama_config(path);
+  CHECK(v5.head_dim() == 24);
+  CHECK(v5.rope_theta() == 500000.0);
+  CHECK(v5.rope_scaling().factor() == 8.0);
+  CHECK(v5.rope_scaling().original_max_position_embeddings() == 64);
+  CHECK_FALSE(v5.tie_word_embeddings());
+
+  // The old "type" key (Code Llama's linear scaling); rope_scaling wins over rope_parameters,
+  // as in transformers.
+  write_text(path, R"({"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+                       "rope_scaling": {"type": "linear", "factor": 4.0},
+                       "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}})");
+  CHECK(memopt::io::read_llama_config(path).rope_scaling().type() == RopeType::kLinear);
+  CHECK(memopt::io::read_llama_config(path).rope_scaling().factor() == 4.0);
+
+  // memopt writes them back (rope_scaling in transformers 4's place) and reads the same.
+  for (const auto& scaling :
+       {memopt::nn::RopeScaling().type(RopeType::kLlama3).factor(8).low_freq_factor(2).high_freq_factor(5)
+            .original_max_position_embeddings(32),
+        memopt::nn::RopeScaling().type(RopeType::kDynamic).factor(2.5), memopt::nn::RopeScaling()}) {
+    const auto config = tiny_config().head_dim(12).tie_word_embeddings(true).rope_scaling(scaling);
+    memopt::io::write_llama_config(config, path);
+    const auto json = nlohmann::json::parse(read_text(path));
+    CHECK(json["head_dim"] == 12);
+    CHECK(json["tie_word_embeddings"] == true);
+    CHECK(json.contains("rope_scaling") == (scaling.type() != RopeType::kDefault));
+    const auto back = memopt::io::read_llama_config(path);
+    CHECK(back.head_dim() == 12);
+    CHECK(back.tie_word_embeddings());
+    CHECK(back.rope_scaling().type() == scaling.type());
+    CHECK(back.rope_scaling().factor() == scaling.factor());
+    CHECK(back.rope_scaling().low_freq_factor() == scaling.low_freq_factor());
+    CHECK(back.rope_scaling().high_freq_factor() == scaling.high_freq_factor());
+    CHECK(back.rope_scaling().original_max_position_embeddings() == scaling.original_max_position_embeddings());
+  }
+  // A default config writes no head_dim and no rope_scaling: run configs stay as they were.
+  memopt::io::write_llama_config(tiny_config(), path);
+  const auto plain = nlohmann::json::parse(read_text(path));
+  CHECK_FALSE(plain.contains("head_dim"));
+  CHECK_FALSE(plain.contains("rope_scaling"));
+  CHECK(plain["tie_word_embeddings"] == false);
+}
+
+TEST_CASE("a tied model saves no lm_head.weight, tied checkpoints load as transformers loads them",
+          "[io][pretrained]") {
+  torch::manual_seed(4);
+  TempDir dir;
+  memopt::models::Llama model(tiny_config().tie_word_embeddings(true).head_dim(12));
+  memopt::io::save_pretrained(model, dir.file("tied"));
+  const auto file = SafetensorsFile::open(dir.file("tied/model.safetensors"));
+  CHECK_FALSE(file->contains("lm_head.weight"));
+  CHECK(file->contains("model.embed_tokens.weight"));
+  CHECK(nlohmann::json::parse(read_text(dir.file("tied/config.json")))["tie_word_embeddings"] == true);
+  memopt::models::Llama loaded = memopt::io::load_pretrained(dir.file("tied"));
+  CHECK(loaded->config.tie_word_embeddings());
+  CHECK(loaded->lm_head->weight.is_same(loaded->model->embed_tokens->weight));
+  CHECK(torch::equal(logits_of(loaded), logits_of(model)));
+
+  // The files with lm_head.weight too: equal to the embedding, passed over (tied); different,
+  // the model is loaded untied with both (transformers warns and unties); alone, it is the
+  // embedding.
+  Named tensors;
+  for (const auto& item : model->named_parameters()) tensors.emplace_back(item.key(), item.value());
+  const auto embedding = model->model->embed_tokens->weight.detach();
+  write_text(dir.file("both/config.json"), read_text(dir.file("tied/config.json")));
+  tensors.emplace_back("lm_head.weight", embedding);
+  memopt::io::save_safetensors(dir.file("both/model.safetensors"), tensors);
+  auto equal = memopt::io::load_pretrained(dir.file("both"));
+  CHECK(equal->lm_head->weight.is_same(equal->model->embed_tokens->weight));
+  CHECK(torch::equal(logits_of(equal), logits_of(model)));
+
+  tensors.back().second = embedding * 2;
+  memopt::io::save_safetensors(dir.file("both/model.safetensors"), tensors);
+  auto untied = memopt::io::load_pretrained(dir.file("both"));
+  CHECK_FALSE(untied->config.tie_word_embeddings());
+  CHECK(torch::equal(untied->lm_head->weight, embedding * 2));
+  CHECK(torch::equal(untied->model->embed_tokens->weight, embedding));
+
+  Named head_only;
+  for (const auto& [name, tensor] : tensors)
+    if (name != "model.embed_tokens.weight") head_only.emplace_back(name, tensor);
+  memopt::io::save_safetensors(dir.file("both/model.safetensors"), head_only);
+  auto from_head = memopt::io::load_pretrained(dir.file("both"));
+  CHECK(from_head->config.tie_word_embeddings());
+  CHECK(torch::equal(from_head->model->embed_tokens->weight, embedding * 2));
 }
 
 TEST_CASE("bad config.json files give errors naming the file and field", "[io][pretrained]") {
@@ -276,17 +397,35 @@ TEST_CASE("bad config.json files give errors naming the file and field", "[io][p
   rejects([](auto& j) { j["num_hidden_layers"] = 0; }, {"field \"num_hidden_layers\" must be >= 1 (got 0)"});
   rejects([](auto& j) { j["rms_norm_eps"] = "tiny"; }, {"\"rms_norm_eps\" must be a number (got \"tiny\")"});
   rejects([](auto& j) { j["causal"] = 1; }, {"\"causal\" must be true or false (got 1)"});
-  rejects([](auto& j) { j["tie_word_embeddings"] = true; }, {"\"tie_word_embeddings\" is true", "untied lm_head"});
   rejects([](auto& j) { j["hidden_act"] = "gelu"; }, {"\"hidden_act\" is \"gelu\"", "silu"});
-  rejects([](auto& j) { j["rope_scaling"] = {{"type", "linear"}}; }, {"\"rope_scaling\" is {\"type\":\"linear\"}"});
+  rejects([](auto& j) { j["rope_scaling"] = {{"type", "linear"}}; },
+          {"(rope_scaling)': field \"factor\" is missing", "rope_type \"linear\" needs it"});
+  rejects([](auto& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
+          {"field \"rope_scaling\": rope_type \"yarn\" is not one memopt implements", "\"factor\":4.0",
+           "default, linear, dynamic and llama3"});
+  rejects([](auto& j) { j["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 1e4}}; },
+          {"field \"rope_parameters\": rope_type \"longrope\" is not one memopt implements"});
+  rejects([](auto& j) {
+            j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"high_freq_factor", 4.0},
+                                    {"original_max_position_embeddings", 8}};
+          },
+          {"(rope_parameters)': field \"low_freq_factor\" is missing", "rope_type \"llama3\" needs it",
+           "\"low_freq_factor\": 1.0"});
+  rejects([](auto& j) { j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
+                                             {"high_freq_factor", 1.0}}; },
+          {"llama3 needs 0 < low_freq_factor < high_freq_factor (got 4 and 1)"});
+  rejects([](auto& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", "4"}}; },
+          {"field \"factor\" must be a number (got \"4\")"});
+  rejects([](auto& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 0}}; },
+          {"factor must be finite and > 0 (got 0)"});
+  rejects([](auto& j) { j["partial_rotary_factor"] = 0.5; }, {"\"partial_rotary_factor\" is 0.5", "whole heads"});
   rejects([](auto& j) { j["attention_bias"] = true; }, {"\"attention_bias\" is true"});
   rejects([](auto& j) { j["num_attention_heads"] = 5; }, {"hidden_size / num_attention_heads"});
-  rejects([](auto& j) { j["rope_parameters"] = {{"rope_theta", 1e4}, {"rope_type", "llama3"}}; },
-          {"\"rope_parameters\" is {", "llama3", "the default one"});
   rejects([](auto& j) { j["rope_theta"] = 1e4; j["rope_parameters"] = {{"rope_theta", 5e5}}; },
           {"\"rope_theta\" is 10000 but rope_parameters.rope_theta is 500000"});
   rejects([](auto& j) { j["rope_parameters"] = 5e5; }, {"\"rope_parameters\" must be an object (got 500000"});
-  rejects([](auto& j) { j["head_dim"] = 7; }, {"\"head_dim\" is 7", "hidden_size / num_attention_heads wide"});
+  rejects([](auto& j) { j["head_dim"] = 7; }, {"head_dim must be even (got 7)"});
+  rejects([](auto& j) { j["head_dim"] = 0; }, {"field \"head_dim\" must be >= 1 (got 0)"});
   write_text(path, "{\"vocab_size\": ");
   require_error([&] { memopt::io::read_llama_config(path); }, {path, "not valid JSON"});
   require_error([&] { memopt::io::read_llama_config(dir.file("none.json")); }, {"cannot open config", "none.json"});

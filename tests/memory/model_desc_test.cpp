@@ -54,6 +54,23 @@ TEST_CASE("parameter_numels lists the built model's tensors in order: LLaMA with
   CHECK(moe_desc.num_parameters() == count);
 }
 
+TEST_CASE("parameter_numels of a tied LLaMA with head_dim set: the shared weight once, heads D wide",
+          "[memory][model_desc]") {
+  const auto config = gqa_config().head_dim(10).tie_word_embeddings(true);  // 6 heads of 10, not 24 / 6
+  memopt::models::Llama llama(config);
+  const auto desc = memopt::models::describe(config);
+  CHECK(desc.parameter_numels() == numels_of(*llama));
+  CHECK(desc.head_dim() == 10);
+  CHECK(desc.q_dim() == 60);
+  CHECK(desc.kv_dim() == 20);
+  CHECK(desc.parameter_numels()[1] == 60 * 24);  // q_proj: (H · D, C)
+  const auto untied = memopt::models::describe(memopt::models::LlamaConfig(config).tie_word_embeddings(false));
+  CHECK(untied.num_parameters() - desc.num_parameters() == 50 * 24);  // lm_head's (V, C), counted once when tied
+  // Attention FLOPs follow the heads' width: q, o and 4·T·H·D per layer.
+  CHECK(untied.forward_flops_per_token(8) - memopt::models::describe(gqa_config()).forward_flops_per_token(8) ==
+        2 * (2 * (2 * 24 * 36 + 2 * 24 * 12) + 4.0 * 8 * 36));  // q+o: 36 more rows, k+v: 12
+}
+
 TEST_CASE("forward_flops_per_token: 2 per matmul weight a token meets, plus 4·T·C of attention per layer",
           "[memory][model_desc]") {
   // By hand: C 8, 2 heads of 4, 1 KV head, F 12, V 10, 2 layers, T 5. Per layer: q 64, k 32,

@@ -4,8 +4,9 @@
 // its logits and every parameter's gradient of the summed cross-entropy; memopt loads the folder
 // with io::load_pretrained and must reproduce them. Sharded checkpoints both ways (transformers'
 // shards into memopt, memopt's into transformers' from_pretrained), and a bf16 load within the
-// reference's own bf16 error. memopt's Llama has no tied embeddings yet (load_pretrained rejects
-// tie_word_embeddings: true), so there is no tied variant to compare.
+// reference's own bf16 error. Then the configurations of published Llamas: a Llama 3.2-style
+// model (tied embeddings, llama3 RoPE, GQA, head_dim 24 ≠ 64 / 4, in shards) both ways, and
+// linear (in transformers 4's spelling) and dynamic RoPE, the latter past max_position_embeddings.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 #include <iterator>
 #include <string>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "support.hpp"
@@ -62,28 +64,38 @@ void run_reference(const TempDir& dir, const std::string& args) {
                                "(requirements.txt installs transformers into .venv)");
 }
 
-/// The reference model in `dir`/model (in shards of `max_shard_size`, e.g. "100KB", if given).
-Reference make_reference(const TempDir& dir, const std::string& max_shard_size = "") {
-  run_reference(dir, "'" + dir.path.string() + "' " + max_shard_size);
+/// The reference model of `variant` (hf_llama_reference.py's VARIANTS) in `dir`/model, in
+/// shards of `max_shard_size` (e.g. "100KB") if given.
+Reference make_reference(const TempDir& dir, const std::string& variant = "gqa",
+                         const std::string& max_shard_size = "") {
+  std::string args = "'" + dir.path.string() + "' --variant " + variant;
+  if (!max_shard_size.empty()) args += " --max-shard-size " + max_shard_size;
+  run_reference(dir, args);
   return {dir.file("model"), memopt::io::SafetensorsFile::open(dir.file("reference.safetensors"))};
 }
 
-}  // namespace
+/// transformers' from_pretrained of the folder memopt wrote at `model_dir`, run on `inputs`.
+struct Theirs {
+  torch::Tensor logits;
+  bool tied;
+};
+Theirs transformers_run(const TempDir& dir, const std::string& model_dir, const torch::Tensor& inputs) {
+  memopt::io::save_safetensors(dir.file("inputs.safetensors"), {{"inputs", inputs}});
+  run_reference(dir, "--load '" + model_dir + "' '" + dir.file("inputs.safetensors") + "' '" +
+                         dir.file("theirs.safetensors") + "'");
+  const auto theirs = memopt::io::SafetensorsFile::open(dir.file("theirs.safetensors"));
+  return {theirs->get("logits", /*copy=*/true), theirs->get("tied").item<double>() == 1.0};
+}
 
-TEST_CASE("Llama equals transformers' LlamaForCausalLM: logits and every gradient (GQA, rope_theta 5e5)",
-          "[llama][hf]") {
-  TempDir dir("memopt_hf");
-  const auto ref = make_reference(dir);
-  memopt::models::Llama model = memopt::io::load_pretrained(ref.model_dir);
-  REQUIRE(model->config.num_key_value_heads() == 2);
-  REQUIRE(model->config.rope_theta() == 500000.0);  // from transformers 5's rope_parameters
-
+/// memopt's logits, loss and every parameter's gradient against the reference's.
+void check_logits_and_gradients(memopt::models::Llama& model, const Reference& ref) {
   const memopt::Batch batch{ref.file->get("inputs"), ref.file->get("targets")};
   const torch::Tensor logits = model->forward(batch.inputs);  // (B, T, V)
   const double logits_diff = relative_diff(logits, ref.file->get("logits"));
   INFO("logits: max relative difference " << logits_diff);
   CHECK(logits_diff <= kRelTol);
 
+  model->zero_grad();
   const torch::Tensor loss = model->loss_sum(batch, memopt::recompute::None{});
   CHECK(loss.item<double>() == Approx(ref.file->get("loss").item<double>()).epsilon(1e-6));
   loss.backward();
@@ -104,6 +116,26 @@ TEST_CASE("Llama equals transformers' LlamaForCausalLM: logits and every gradien
                                                 << " (max |diff| / max |reference|)");
 }
 
+/// The logits of `ref`'s weights in a Llama built from `config` (to show a setting matters).
+torch::Tensor logits_with(const memopt::models::LlamaConfig& config, const Reference& ref) {
+  memopt::models::Llama model(config);
+  memopt::io::load_state_dict(*model, memopt::io::SafetensorsShards::open_dir(ref.model_dir));
+  torch::NoGradGuard no_grad;
+  return model->forward(ref.file->get("inputs"));
+}
+
+}  // namespace
+
+TEST_CASE("Llama equals transformers' LlamaForCausalLM: logits and every gradient (GQA, rope_theta 5e5)",
+          "[llama][hf]") {
+  TempDir dir("memopt_hf");
+  const auto ref = make_reference(dir);
+  memopt::models::Llama model = memopt::io::load_pretrained(ref.model_dir);
+  REQUIRE(model->config.num_key_value_heads() == 2);
+  REQUIRE(model->config.rope_theta() == 500000.0);  // from transformers 5's rope_parameters
+  check_logits_and_gradients(model, ref);
+}
+
 TEST_CASE("the transformers comparison can fail: another rope_theta moves the logits", "[llama][hf]") {
   TempDir dir("memopt_hf");
   const auto ref = make_reference(dir);
@@ -116,7 +148,7 @@ TEST_CASE("the transformers comparison can fail: another rope_theta moves the lo
 
 TEST_CASE("sharded checkpoints: transformers' shards load in memopt, memopt's in transformers", "[llama][hf][io]") {
   TempDir dir("memopt_hf");
-  const auto ref = make_reference(dir, "100KB");  // ~320 KB of fp32 weights: 4 shards
+  const auto ref = make_reference(dir, "gqa", "100KB");  // ~320 KB of fp32 weights: 4 shards
   REQUIRE(std::filesystem::exists(ref.model_dir + "/model.safetensors.index.json"));
   CHECK(memopt::io::SafetensorsShards::open_dir(ref.model_dir).num_files() == 4);
   memopt::models::Llama model = memopt::io::load_pretrained(ref.model_dir);
@@ -128,11 +160,7 @@ TEST_CASE("sharded checkpoints: transformers' shards load in memopt, memopt's in
   memopt::io::save_pretrained(*model, model->config, dir.file("ours"),
                               memopt::io::SavePretrainedOptions().max_shard_bytes(100'000));
   CHECK(memopt::io::SafetensorsShards::open_dir(dir.file("ours")).num_files() >= 3);
-  memopt::io::save_safetensors(dir.file("inputs.safetensors"), {{"inputs", inputs}});
-  run_reference(dir, "--load '" + dir.file("ours") + "' '" + dir.file("inputs.safetensors") + "' '" +
-                         dir.file("theirs.safetensors") + "'");
-  const auto theirs = memopt::io::SafetensorsFile::open(dir.file("theirs.safetensors"));
-  CHECK(relative_diff(theirs->get("logits"), ref.file->get("logits")) <= kRelTol);
+  CHECK(relative_diff(transformers_run(dir, dir.file("ours"), inputs).logits, ref.file->get("logits")) <= kRelTol);
 }
 
 TEST_CASE("a bf16 load: bf16 weights, logits within transformers' own bf16 error", "[llama][hf][io]") {
@@ -148,4 +176,81 @@ TEST_CASE("a bf16 load: bf16 weights, logits within transformers' own bf16 error
   CHECK(theirs > 0);      // bf16 does round: the comparison can fail
   CHECK(ours <= 2 * theirs);
   WARN("bf16 load: memopt " << ours << ", transformers " << theirs << " (relative to the fp32 logits)");
+}
+
+TEST_CASE("a Llama 3.2-style checkpoint: tied embeddings, llama3 RoPE, GQA, head_dim 24, in shards",
+          "[llama][hf][io]") {
+  TempDir dir("memopt_hf");
+  const auto ref = make_reference(dir, "llama3", "100KB");  // ~340 KB of fp32 weights
+  CHECK(memopt::io::SafetensorsShards::open_dir(ref.model_dir).num_files() >= 3);
+  memopt::models::Llama model = memopt::io::load_pretrained(ref.model_dir);
+  const auto& config = model->config;
+  CHECK(config.tie_word_embeddings());
+  CHECK(config.head_size() == 24);
+  CHECK(config.kv_heads() == 2);
+  CHECK(config.rope_theta() == 500000.0);
+  CHECK(config.rope_scaling().type() == memopt::nn::RopeType::kLlama3);
+  CHECK(config.rope_scaling().factor() == 8.0);
+  CHECK(config.rope_scaling().original_max_position_embeddings() == 32);
+  CHECK(model->lm_head->weight.is_same(model->model->embed_tokens->weight));
+  const auto named = model->named_parameters();
+  CHECK_FALSE(named.contains("lm_head.weight"));
+  CHECK(named["model.layers.0.self_attn.q_proj.weight"].sizes() == torch::IntArrayRef({96, 64}));  // (H·D, C)
+  CHECK(named["model.layers.0.self_attn.k_proj.weight"].sizes() == torch::IntArrayRef({48, 64}));  // (KV·D, C)
+  CHECK(named["model.layers.0.self_attn.o_proj.weight"].sizes() == torch::IntArrayRef({64, 96}));  // (C, H·D)
+  // The shared weight's gradient sums the embedding's and the head's, as transformers' does.
+  check_logits_and_gradients(model, ref);
+
+  // The scaling matters here: plain RoPE on the same weights is far off.
+  CHECK(relative_diff(logits_with(memopt::models::LlamaConfig(config).rope_scaling({}), ref),
+                      ref.file->get("logits")) > 100 * kRelTol);
+}
+
+TEST_CASE("memopt saves a tied Llama that transformers loads tied, with the same logits", "[llama][hf][io]") {
+  TempDir dir("memopt_hf");
+  const auto ref = make_reference(dir, "llama3");
+  memopt::models::Llama model = memopt::io::load_pretrained(ref.model_dir);
+  memopt::io::save_pretrained(*model, model->config, dir.file("ours"),
+                              memopt::io::SavePretrainedOptions().max_shard_bytes(100'000));
+  const auto ours = memopt::io::SafetensorsShards::open_dir(dir.file("ours"));
+  CHECK(ours.num_files() >= 3);
+  CHECK_FALSE(ours.contains("lm_head.weight"));  // one tensor, written once
+  CHECK(ours.contains("model.embed_tokens.weight"));
+  const auto json = nlohmann::json::parse(memopt::test::read_text(dir.file("ours/config.json")));
+  CHECK(json["tie_word_embeddings"] == true);
+  CHECK(json["head_dim"] == 24);
+  CHECK(json["rope_scaling"]["rope_type"] == "llama3");
+
+  const auto theirs = transformers_run(dir, dir.file("ours"), ref.file->get("inputs"));
+  CHECK(theirs.tied);
+  CHECK(relative_diff(theirs.logits, ref.file->get("logits")) <= kRelTol);
+  // …and memopt reads back what it wrote, bit for bit.
+  memopt::models::Llama back = memopt::io::load_pretrained(dir.file("ours"));
+  torch::NoGradGuard no_grad;
+  CHECK(torch::equal(back->forward(ref.file->get("inputs")), model->forward(ref.file->get("inputs"))));
+}
+
+TEST_CASE("linear RoPE (transformers 4's rope_scaling) and dynamic RoPE past max_position_embeddings",
+          "[llama][hf][io]") {
+  for (const auto& [variant, type] : {std::pair{"linear", memopt::nn::RopeType::kLinear},
+                                      std::pair{"dynamic", memopt::nn::RopeType::kDynamic}}) {
+    INFO(variant);
+    TempDir dir("memopt_hf");
+    const auto ref = make_reference(dir, variant);
+    memopt::models::Llama model = memopt::io::load_pretrained(ref.model_dir);
+    const auto& config = model->config;
+    CHECK(config.rope_scaling().type() == type);
+    CHECK(config.rope_theta() == 10000.0);
+    const int64_t T = ref.file->get("inputs").size(1);
+    if (type == memopt::nn::RopeType::kDynamic) {
+      CHECK(config.rope_scaling().factor() == 2.0);
+      REQUIRE(T > config.max_position_embeddings());  // 32 > 16: where dynamic scaling acts
+    } else {
+      CHECK(config.rope_scaling().factor() == 4.0);  // read from {"type": "linear", "factor": 4.0}
+    }
+    check_logits_and_gradients(model, ref);
+    // Plain RoPE (room for T positions) on the same weights is far off.
+    auto plain = memopt::models::LlamaConfig(config).rope_scaling({}).max_position_embeddings(T);
+    CHECK(relative_diff(logits_with(plain, ref), ref.file->get("logits")) > 100 * kRelTol);
+  }
 }

@@ -236,3 +236,93 @@ TEST_CASE("shape_for_params sizes a LLaMA to about the target, with LLaMA-like p
   memopt::test::require_error([&] { memopt::models::shape_for_params(0, base); }, "shape_for_params",
                               {"target_params must be >= 1 (got 0)"});
 }
+
+namespace {
+
+memopt::models::LlamaConfig tied_config() {
+  return memopt::models::LlamaConfig()
+      .vocab_size(40)
+      .hidden_size(32)
+      .num_hidden_layers(2)
+      .num_attention_heads(4)
+      .num_key_value_heads(2)
+      .head_dim(12)  // not 32 / 4
+      .intermediate_size(48)
+      .max_position_embeddings(16)
+      .tie_word_embeddings(true);
+}
+
+}  // namespace
+
+TEST_CASE("a tied Llama holds one weight: the head's is the embedding's, listed once", "[llama]") {
+  torch::manual_seed(2);
+  memopt::models::Llama tied(tied_config());
+  CHECK(tied->lm_head->weight.is_same(tied->model->embed_tokens->weight));
+  CHECK(tied->lm_head->parameters().empty());
+  const auto named = tied->named_parameters();
+  CHECK_FALSE(named.contains("lm_head.weight"));
+  CHECK(named.contains("model.embed_tokens.weight"));
+  memopt::models::Llama untied(tied_config().tie_word_embeddings(false));
+  CHECK(named.size() + 1 == untied->named_parameters().size());
+  std::vector<int64_t> numels;
+  for (const auto& p : tied->parameters()) numels.push_back(p.numel());
+  CHECK(memopt::models::describe(tied_config()).parameter_numels() == numels);  // the estimator counts it once
+
+  // head_dim 12: q_proj (H·D, C), k/v_proj (KV·D, C), o_proj (C, H·D).
+  CHECK(named["model.layers.0.self_attn.q_proj.weight"].sizes() == torch::IntArrayRef({48, 32}));
+  CHECK(named["model.layers.0.self_attn.k_proj.weight"].sizes() == torch::IntArrayRef({24, 32}));
+  CHECK(named["model.layers.0.self_attn.o_proj.weight"].sizes() == torch::IntArrayRef({32, 48}));
+
+  // The tied gradient is the sum of the untied model's embedding and head gradients.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : untied->named_parameters())
+      item.value().copy_(item.key() == "lm_head.weight" ? named["model.embed_tokens.weight"] : named[item.key()]);
+  }
+  const auto tokens = torch::arange(24, torch::kLong).remainder(40).view({2, 12});
+  const memopt::Batch batch{tokens, tokens.roll(-1, 1)};
+  tied->loss_sum(batch, memopt::recompute::None{}).backward();
+  untied->loss_sum(batch, memopt::recompute::None{}).backward();
+  const auto untied_named = untied->named_parameters();
+  const auto sum = untied_named["model.embed_tokens.weight"].grad() + untied_named["lm_head.weight"].grad();
+  CHECK(max_abs_diff(tied->model->embed_tokens->weight.grad(), sum) <= 1e-5 * sum.abs().max().item<double>());
+
+  // An optimizer step moves the one tensor; the head follows.
+  torch::optim::AdamW adamw(tied->parameters(), torch::optim::AdamWOptions(1e-2));
+  const auto before = tied->lm_head->weight.clone();
+  adamw.step();
+  CHECK_FALSE(torch::equal(tied->lm_head->weight, before));
+  CHECK(tied->lm_head->weight.is_same(tied->model->embed_tokens->weight));
+
+  // A dtype change and a clone keep the tie.
+  tied->to(torch::kBFloat16);
+  CHECK(tied->lm_head->weight.scalar_type() == torch::kBFloat16);
+  CHECK(tied->lm_head->weight.is_same(tied->model->embed_tokens->weight));
+  auto copy = std::dynamic_pointer_cast<memopt::models::LlamaImpl>(tied->clone());
+  REQUIRE(copy != nullptr);
+  CHECK(copy->lm_head->weight.is_same(copy->model->embed_tokens->weight));
+  CHECK_FALSE(copy->lm_head->weight.is_same(tied->lm_head->weight));
+  CHECK(torch::equal(copy->lm_head->weight, tied->lm_head->weight));
+  CHECK(copy->named_parameters().size() == named.size());
+}
+
+TEST_CASE("dynamic RoPE runs past max_position_embeddings and equals plain RoPE within it", "[llama]") {
+  torch::manual_seed(3);
+  const auto plain_config = tied_config().max_position_embeddings(16);
+  const auto dynamic_config = memopt::models::LlamaConfig(plain_config).rope_scaling(
+      memopt::nn::RopeScaling().type(memopt::nn::RopeType::kDynamic).factor(2.0));
+  memopt::models::Llama plain(plain_config), dynamic(dynamic_config);
+  {
+    torch::NoGradGuard no_grad;
+    const auto from = plain->named_parameters();
+    for (auto& item : dynamic->named_parameters()) item.value().copy_(from[item.key()]);
+  }
+  torch::NoGradGuard no_grad;
+  const auto tokens = torch::arange(24, torch::kLong).remainder(40).view({1, 24});
+  const auto within = tokens.narrow(1, 0, 16);
+  CHECK(torch::equal(dynamic->forward(within), plain->forward(within)));  // the base grows only past 16
+  CHECK_THROWS_WITH(plain->forward(tokens), Catch::Contains("exceeds max_position_embeddings 16"));
+  const auto longer = dynamic->forward(tokens);  // (1, 24, V)
+  CHECK(longer.size(1) == 24);
+  CHECK(torch::isfinite(longer).all().item<bool>());
+}

@@ -332,4 +332,11 @@ TEST_CASE("MoE bad input: a clear error naming the value and the allowed ones", 
                 {"moe-huge", "moe-nano, moe-micro, moe-mini"});
   require_error([] { memopt::models::MoeLM model(tiny_config(0).aux_loss_coef(-1)); }, "memopt::models::MoeConfig",
                 {"aux_loss_coef", "-1"});
+  require_error(
+      [] {
+        auto config = tiny_config(0);
+        config.base().tie_word_embeddings(true);
+        memopt::models::MoeLM model(config);
+      },
+      "memopt::models::MoeConfig", {"tie_word_embeddings true", "own lm_head"});
 }

@@ -1,7 +1,8 @@
 // memopt/io/pretrained.hpp — HuggingFace-style checkpoints of memopt::models::Llama: a
 // folder with config.json (HF's LlamaConfig fields) and model.safetensors, or shards listed by
 // model.safetensors.index.json (HF parameter names), as written by transformers'
-// save_pretrained. save_pretrained()/load_pretrained() round-trip a model; load_state_dict()
+// save_pretrained, tied embeddings, head_dim and scaled RoPE included (linear, dynamic, llama3:
+// Llama 3.1 / 3.2). save_pretrained()/load_pretrained() round-trip a model; load_state_dict()
 // loads any module strictly from a file or shards, naming what is missing, unexpected or of
 // the wrong shape.
 #pragma once
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -57,6 +59,12 @@ class ConfigFields {
                 "num_hidden_layers and num_attention_heads; write it with memopt::io::write_llama_config or "
                 "take it from the model's HF folder");
     return positive_int(key, *value);
+  }
+
+  /// A number that must be present; `hint` says what the field holds.
+  double required_number(const char* key, const std::string& hint) const {
+    TORCH_CHECK(find(key) != nullptr, where(key), " is missing. HINT: ", hint);
+    return number_or(key, 0.0);
   }
 
   /// A positive integer, or `fallback` when absent.
@@ -114,10 +122,63 @@ class ConfigFields {
   const nlohmann::json& json_;
 };
 
+/// RoPE as transformers 5 reads it from config.json: the object under "rope_scaling"
+/// (transformers 4) or, when that is absent, null or {}, "rope_parameters" (5); its "rope_type"
+/// ("type" in older files; neither: default) and the fields that type needs; theta from the
+/// object's "rope_theta", else the top-level one, else 10000. llama3's
+/// original_max_position_embeddings defaults to max_position_embeddings, as in transformers.
+inline std::pair<double, nn::RopeScaling> read_rope(const ConfigFields& fields, const std::string& path,
+                                                    int64_t max_position_embeddings) {
+  double theta = fields.number_or("rope_theta", 10000.0);
+  const auto* scaling_json = fields.find("rope_scaling");
+  const char* key = scaling_json != nullptr && *scaling_json != nlohmann::json::object() ? "rope_scaling"
+                                                                                          : "rope_parameters";
+  const auto* rope = fields.find(key);
+  nn::RopeScaling scaling;
+  if (fields.number_or("partial_rotary_factor", 1.0) != 1.0)
+    fields.unsupported("partial_rotary_factor", *fields.find("partial_rotary_factor"), "memopt rotates whole heads");
+  if (rope == nullptr) return {theta, scaling};
+  TORCH_CHECK(rope->is_object(), fields.where(key), " must be an object (got ", snippet(*rope),
+              "). HINT: {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}");
+  const ConfigFields rope_fields(path + " (" + key + ")", *rope);
+  const std::string type = rope_fields.string_or("rope_type", rope_fields.string_or("type", "default"));
+  if (type == "linear") {
+    scaling.type(nn::RopeType::kLinear);
+  } else if (type == "dynamic") {
+    scaling.type(nn::RopeType::kDynamic);
+  } else if (type == "llama3") {
+    scaling.type(nn::RopeType::kLlama3);
+  } else {
+    TORCH_CHECK(type == "default", fields.where(key), ": rope_type \"", type, "\" is not one memopt implements (",
+                snippet(*rope), "). HINT: memopt's RoPE implements the rope types default, linear, dynamic and "
+                "llama3, as transformers' modeling_rope_utils.py computes them; yarn, longrope and others are not "
+                "implemented");
+  }
+  if (rope_fields.number_or("partial_rotary_factor", 1.0) != 1.0)
+    fields.unsupported(key, *rope, "memopt rotates whole heads (partial_rotary_factor 1)");
+  const double rope_theta = rope_fields.number_or("rope_theta", theta);
+  TORCH_CHECK(fields.find("rope_theta") == nullptr || rope_theta == theta, fields.where("rope_theta"), " is ", theta,
+              " but ", key, ".rope_theta is ", rope_theta, ". HINT: keep one of them.");
+  if (scaling.type() == nn::RopeType::kDefault) return {rope_theta, scaling};
+  const std::string hint = std::string("rope_type \"") + type + "\" needs it; Llama 3.1 writes {\"rope_type\": "
+                           "\"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                           "\"original_max_position_embeddings\": 8192}, linear and dynamic need only factor";
+  scaling.factor(rope_fields.required_number("factor", hint));
+  if (scaling.type() == nn::RopeType::kLlama3) {
+    scaling.low_freq_factor(rope_fields.required_number("low_freq_factor", hint))
+        .high_freq_factor(rope_fields.required_number("high_freq_factor", hint))
+        .original_max_position_embeddings(
+            rope_fields.int_or("original_max_position_embeddings", max_position_embeddings));
+  }
+  return {rope_theta, scaling};
+}
+
 }  // namespace detail
 
 /// HF config.json fields of `config` (LlamaForCausalLM), with the head count and FFN width
-/// resolved. The one memopt-only field, "causal", is written only when false.
+/// resolved. head_dim is written when set, a RoPE scaling as transformers 4's "rope_scaling"
+/// (which transformers 5 reads too). The one memopt-only field, "causal", is written only when
+/// false.
 ///   std::string text = memopt::io::to_json(config).dump(2);
 inline nlohmann::json to_json(const models::LlamaConfig& config, torch::Dtype dtype = torch::kFloat32) {
   const char* dtype_name = detail::hf_dtype_name(dtype);
@@ -138,9 +199,18 @@ inline nlohmann::json to_json(const models::LlamaConfig& config, torch::Dtype dt
       {"attention_dropout", config.dropout()},
       {"initializer_range", config.initializer_range()},
       {"hidden_act", "silu"},
-      {"tie_word_embeddings", false},
+      {"tie_word_embeddings", config.tie_word_embeddings()},
       {"torch_dtype", dtype_name},
   };
+  if (config.head_dim() > 0) json["head_dim"] = config.head_dim();
+  if (const auto& s = config.rope_scaling(); s.type() != nn::RopeType::kDefault) {
+    json["rope_scaling"] = {{"rope_type", nn::rope_type_name(s.type())}, {"factor", s.factor()}};
+    if (s.type() == nn::RopeType::kLlama3) {
+      json["rope_scaling"]["low_freq_factor"] = s.low_freq_factor();
+      json["rope_scaling"]["high_freq_factor"] = s.high_freq_factor();
+      json["rope_scaling"]["original_max_position_embeddings"] = s.original_max_position_embeddings();
+    }
+  }
   if (!config.causal()) json["causal"] = false;
   return json;
 }
@@ -150,10 +220,10 @@ inline nlohmann::json to_json(const models::LlamaConfig& config, torch::Dtype dt
 /// 10000, num_key_value_heads = num_attention_heads); vocab_size, hidden_size,
 /// num_hidden_layers and num_attention_heads are required. "attention_dropout" becomes
 /// LlamaConfig::dropout (which memopt also applies to residual branches); torch_dtype is
-/// ignored. RoPE's theta is read where either transformers writes it: "rope_theta" (4.x) or
-/// "rope_parameters": {"rope_theta", "rope_type": "default"} (5.x). Tied embeddings, rope_scaling,
-/// other rope types, a head_dim other than hidden_size / num_attention_heads, biases and
-/// activations other than silu are rejected.
+/// ignored. tie_word_embeddings and head_dim (any even width) are read; RoPE where either
+/// transformers writes it: "rope_theta" and "rope_scaling" (4.x) or "rope_parameters" (5.x),
+/// with the rope types default, linear, dynamic and llama3 (detail::read_rope). Other rope
+/// types, biases and activations other than silu are rejected.
 ///   auto config = memopt::io::read_llama_config("checkpoints/tiny/config.json");
 inline models::LlamaConfig read_llama_config(const std::string& path) {
   std::ifstream in(path);
@@ -170,35 +240,19 @@ inline models::LlamaConfig read_llama_config(const std::string& path) {
               detail::snippet(json), "). HINT: fix or rewrite it with memopt::io::write_llama_config");
   const detail::ConfigFields fields(path, json);
 
-  if (fields.bool_or("tie_word_embeddings", false))
-    fields.unsupported("tie_word_embeddings", true,
-                       "memopt's Llama has an untied lm_head; untie the checkpoint (save lm_head.weight as a "
-                       "copy of model.embed_tokens.weight) and set tie_word_embeddings to false");
   if (const std::string act = fields.string_or("hidden_act", "silu"); act != "silu")
     fields.unsupported("hidden_act", act, "memopt's SwiGLU uses silu");
-  if (const auto* scaling = fields.find("rope_scaling"))
-    fields.unsupported("rope_scaling", *scaling, "memopt's RoPE has no scaling; set rope_scaling to null");
   for (const char* bias : {"attention_bias", "mlp_bias"})
     if (fields.bool_or(bias, false)) fields.unsupported(bias, true, "memopt's projections have no bias");
   // transformers 5 moved rope_theta into rope_parameters; a theta read from neither would
   // silently fall back to 10000 and give wrong logits.
-  double rope_theta = fields.number_or("rope_theta", 10000.0);
-  if (const auto* rope = fields.find("rope_parameters")) {
-    TORCH_CHECK(rope->is_object(), fields.where("rope_parameters"), " must be an object (got ",
-                detail::snippet(*rope), "). HINT: {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}");
-    const detail::ConfigFields rope_fields(path + " (rope_parameters)", *rope);
-    if (const std::string type = rope_fields.string_or("rope_type", "default"); type != "default")
-      fields.unsupported("rope_parameters", *rope, "memopt's RoPE is the default one; no scaling types");
-    const double theta = rope_fields.number_or("rope_theta", rope_theta);
-    TORCH_CHECK(fields.find("rope_theta") == nullptr || theta == rope_theta, fields.where("rope_theta"), " is ",
-                rope_theta, " but rope_parameters.rope_theta is ", theta, ". HINT: keep one of them.");
-    rope_theta = theta;
-  }
-  const int64_t heads = fields.required_int("num_attention_heads");
-  if (const auto* head_dim = fields.find("head_dim");
-      head_dim != nullptr && (!head_dim->is_number_integer() ||
-                              head_dim->get<int64_t>() * heads != fields.required_int("hidden_size")))
-    fields.unsupported("head_dim", *head_dim, "memopt's heads are hidden_size / num_attention_heads wide");
+  const int64_t max_positions = fields.int_or("max_position_embeddings", 2048);
+  const auto [rope_theta, rope_scaling] = detail::read_rope(fields, path, max_positions);
+  // head_dim equal to hidden_size / num_attention_heads (transformers 5 writes it always) stays
+  // implicit, so such configs write back as before.
+  const int64_t hidden = fields.required_int("hidden_size"), heads = fields.required_int("num_attention_heads");
+  int64_t head_dim = fields.int_or("head_dim", 0);
+  if (hidden % heads == 0 && head_dim == hidden / heads) head_dim = 0;
 
   auto config = models::LlamaConfig()
                     .vocab_size(fields.required_int("vocab_size"))
@@ -206,9 +260,12 @@ inline models::LlamaConfig read_llama_config(const std::string& path) {
                     .num_hidden_layers(fields.required_int("num_hidden_layers"))
                     .num_attention_heads(fields.required_int("num_attention_heads"))
                     .num_key_value_heads(fields.int_or("num_key_value_heads", 0))
+                    .head_dim(head_dim)
                     .intermediate_size(fields.int_or("intermediate_size", 11008))
-                    .max_position_embeddings(fields.int_or("max_position_embeddings", 2048))
+                    .max_position_embeddings(max_positions)
                     .rope_theta(rope_theta)
+                    .rope_scaling(rope_scaling)
+                    .tie_word_embeddings(fields.bool_or("tie_word_embeddings", false))
                     .rms_norm_eps(fields.number_or("rms_norm_eps", 1e-6))
                     .dropout(fields.number_or("attention_dropout", 0.0))
                     .initializer_range(fields.number_or("initializer_range", 0.02))
@@ -233,6 +290,7 @@ inline void write_llama_config(const models::LlamaConfig& config, const std::str
 
 /// What load_state_dict() accepts.   LoadStateDictOptions().strict(false)
 struct LoadStateDictOptions {
+  using NameMap = std::map<std::string, std::string>;
   /// true: every parameter and buffer of the model must be in the file, and every tensor
   /// of the file in the model (except harmless extras such as rotary_emb.inv_freq).
   TORCH_ARG(bool, strict) = true;
@@ -241,6 +299,12 @@ struct LoadStateDictOptions {
   /// the file's rows are copied and each new row is set to the mean of the file's rows, so
   /// new tokens start as an average token instead of noise.
   TORCH_ARG(bool, grow_vocab) = false;
+  /// File tensors to pass over: not loaded, not counted as unexpected (load_pretrained: a tied
+  /// checkpoint's lm_head.weight equal to its model.embed_tokens.weight).
+  TORCH_ARG(std::vector<std::string>, skip) = {};
+  /// Model tensor name -> the file tensor it is read from when the file lacks its own name
+  /// (load_pretrained: a tied checkpoint holding lm_head.weight only, as transformers reads it).
+  TORCH_ARG(NameMap, fallback) = {};
 };
 
 namespace detail {
@@ -262,11 +326,16 @@ void load_state_dict(torch::nn::Module& model, const Source& file, const LoadSta
   for (const auto& item : model.named_parameters()) targets.emplace_back(item.key(), item.value());
   for (const auto& item : model.named_buffers()) targets.emplace_back(item.key(), item.value());
 
+  // The file tensor each model tensor is read from: its own name, else options.fallback()'s.
+  auto source_of = [&](const std::string& name) {
+    const auto it = options.fallback().find(name);
+    return file.contains(name) || it == options.fallback().end() ? name : it->second;
+  };
   std::vector<std::string> missing, unexpected;
-  std::set<std::string> known;
+  std::set<std::string> known(options.skip().begin(), options.skip().end());
   for (const auto& [name, tensor] : targets) {
-    known.insert(name);
-    if (!file.contains(name)) missing.push_back(name);
+    known.insert(source_of(name));
+    if (!file.contains(source_of(name))) missing.push_back(name);
   }
   for (const auto& name : file.names()) {
     const bool harmless = name.ends_with(".rotary_emb.inv_freq");  // HF recomputes it, so do we
@@ -283,8 +352,8 @@ void load_state_dict(torch::nn::Module& model, const Source& file, const LoadSta
                 "weights, or pass LoadStateDictOptions().strict(false) to skip them");
   }
   for (const auto& [name, tensor] : targets) {
-    if (!file.contains(name)) continue;
-    const auto& shape = file.info(name).shape;
+    if (!file.contains(source_of(name))) continue;
+    const auto& shape = file.info(source_of(name)).shape;
     const bool grows = options.grow_vocab() && detail::is_vocab_tensor(name) && tensor.dim() == 2 &&
                        shape.size() == 2 && tensor.size(1) == shape[1] && tensor.size(0) > shape[0];
     TORCH_CHECK(grows || tensor.sizes() == torch::IntArrayRef(shape), who, ": tensor '", name, "' has shape ",
@@ -297,8 +366,8 @@ void load_state_dict(torch::nn::Module& model, const Source& file, const LoadSta
 
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : targets) {
-    if (!file.contains(name)) continue;
-    const torch::Tensor source = file.get(name);
+    if (!file.contains(source_of(name))) continue;
+    const torch::Tensor source = file.get(source_of(name));
     if (source.sizes() == tensor.sizes()) {
       tensor.copy_(source);
       continue;
@@ -329,7 +398,8 @@ struct LoadPretrainedOptions {
 /// Writes `dir`/config.json and the weights (HF names, metadata {"format": "pt"}, parameters
 /// and floating buffers cast to the options' dtype): model.safetensors, or shards and
 /// model.safetensors.index.json over max_shard_bytes. Creates `dir`. `config` must be the one
-/// the model was built with.
+/// the model was built with. A tied Llama lists its shared weight once, as
+/// model.embed_tokens.weight, so no lm_head.weight is written (config.json: tie_word_embeddings).
 ///   memopt::io::save_pretrained(*model, model->config, "checkpoints/tiny", SavePretrainedOptions().dtype(torch::kBFloat16));
 inline void save_pretrained(torch::nn::Module& model, const models::LlamaConfig& config, const std::string& dir,
                             const SavePretrainedOptions& options) {
@@ -368,8 +438,9 @@ inline void save_pretrained(models::Llama& model, const std::string& dir, torch:
 
 /// Builds a Llama from `dir`/config.json (float32 on the CPU unless the options say otherwise)
 /// and loads its weights into it strictly: model.safetensors, or the shards
-/// model.safetensors.index.json lists. The model is returned in training mode, like a freshly
-/// built one.
+/// model.safetensors.index.json lists. A tied model reads model.embed_tokens.weight only (see
+/// below for a tied checkpoint that holds lm_head.weight too). The model is returned in
+/// training mode, like a freshly built one.
 ///   memopt::models::Llama model = memopt::io::load_pretrained("checkpoints/tiny");
 ///   auto bf16 = memopt::io::load_pretrained("checkpoints/llama", LoadPretrainedOptions().dtype(torch::kBFloat16));
 inline models::Llama load_pretrained(const std::string& dir, const LoadPretrainedOptions& options = {}) {
@@ -389,11 +460,29 @@ inline models::Llama load_pretrained(const std::string& dir, const LoadPretraine
     TORCH_CHECK(false, "memopt::io: load_pretrained: '", weights_path, "' does not exist (nor a sharded "
                 "model.safetensors.index.json). HINT: ", hint);
   }
-  const models::LlamaConfig config = read_llama_config(config_path);
+  models::LlamaConfig config = read_llama_config(config_path);
   const auto weights = SafetensorsShards::open_dir(dir);  // every shard validated before the model is built
+  LoadStateDictOptions load;
+  if (config.tie_word_embeddings() && weights.contains("lm_head.weight")) {
+    // A tied checkpoint that holds lm_head.weight too, read as transformers 5 reads it: the
+    // embedding from lm_head.weight when model.embed_tokens.weight is absent; lm_head.weight
+    // passed over when equal to it; the model untied, with a warning, when not.
+    const std::string embed = "model.embed_tokens.weight";
+    if (!weights.contains(embed)) {
+      load.fallback({{embed, "lm_head.weight"}});
+    } else if (const auto head = weights.get("lm_head.weight"), table = weights.get(embed);
+               head.sizes() == table.sizes() && torch::equal(head, table.to(head.scalar_type()))) {
+      load.skip({"lm_head.weight"});
+    } else {
+      TORCH_WARN("memopt::io: load_pretrained('", dir, "'): config.json sets tie_word_embeddings but lm_head.weight "
+                 "differs from ", embed, ", so the model is loaded untied, as transformers does. HINT: set "
+                 "tie_word_embeddings to false in config.json to say so");
+      config.tie_word_embeddings(false);
+    }
+  }
   models::Llama model(config);
   model->to(options.device(), options.dtype());
-  load_state_dict(*model, weights);
+  load_state_dict(*model, weights, load);
   return model;
 }
 

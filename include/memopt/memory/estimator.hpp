@@ -96,8 +96,10 @@ struct PerElement {
 // code and checked against the tracker (tests/memory/estimator_test.cpp):
 //   fp32: two RMSNorms (x·rsqrt and its weighted output: 2 tensors each), q and k before and
 //     after RoPE, the head-major copies the attention matmuls take, v, the attention output
-//     before o_proj, the residual h, the block output: 12 (B, T, C); gate, up, silu(gate) and
-//     their product: 4 (B, T, F); the fp32 softmax: 1 (B, H, T, T).
+//     before o_proj, the residual h, the block output: 12 (B, T, C) (counted at width C as
+//     when H·D = C, as in Llama 3: a head_dim with H·D ≠ C enters the parameter counts, the
+//     gradient moments and the FLOPs, not these); gate, up, silu(gate) and their product:
+//     4 (B, T, F); the fp32 softmax: 1 (B, H, T, T).
 //   bf16 autocast: the norms and the residual stream stay fp32, the matmul outputs are bf16
 //     and every linear input is saved as its bf16 cast; the softmax is fp32 and its bf16 copy
 //     feeds the PV matmul. (The bf16 weight casts are counted separately.)
@@ -159,8 +161,9 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const bool math = m.attention == nn::AttentionKind::kMath;
   const double grad_e = pure ? 2 : 4;  // gradients are the parameters' dtype until the step
   const double experts = static_cast<double>(std::max<int64_t>(m.num_experts, 1));
-  const double block_params = 2 * C * C + 2 * C * static_cast<double>(m.kv_dim()) + experts * 3 * C * F +
-                              static_cast<double>(m.num_experts) * C + 2 * C;
+  const double Q = static_cast<double>(m.q_dim()), KV = static_cast<double>(m.kv_dim());  // H·D, KV·D
+  const double block_params = 2 * C * Q + 2 * C * KV + experts * 3 * C * F + static_cast<double>(m.num_experts) * C +
+                              2 * C;
   const double embed_params = V * C;
 
   Estimate e;
@@ -219,7 +222,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double head_bwd = fwd_end + (run.lm_head ? chunk_rows * V * (m.kd ? 12 : 8) : 0);  // 2 (3 with KD) fp32 grads
   // lm_head and final norm first; stepped in backward: one block parameter's gradient and AdamW's
   // temporaries at a time
-  const double block_largest = std::max({C * C, C * static_cast<double>(m.kv_dim()), C * F});
+  const double block_largest = std::max({C * Q, C * KV, C * F});
   double grads = in_backward ? (grad_e + 2 * 4) * block_largest
                  : grads_held > 0 ? grads_held
                                   : grad_e * (embed_params + C);

@@ -17,6 +17,8 @@ namespace memopt::memory {
 ///   auto desc = memopt::models::describe(cfg);
 struct ModelDesc {
   int64_t vocab_size = 0, hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, ffn_size = 0;
+  int64_t head_size = 0;         // the width of one head; 0: hidden_size / num_heads
+  bool tied_embeddings = false;  // lm_head computes with embed_tokens' weight: no tensor of its own
   nn::AttentionKind attention = nn::AttentionKind::kMath;
   int64_t loss_chunk_size = 0;  // > 0: the head and loss run fused by chunks (no (B·T, V) logits)
   bool dropout = false;         // dropout masks are saved too
@@ -31,23 +33,25 @@ struct ModelDesc {
 
   /// Rows each token sends through the feed-forward: 1, or top_k for a mixture of experts.
   int64_t ffn_rows() const { return num_experts > 0 ? top_k : 1; }
-  int64_t head_dim() const { return hidden_size / num_heads; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : hidden_size / num_heads; }
+  int64_t q_dim() const { return num_heads * head_dim(); }
   int64_t kv_dim() const { return num_kv_heads * head_dim(); }
 
-  /// Every parameter tensor's element count, in the model's registration order.
+  /// Every parameter tensor's element count, in the model's registration order (a tied
+  /// head's weight is the embedding's, counted once).
   std::vector<int64_t> parameter_numels() const {
-    const int64_t C = hidden_size, KV = kv_dim(), F = ffn_size;
+    const int64_t C = hidden_size, Q = q_dim(), KV = kv_dim(), F = ffn_size;
     std::vector<int64_t> n{vocab_size * C};  // embed_tokens
     for (int64_t l = 0; l < num_layers; ++l) {
-      for (int64_t x : {C * C, C * KV, C * KV, C * C}) n.push_back(x);  // q, k, v, o
+      for (int64_t x : {Q * C, KV * C, KV * C, C * Q}) n.push_back(x);  // q, k, v, o
       if (num_experts > 0) n.push_back(num_experts * C);                 // the router
       for (int64_t e = 0; e < std::max<int64_t>(num_experts, 1); ++e)
         for (int64_t x : {F * C, F * C, C * F}) n.push_back(x);          // gate, up, down
       n.push_back(C);  // the norms
       n.push_back(C);
     }
-    n.push_back(C);               // norm
-    n.push_back(vocab_size * C);  // lm_head
+    n.push_back(C);                                   // norm
+    if (!tied_embeddings) n.push_back(vocab_size * C);  // lm_head
     return n;
   }
   int64_t num_parameters() const {
@@ -56,10 +60,11 @@ struct ModelDesc {
     return s;
   }
   /// Forward FLOPs of one token through the model (matmuls; attention at sequence length T).
+  /// A tied head still multiplies by the (V, C) weight.
   double forward_flops_per_token(int64_t T) const {
-    const double C = hidden_size, KV = kv_dim(), F = ffn_size;
-    const double block = 2 * (C * C + 2 * C * KV + C * C + 3 * C * F * static_cast<double>(ffn_rows()) +
-                               C * static_cast<double>(num_experts)) + 4.0 * T * C;
+    const double C = hidden_size, Q = q_dim(), KV = kv_dim(), F = ffn_size;
+    const double block = 2 * (C * Q + 2 * C * KV + Q * C + 3 * C * F * static_cast<double>(ffn_rows()) +
+                               C * static_cast<double>(num_experts)) + 4.0 * T * Q;
     return num_layers * block + 2 * C * vocab_size;
   }
 };

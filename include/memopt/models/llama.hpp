@@ -1,12 +1,16 @@
 // memopt/models/llama.hpp — a LLaMA-style decoder: token embedding, N blocks of
 // (RMSNorm → attention with RoPE and optional grouped KV heads → RMSNorm → SwiGLU),
-// final norm and an untied output head. Parameter names follow HuggingFace
+// final norm and an output head, its own or tied to the embedding (tie_word_embeddings). Heads
+// may be narrower or wider than hidden_size / heads (head_dim); RoPE may be scaled (linear,
+// dynamic, llama3: nn/rope.hpp). Parameter names follow HuggingFace
 // (model.layers.N.self_attn.q_proj.weight, lm_head.weight, …) so real checkpoints load.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -33,10 +37,16 @@ struct LlamaConfig {
   TORCH_ARG(int64_t, num_attention_heads) = 8;
   /// 0 means num_attention_heads (no grouped-query attention).
   TORCH_ARG(int64_t, num_key_value_heads) = 0;
+  /// Width of one attention head; 0 means hidden_size / num_attention_heads.
+  TORCH_ARG(int64_t, head_dim) = 0;
   /// 0 means LLaMA's rule: 8/3 · hidden_size rounded up to a multiple of 64.
   TORCH_ARG(int64_t, intermediate_size) = 0;
   TORCH_ARG(int64_t, max_position_embeddings) = 2048;
   TORCH_ARG(double, rope_theta) = 10000.0;
+  /// HF's rope_scaling (rope_parameters in transformers 5): default (none), linear, dynamic, llama3.
+  TORCH_ARG(nn::RopeScaling, rope_scaling) = {};
+  /// true: lm_head computes with model.embed_tokens.weight, one tensor registered once.
+  TORCH_ARG(bool, tie_word_embeddings) = false;
   TORCH_ARG(double, rms_norm_eps) = 1e-5;
   /// Dropout on attention probabilities and on each residual branch (training only).
   TORCH_ARG(double, dropout) = 0.0;
@@ -61,11 +71,28 @@ struct LlamaConfig {
     return (raw + 63) / 64 * 64;
   }
   int64_t kv_heads() const { return num_key_value_heads_ > 0 ? num_key_value_heads_ : num_attention_heads_; }
+  /// head_dim, or hidden_size / num_attention_heads when 0.
+  int64_t head_size() const { return head_dim_ > 0 ? head_dim_ : hidden_size_ / num_attention_heads_; }
+
+  /// The RoPE tables' options: head_size(), rope_theta, rope_scaling, max_position_embeddings.
+  nn::RopeOptions rope() const {
+    return nn::RopeOptions(head_size()).theta(rope_theta_).scaling(rope_scaling_).max_position_embeddings(
+        max_position_embeddings_);
+  }
+
+  /// Fails when a sequence of T tokens is longer than max_position_embeddings, unless RoPE is
+  /// dynamic (which grows its base for such sequences, as transformers does).
+  void check_seq_len(int64_t T, const char* who) const {
+    TORCH_CHECK(T <= max_position_embeddings_ || rope_scaling_.type() == nn::RopeType::kDynamic, who,
+                ": sequence length ", T, " exceeds max_position_embeddings ", max_position_embeddings_,
+                ". HINT: lower --seq_len or raise max_position_embeddings.");
+  }
 
   /// The self-attention of one block.
   nn::AttentionOptions attention_options() const {
     return nn::AttentionOptions(hidden_size_, num_attention_heads_)
         .num_kv_heads(kv_heads())
+        .head_dim(head_dim_)
         .causal(causal_)
         .dropout(dropout_)
         .kind(attention_kind_)
@@ -83,9 +110,21 @@ struct LlamaConfig {
     positive(num_hidden_layers_, "num_hidden_layers");
     positive(num_attention_heads_, "num_attention_heads");
     positive(max_position_embeddings_, "max_position_embeddings");
-    TORCH_CHECK(hidden_size_ % num_attention_heads_ == 0 && (hidden_size_ / num_attention_heads_) % 2 == 0,
-                "memopt::models::LlamaConfig: hidden_size / num_attention_heads must be an even integer (got ",
-                hidden_size_, " / ", num_attention_heads_, "). HINT: RoPE rotates pairs of head dimensions.");
+    TORCH_CHECK(head_dim_ >= 0, "memopt::models::LlamaConfig: head_dim must be >= 0 (got ", head_dim_,
+                "). HINT: 0 means hidden_size / num_attention_heads.");
+    if (head_dim_ > 0) {
+      TORCH_CHECK(head_dim_ % 2 == 0, "memopt::models::LlamaConfig: head_dim must be even (got ", head_dim_,
+                  "). HINT: RoPE rotates pairs of head dimensions.");
+    } else {
+      TORCH_CHECK(hidden_size_ % num_attention_heads_ == 0 && (hidden_size_ / num_attention_heads_) % 2 == 0,
+                  "memopt::models::LlamaConfig: hidden_size / num_attention_heads must be an even integer (got ",
+                  hidden_size_, " / ", num_attention_heads_, "). HINT: RoPE rotates pairs of head dimensions; "
+                  "or set head_dim.");
+    }
+    rope_scaling_.validate();
+    TORCH_CHECK(rope_scaling_.type() != nn::RopeType::kDynamic || head_size() > 2,
+                "memopt::models::LlamaConfig: dynamic RoPE needs heads wider than 2 (got head size ", head_size(),
+                "). HINT: its base grows with the power D / (D - 2).");
     TORCH_CHECK(num_attention_heads_ % kv_heads() == 0,
                 "memopt::models::LlamaConfig: num_attention_heads must be a multiple of num_key_value_heads (got ",
                 num_attention_heads_, " and ", kv_heads(), "). HINT: each key/value head serves an equal group of "
@@ -110,6 +149,8 @@ inline memory::ModelDesc describe(const LlamaConfig& c) {
   d.num_layers = c.num_hidden_layers();
   d.num_heads = c.num_attention_heads();
   d.num_kv_heads = c.kv_heads();
+  d.head_size = c.head_size();
+  d.tied_embeddings = c.tie_word_embeddings();
   d.ffn_size = c.ffn_size();
   d.attention = c.attention_kind();
   d.loss_chunk_size = c.loss_chunk_size();
@@ -134,7 +175,8 @@ inline LlamaConfig shape_for_params(int64_t target_params, LlamaConfig base) {
   std::vector<Shape> shapes;
   for (int64_t dim = 64; dim <= 16384; dim += 64) {
     auto c = base;
-    c.hidden_size(dim).num_attention_heads(dim >= 128 ? dim / 64 : dim / 32).num_key_value_heads(0).intermediate_size(0);
+    c.hidden_size(dim).num_attention_heads(dim >= 128 ? dim / 64 : dim / 32).num_key_value_heads(0).head_dim(0)
+        .intermediate_size(0);
     const auto one = static_cast<double>(describe(c.num_hidden_layers(1)).num_parameters());
     const double per_layer = static_cast<double>(describe(c.num_hidden_layers(2)).num_parameters()) - one;
     for (int64_t layers = (dim + 127) / 128; layers <= dim / 32; ++layers) {
@@ -151,7 +193,7 @@ inline LlamaConfig shape_for_params(int64_t target_params, LlamaConfig base) {
     if (s.error <= best + 0.02 && (pick == nullptr || s.aspect < pick->aspect)) pick = &s;
   }
   return base.hidden_size(pick->dim).num_hidden_layers(pick->layers)
-      .num_attention_heads(pick->dim >= 128 ? pick->dim / 64 : pick->dim / 32).num_key_value_heads(0)
+      .num_attention_heads(pick->dim >= 128 ? pick->dim / 64 : pick->dim / 32).num_key_value_heads(0).head_dim(0)
       .intermediate_size(0);
 }
 
@@ -216,12 +258,9 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
   template <RecomputePolicy Recompute>
   torch::Tensor forward(const torch::Tensor& tokens, const Recompute& ckpt, const nn::AttentionMask& mask = {}) {
     const int64_t T = tokens.size(1);
-    TORCH_CHECK(T <= config.max_position_embeddings(), "memopt::models::Llama: sequence length ", T,
-                " exceeds max_position_embeddings ", config.max_position_embeddings(),
-                ". HINT: lower --seq_len or raise max_position_embeddings.");
-    auto [cos, sin] = nn::rope_tables(T, config.hidden_size() / config.num_attention_heads(), config.rope_theta(),
-                                      tokens.device());  // (T, D) each
-    auto x = embed_tokens(tokens);                       // (B, T, C)
+    config.check_seq_len(T, "memopt::models::Llama");
+    auto [cos, sin] = nn::rope_tables(T, config.rope(), tokens.device());  // (T, D) each
+    auto x = embed_tokens(tokens);                                          // (B, T, C)
     for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
       auto layer = layers->ptr<LlamaDecoderLayerImpl>(i);
       x = ckpt.run_block(
@@ -241,6 +280,17 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
 };
 TORCH_MODULE(LlamaModel);
 
+/// lm_head of a tied Llama: a Linear that registers no weight (the model sets its `weight` to
+/// the embedding's). LibTorch's named_parameters() lists a tensor once per name it is
+/// registered under (PyTorch's drops the repeats), so a second registration would have the
+/// optimizer step the shared weight twice.
+class TiedHeadImpl : public torch::nn::LinearImpl {
+ public:
+  explicit TiedHeadImpl(const torch::nn::LinearOptions& options) : torch::nn::LinearImpl(options) {
+    parameters_.erase("weight");
+  }
+};
+
 /// Sampling options for Llama::generate.  SampleOptions().max_new_tokens(64).temperature(0.8)
 struct SampleOptions {
   TORCH_ARG(int64_t, max_new_tokens) = 64;
@@ -253,7 +303,9 @@ struct SampleOptions {
   TORCH_ARG(int64_t, eos_id) = -1;
 };
 
-/// LLaMA for causal LM (HF's LlamaForCausalLM): model + untied lm_head.
+/// LLaMA for causal LM (HF's LlamaForCausalLM): model + lm_head. With tie_word_embeddings,
+/// lm_head->weight is model->embed_tokens->weight (one tensor) and lm_head registers no
+/// parameter of its own, so named_parameters() lists it once, as model.embed_tokens.weight.
 ///   memopt::models::Llama model(memopt::models::LlamaConfig().vocab_size(4096));
 ///   auto logits = model->forward(tokens);                          // (B, T, V)
 ///   auto loss = model->loss_sum(batch, memopt::recompute::EveryBlock{});
@@ -265,10 +317,30 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   }
   void reset() override {
     model = register_module("model", LlamaModel(config));
-    lm_head = register_module("lm_head",
-                              torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size(), config.vocab_size())
-                                                    .bias(false)));
+    const auto head = torch::nn::LinearOptions(config.hidden_size(), config.vocab_size()).bias(false);
+    if (config.tie_word_embeddings()) {
+      std::shared_ptr<torch::nn::LinearImpl> tied = std::make_shared<TiedHeadImpl>(head);
+      lm_head = register_module("lm_head", torch::nn::Linear(tied));
+      lm_head->weight = model->embed_tokens->weight;  // one tensor, registered in embed_tokens
+    } else {
+      lm_head = register_module("lm_head", torch::nn::Linear(head));
+    }
     init_weights();
+  }
+
+  /// A deep copy (on `device` if given). Cloneable's copies each submodule apart, which would
+  /// untie the head, so a tied model is built afresh and takes a copy of every parameter.
+  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override {
+    if (!config.tie_word_embeddings()) return torch::nn::Cloneable<LlamaImpl>::clone(device);
+    torch::NoGradGuard no_grad;
+    auto copy = std::make_shared<LlamaImpl>(config);
+    const auto from = named_parameters();
+    for (auto& item : copy->named_parameters()) {
+      const torch::Tensor& source = from[item.key()];
+      item.value().set_data(device && source.device() != *device ? source.to(*device) : source.clone());
+    }
+    copy->train(is_training());
+    return copy;
   }
 
   /// Normal(0, initializer_range) for linear and embedding weights, ones for norms.

@@ -292,6 +292,8 @@ struct MoeConfig {
 
   void validate() const {
     base_.validate();
+    TORCH_CHECK(!base_.tie_word_embeddings(), "memopt::models::MoeConfig: MoeLM has its own lm_head (got base "
+                "tie_word_embeddings true). HINT: set tie_word_embeddings(false); tying is models::Llama's.");
     layer_options().validate();
     TORCH_CHECK(aux_loss_coef_ >= 0 && z_loss_coef_ >= 0 && std::isfinite(aux_loss_coef_) &&
                     std::isfinite(z_loss_coef_),
@@ -407,12 +409,9 @@ class MoeLMImpl : public torch::nn::Cloneable<MoeLMImpl> {
   MoeBlockOutput forward_hidden(const torch::Tensor& tokens, const Recompute& ckpt) {
     const auto& base = config.base();
     const int64_t T = tokens.size(1);
-    TORCH_CHECK(T <= base.max_position_embeddings(), "memopt::models::MoeLM: sequence length ", T,
-                " exceeds max_position_embeddings ", base.max_position_embeddings(),
-                ". HINT: lower --seq_len.");
-    auto [cos, sin] = nn::rope_tables(T, base.hidden_size() / base.num_attention_heads(), base.rope_theta(),
-                                      tokens.device());  // (T, D) each
-    auto x = embed_tokens(tokens);                       // (B, T, C)
+    base.check_seq_len(T, "memopt::models::MoeLM");
+    auto [cos, sin] = nn::rope_tables(T, base.rope(), tokens.device());  // (T, D) each
+    auto x = embed_tokens(tokens);                                        // (B, T, C)
     MoeBlockOutput sum;
     const auto L = static_cast<int64_t>(layers->size());
     for (int64_t i = 0; i < L; ++i) {

@@ -447,6 +447,8 @@ struct AttentionOptions {
   TORCH_ARG(int64_t, num_heads);
   /// 0 means num_heads (no grouping).
   TORCH_ARG(int64_t, num_kv_heads) = 0;
+  /// Width of one head; 0 means hidden_size / num_heads.
+  TORCH_ARG(int64_t, head_dim) = 0;
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(double, dropout) = 0.0;
   /// kBlockwise: attention_blockwise (memory linear in T; dropout must be 0); kSdpa: attention_sdpa.
@@ -466,15 +468,18 @@ struct AttentionMask {
   torch::Tensor key_padding;
 };
 
-/// LLaMA self-attention: q_proj, k_proj, v_proj, o_proj (no biases), RoPE on q and k.
+/// LLaMA self-attention: q_proj (H·D, C), k_proj and v_proj (KV·D, C), o_proj (C, H·D), no
+/// biases; RoPE on q and k.
 class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
  public:
   explicit AttentionImpl(AttentionOptions options) : options(options) { reset(); }
 
   void reset() override {
     const int64_t C = options.hidden_size(), H = options.num_heads(), KV = kv_heads();
-    TORCH_CHECK(C % H == 0, "memopt::nn::Attention: hidden_size must be divisible by num_heads (got ", C, " and ",
-                H, "). HINT: pick num_heads dividing hidden_size.");
+    TORCH_CHECK(options.head_dim() > 0 || C % H == 0, "memopt::nn::Attention: hidden_size must be divisible by "
+                "num_heads (got ", C, " and ", H, "). HINT: pick num_heads dividing hidden_size, or set head_dim.");
+    TORCH_CHECK(options.head_dim() >= 0, "memopt::nn::Attention: head_dim must be >= 0 (got ", options.head_dim(),
+                "). HINT: 0 means hidden_size / num_heads.");
     TORCH_CHECK(KV >= 1 && H % KV == 0, "memopt::nn::Attention: num_heads must be a multiple of num_kv_heads (got ",
                 H, " and ", KV, "). HINT: num_kv_heads = 0 means num_heads.");
     TORCH_CHECK(options.kind() != AttentionKind::kBlockwise || options.dropout() == 0.0,
@@ -483,7 +488,7 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
     TORCH_CHECK(options.q_block() >= 1 && options.kv_block() >= 1,
                 "memopt::nn::Attention: q_block and kv_block must be >= 1 (got ", options.q_block(), " and ",
                 options.kv_block(), "). HINT: the defaults are ", kAttentionQBlock, " and ", kAttentionKvBlock, ".");
-    const int64_t D = C / H;
+    const int64_t D = head_dim();
     q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(C, H * D).bias(false)));
     k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(C, KV * D).bias(false)));
     v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(C, KV * D).bias(false)));
@@ -491,6 +496,9 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   }
 
   int64_t kv_heads() const { return options.num_kv_heads() > 0 ? options.num_kv_heads() : options.num_heads(); }
+  int64_t head_dim() const {
+    return options.head_dim() > 0 ? options.head_dim() : options.hidden_size() / options.num_heads();
+  }
 
   /// x (B, T, C), cos/sin (T, D) -> (B, T, C)
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -505,7 +513,7 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
     const int64_t B = x.size(0), T = x.size(1), H = options.num_heads(), KV = kv_heads();
     const bool causal = mask.causal.value_or(options.causal());
     const torch::Tensor key_padding = mask.key_padding;
-    const int64_t D = options.hidden_size() / H;
+    const int64_t D = head_dim();
     auto q = q_proj(x).view({B, T, H, D}).transpose(1, 2);   // (B, H, T, D)
     auto k = k_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
     auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <torch/torch.h>
@@ -14,13 +15,17 @@ inline bool takes_weight_decay(const std::string& name, const torch::Tensor& par
   return param.dim() >= 2 && name.find("embed") == std::string::npos;
 }
 
-/// Two groups (decay, no decay) of a module's trainable parameters.
+/// Two groups (decay, no decay) of a module's trainable parameters. A tensor listed under two
+/// names (LibTorch's named_parameters() lists a parameter registered in two modules twice)
+/// goes in once, by its first name, as PyTorch's named_parameters() dedups; models::Llama's
+/// tied head registers no second name anyway.
 ///   auto groups = memopt::optim::param_groups(model->named_parameters(), opts);
 inline std::vector<torch::optim::OptimizerParamGroup> param_groups(
     const torch::OrderedDict<std::string, torch::Tensor>& named, const torch::optim::AdamWOptions& options) {
   std::vector<torch::Tensor> decay, no_decay;
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : named) {
-    if (!item.value().requires_grad()) continue;
+    if (!item.value().requires_grad() || !seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     (takes_weight_decay(item.key(), item.value()) ? decay : no_decay).push_back(item.value());
   }
   auto decay_options = std::make_unique<torch::optim::AdamWOptions>(options);
