@@ -69,6 +69,14 @@ find_package(nlohmann_json 3.9 REQUIRED)
 
 add_library(memopt_deps INTERFACE)
 target_link_libraries(memopt_deps INTERFACE ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json)
+# torch 2.11's libtorch.so exports its own copy of std::filesystem (64 symbols; 2.15's exports
+# none), which crashes when a program built here calls it (remove_all: a jump to address 0, seen
+# on an H200 and reproduced on the CPU). The dynamic linker binds a program's std:: calls to the
+# first library that defines them, in the order the program names its libraries: name
+# libstdc++ before LibTorch, so they bind to the C++ runtime the program was compiled for.
+if(CMAKE_SYSTEM_NAME STREQUAL "Linux" AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  target_link_options(memopt_deps INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+endif()
 if(memopt_c10_cuda)
   # c10_cuda (CUDACachingAllocator, streams) is in TORCH_LIBRARIES; tell the headers to use it.
   target_compile_definitions(memopt_deps INTERFACE MEMOPT_WITH_CUDA=1)

@@ -1,5 +1,5 @@
 // examples/common/checkpoint_flags.hpp — the flags every example shares for never losing a
-// run: --save_every, --resume PATH|latest, --keep_checkpoints, --max_skips. Checkpoints go to
+// run: --save_every, --resume latest|STEP_DIR|OUTPUT_DIR, --keep_checkpoints, --max_skips. Checkpoints go to
 // OUTPUT_DIR/checkpoints/step-N (memopt/io/checkpoint.hpp); SIGTERM/SIGINT finish the step,
 // save and exit 0 (memopt/signals.hpp).
 #pragma once
@@ -27,7 +27,7 @@ struct CheckpointFlags {
         ->capture_default_str();
     app.add_option("--resume", resume,
                    "continue from a checkpoint: latest (the newest that passes its checksums; none yet: start "
-                   "anew) or a step-N directory");
+                   "anew), a step-N directory, or a run's output folder (its newest good checkpoint)");
     app.add_option("--keep_checkpoints", keep, "checkpoints kept (the newest)")->capture_default_str();
     app.add_option("--max_skips", max_skips,
                    "stop (after a checkpoint) when this many steps in a row had an inf/nan loss or gradient "

@@ -176,6 +176,11 @@ TEST_CASE("latest skips corrupt, truncated and half-written checkpoints, and a n
   memopt::io::CheckpointManager manager(root, 5);
   REQUIRE(manager.list().size() == 4);
   CHECK(manager.resolve("latest") == manager.path_of(4));
+  // A checkpoints folder, or a run's output folder holding one, names its newest checkpoint.
+  CHECK(manager.resolve(root) == manager.path_of(4));
+  const std::string run = dir.file("run");
+  write_steps(run + "/checkpoints", 2);
+  CHECK(manager.resolve(run) == memopt::io::CheckpointManager(run + "/checkpoints", 5).path_of(2));
 
   // A save killed half way leaves step-N.tmp: never listed, never resolved.
   fs::create_directories(root + "/step-00000009.tmp");

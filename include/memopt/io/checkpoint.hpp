@@ -401,8 +401,9 @@ class CheckpointManager {
 
   /// "latest": the newest checkpoint that verifies; ones that fail are skipped, each with its
   /// reason appended to `refused`; "" when the directory holds none yet. Throws when some exist
-  /// and none verifies. Any other spec is a checkpoint directory, verified (refused with the
-  /// reason and the newest good one as a HINT).
+  /// and none verifies. A run's output folder (OUTPUT_DIR, holding checkpoints/) or another
+  /// checkpoints folder resolves the same way, to its newest good checkpoint. Any other spec is a
+  /// checkpoint directory, verified (refused with the reason and the newest good one as a HINT).
   std::string resolve(const std::string& spec, std::vector<std::string>* refused = nullptr) const {
     if (spec == "latest") {
       const auto all = list();
@@ -420,6 +421,14 @@ class CheckpointManager {
       TORCH_CHECK(all.empty(), "memopt::io: no checkpoint in '", dir_, "' passes its checks:", why,
                   "\nHINT: start a new run (in another output directory), or resume from a copy of a good checkpoint");
       return "";
+    }
+    // A run's output folder (holding checkpoints/) or a checkpoints folder: its newest good one.
+    namespace fs = std::filesystem;
+    if (!fs::exists(fs::path(spec) / "manifest.json")) {
+      for (const fs::path& inner : {fs::path(spec) / "checkpoints", fs::path(spec)}) {
+        const CheckpointManager run(inner.string(), keep_last_);
+        if (fs::is_directory(inner) && !run.list().empty()) return run.resolve("latest", refused);
+      }
     }
     const std::string why = failure(spec);
     if (!why.empty()) {
