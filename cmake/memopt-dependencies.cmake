@@ -1,6 +1,7 @@
 # memopt's dependencies, found the same way by memopt's own build and by find_package(memopt)
 # (memopt-config.cmake includes this file). Defines the INTERFACE target memopt_deps, which
-# memopt::memopt links: LibTorch (with c10_cuda on CUDA builds), fmt and nlohmann_json.
+# memopt::memopt links: LibTorch (with c10_cuda on CUDA builds), fmt, nlohmann_json, and PCRE2 and
+# utf8proc when found.
 #
 # LibTorch: the supported range is MEMOPT_TORCH_MIN..MEMOPT_TORCH_MAX (2.11: the lent GPU
 # machines; 2.15: the version pinned in requirements.txt). Found, in this order, through
@@ -110,7 +111,32 @@ else()
 endif()
 target_link_libraries(memopt_deps INTERFACE memopt_fmt)
 
+# Tokenizers from tokenizer.json (memopt/data/hf_tokenizer.hpp): PCRE2 runs their pre-tokenizer
+# regexes and utf8proc their Unicode normalizers (Debian: libpcre2-dev, libutf8proc-dev; scripts/deps
+# installs both). Optional: without them a tokenizer.json that needs a regex or a normalizer fails
+# to load with a HINT, and SentencePiece .model files work as before.
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(memopt_pcre2 QUIET IMPORTED_TARGET libpcre2-8)
+  pkg_check_modules(memopt_utf8proc QUIET IMPORTED_TARGET libutf8proc)
+endif()
+set(MEMOPT_TEXT "")
+if(memopt_pcre2_FOUND)
+  target_link_libraries(memopt_deps INTERFACE PkgConfig::memopt_pcre2)
+  target_compile_definitions(memopt_deps INTERFACE MEMOPT_WITH_PCRE2=1)
+  string(APPEND MEMOPT_TEXT "PCRE2 ${memopt_pcre2_VERSION}")
+else()
+  string(APPEND MEMOPT_TEXT "no PCRE2")
+endif()
+if(memopt_utf8proc_FOUND)
+  target_link_libraries(memopt_deps INTERFACE PkgConfig::memopt_utf8proc)
+  target_compile_definitions(memopt_deps INTERFACE MEMOPT_WITH_UTF8PROC=1)
+  string(APPEND MEMOPT_TEXT ", utf8proc ${memopt_utf8proc_VERSION}")
+else()
+  string(APPEND MEMOPT_TEXT ", no utf8proc")
+endif()
+
 if(NOT memopt_dependencies_reported)
   set(memopt_dependencies_reported ON)
-  message(STATUS "memopt: LibTorch ${MEMOPT_TORCH_VERSION} (${MEMOPT_TORCH_CUDA}) at ${memopt_torch_root}; fmt: ${MEMOPT_FMT}")
+  message(STATUS "memopt: LibTorch ${MEMOPT_TORCH_VERSION} (${MEMOPT_TORCH_CUDA}) at ${memopt_torch_root}; fmt: ${MEMOPT_FMT}; text: ${MEMOPT_TEXT}")
 endif()

@@ -7,3 +7,6 @@ export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_fil
 export CCACHE_BASEDIR="$ROOT"
 JOBS="${JOBS:-$(nproc)}"
 GENERATOR=(-G Ninja)
+# The Python that reads Parquet sources for memopt (memopt/data/parquet.hpp): the project's venv,
+# which scripts/deps fills with pyarrow, unless the caller chose one.
+if [ -z "${MEMOPT_PYTHON:-}" ] && [ -x "$ROOT/.venv/bin/python3" ]; then export MEMOPT_PYTHON="$ROOT/.venv/bin/python3"; fi

@@ -2,7 +2,8 @@
 // whole files, the check that a call fails with memopt's error style (the component's prefix,
 // the parts named, a HINT), the largest difference of two tensors, the loader of the
 // python3-torch reference files in tests/baselines/, and protobuf helpers to write small
-// SentencePiece models by hand; and MEMOPT_REQUIRE_CUDA, which skips a [cuda] test without a GPU.
+// SentencePiece models by hand; MEMOPT_REQUIRE_CUDA, which skips a [cuda] test without a GPU;
+// and Parquet files written by the tests' Python (pyarrow), with MEMOPT_PYTHON pointed at it.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -20,12 +21,14 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 namespace memopt::test {
@@ -157,5 +160,56 @@ inline std::string make_model(const std::vector<std::tuple<std::string, float, i
   model += pb_bytes(3, pb_bytes(1, "identity"));
   return model;
 }
+
+#ifdef MEMOPT_TEST_PYTHON
+// ---- Parquet files, written by the tests' Python (MEMOPT_TEST_PYTHON imports pyarrow) ----
+
+/// MEMOPT_PYTHON, the interpreter memopt/data/parquet.hpp runs, set to `python` while in
+/// scope (the tests' Python by default), then restored.
+class ScopedPython {
+ public:
+  explicit ScopedPython(const std::string& python = MEMOPT_TEST_PYTHON) {
+    if (const char* old = std::getenv("MEMOPT_PYTHON"); old != nullptr) old_ = old;
+    ::setenv("MEMOPT_PYTHON", python.c_str(), 1);
+  }
+  ~ScopedPython() {
+    if (old_) {
+      ::setenv("MEMOPT_PYTHON", old_->c_str(), 1);
+    } else {
+      ::unsetenv("MEMOPT_PYTHON");
+    }
+  }
+  ScopedPython(const ScopedPython&) = delete;
+  ScopedPython& operator=(const ScopedPython&) = delete;
+
+ private:
+  std::optional<std::string> old_;
+};
+
+/// A Parquet file at `path` written by pyarrow: `columns` maps names to values (strings,
+/// integers; null is a null row), in row groups of `row_group_size` rows; the columns named
+/// in `large` are stored as large_string.
+///   write_parquet(dir.file("a.parquet"), {{"id", {1, 2}}, {"text", {"x", nullptr}}}, 1);
+inline void write_parquet(const std::string& path, const nlohmann::ordered_json& columns, int64_t row_group_size,
+                          const std::vector<std::string>& large = {}) {
+  const std::string spec = path + ".spec", script = path + ".py";
+  write_text(spec, nlohmann::ordered_json{{"path", path}, {"columns", columns}, {"row_group_size", row_group_size},
+                                          {"large", large}}.dump());
+  write_text(script, R"py(import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+s = json.load(open(sys.argv[1], encoding="utf-8"))
+columns = {k: pa.array(v, type=pa.large_string() if k in s["large"] else None) for k, v in s["columns"].items()}
+pq.write_table(pa.table(columns), s["path"], row_group_size=s["row_group_size"])
+)py");
+  const std::string command = std::string("'") + MEMOPT_TEST_PYTHON + "' '" + script + "' '" + spec + "'";
+  const int status = std::system(command.c_str());
+  std::filesystem::remove(spec);
+  std::filesystem::remove(script);
+  if (status != 0) {
+    throw std::runtime_error("writing the Parquet file " + path + " with " + MEMOPT_TEST_PYTHON +
+                             " failed (HINT: scripts/deps installs pyarrow into .venv)");
+  }
+}
+#endif  // MEMOPT_TEST_PYTHON
 
 }  // namespace memopt::test

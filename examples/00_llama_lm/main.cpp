@@ -13,16 +13,29 @@
 // Other data: --dataset PATH|GLOB (text, JSONL, token shards or a memopt-pretokenize index)
 // is loaded whole, or streamed in constant memory with --use-streaming (--shuffle-buffer-size,
 // --max-examples, --stride, --epochs; memopt/data/stream.hpp). --target-params 25M sizes the
-// model (layers, width, heads) to about that many parameters.
+// model (layers, width, heads) to about that many parameters. --init_model DIR starts from a
+// Hugging Face Llama checkpoint instead (config.json + model.safetensors or shards; its shape
+// replaces the shape flags, which are then refused) and from its tokenizer (DIR/tokenizer.json or
+// tokenizer.model) unless --tokenizer names another. DATA's shards hold DATA/tokenizer.model's ids,
+// so with any other tokenizer the training text comes from --dataset and the held-out text from
+// DATA/val.txt, both tokenized at start.
 //   Run: scripts/demo   (or build/examples/00_llama_lm/llama_lm --help)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
 
 #include <memopt/data/loader.hpp>
 #include <memopt/data/shard.hpp>
 #include <memopt/data/stream.hpp>
 #include <memopt/data/tokenizer.hpp>
+#include <memopt/io/pretrained.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
 #include <memopt/planner.hpp>
@@ -33,8 +46,11 @@
 #include "common/cli.hpp"
 #include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
+#include "common/tokenizer.hpp"
 
 namespace {
+
+namespace fs = std::filesystem;
 
 struct Args {
   std::string data = "data/kjv";
@@ -66,7 +82,9 @@ struct Args {
   examples::DistributedFlags distributed;
   // other data, streamed or loaded whole
   std::vector<std::string> dataset;
-  std::string tokenizer;  // empty: DATA/tokenizer.model
+  std::string tokenizer;  // empty: --init_model's own, else DATA/tokenizer.model
+  std::string init_model;                // a Hugging Face Llama folder to start from
+  std::vector<std::string> shape_flags;  // the model-shape flags given (refused with --init_model)
   bool use_streaming = false;
   int64_t shuffle_buffer = 1000, max_examples = 0, stride = 0, epochs = 0, data_workers = 1;
   std::string text_field = "text", split = "line";
@@ -85,14 +103,86 @@ memopt::data::SourceOptions source_options(const Args& a) {
       .seed(a.seed);
 }
 
-// Mean next-token loss over the first --eval_batches sequential held-out batches (bf16 autocast).
+// Mean next-token loss over the first --eval_batches sequential held-out batches: under bf16
+// autocast, or in fp32 when the run's precision is fp32 (`autocast` false).
 double heldout_loss(memopt::models::Llama& model, const std::shared_ptr<const memopt::data::TokenShard>& shard,
-                    const Args& a, const torch::Device& device) {
+                    const Args& a, const torch::Device& device, bool autocast) {
   return examples::heldout_loss(*model, shard, memopt::data::LoaderOptions(a.micro_batch, a.seq_len), a.eval_batches,
                                 device, [&](const memopt::Batch& batch) {
-                                  auto autocast = memopt::precision::Bf16Autocast{}.autocast(device.type());
+                                  if (!autocast) return model->loss_sum(batch, memopt::recompute::None{});
+                                  auto guard = memopt::precision::Bf16Autocast{}.autocast(device.type());
                                   return model->loss_sum(batch, memopt::recompute::None{});
                                 });
+}
+
+// ---- which tokenizer, and which data it may read ----
+
+// Text is tokenized into documents that each end with EOS: a tokenizer without one cannot.
+void check_eos(const memopt::data::Tokenizer& tok, const std::string& what) {
+  TORCH_CHECK(tok.eos_id() >= 0, "llama_lm: the tokenizer '", tok.path(), "' has no end-of-text token (eos_id -1), "
+              "so the documents of ", what, " could not be separated. HINT: name it in tokenizer_config.json beside "
+              "tokenizer.json (\"eos_token\": \"</s>\"), or use a tokenizer that has one");
+}
+
+// The tokenizer checksum (tokenizer_xxh3) and path that a memopt-pretokenize index.json beside
+// `shard` records for it; nullopt when no index there lists it. Indexes are read once.
+struct Recorded {
+  std::string index, tokenizer, xxh3;
+};
+std::optional<Recorded> recorded_tokenizer(const std::string& shard, std::map<std::string, nlohmann::json>& indexes) {
+  const fs::path index = fs::path(shard).parent_path() / "index.json";
+  if (!fs::is_regular_file(index)) return std::nullopt;
+  auto [it, added] = indexes.try_emplace(index.string());
+  if (added) {
+    std::ifstream in(index);
+    it->second = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
+  const nlohmann::json& json = it->second;
+  if (!json.is_object() || !json.contains("shards") || !json["shards"].is_array() ||
+      !json.value("tokenizer_xxh3", nlohmann::json()).is_string())
+    return std::nullopt;
+  for (const auto& entry : json["shards"]) {
+    if (!entry.is_object() || !entry.value("file", nlohmann::json()).is_string()) continue;
+    if ((index.parent_path() / entry["file"].get<std::string>()).lexically_normal() == fs::path(shard).lexically_normal())
+      return Recorded{index.string(), json.value("tokenizer", std::string("?")), json["tokenizer_xxh3"].get<std::string>()};
+  }
+  return std::nullopt;
+}
+
+// Token shards in --dataset hold ids, right only for the tokenizer that made them. A shard a
+// memopt-pretokenize index lists was made by the tokenizer whose checksum the index records: it
+// must be `tok`'s. A bare shard records its vocab_size only: it is taken with DATA's tokenizer
+// (`data_tokenizer`), as DATA's own shards are, and refused with any other.
+void check_shard_tokenizer(const std::vector<memopt::data::SourceFile>& files, const memopt::data::Tokenizer& tok,
+                           bool data_tokenizer, const Args& a) {
+  std::map<std::string, nlohmann::json> indexes;
+  std::string digest;  // tok's, once needed
+  for (const auto& f : files) {
+    if (f.kind != memopt::data::SourceKind::kShard) continue;
+    const auto recorded = recorded_tokenizer(f.path, indexes);
+    if (!recorded) {
+      TORCH_CHECK(data_tokenizer, "llama_lm: --dataset token shard '", f.path, "' records its vocab_size but not "
+                  "the tokenizer that made it, and this run's tokenizer '", tok.path(), "' is not DATA's ('", a.data,
+                  "/tokenizer.model'): its ids would be read as another tokenizer's. HINT: pass the text or JSONL "
+                  "(tokenized now), or pre-tokenize it with memopt-pretokenize --tokenizer ", tok.path(),
+                  " (its index.json records the tokenizer)");
+      continue;
+    }
+    if (digest.empty()) digest = memopt::io::digest_file(tok.path()).xxh3;
+    TORCH_CHECK(recorded->xxh3 == digest, "llama_lm: --dataset token shard '", f.path, "' was made by the tokenizer '",
+                recorded->tokenizer, "' (tokenizer_xxh3 ", recorded->xxh3, " in ", recorded->index, "), but this "
+                "run's tokenizer is '", tok.path(), "' (xxh3 ", digest, "). HINT: pass the text or JSONL (tokenized "
+                "now), pre-tokenize it again with --tokenizer ", tok.path(), ", or pass --tokenizer ",
+                recorded->tokenizer);
+  }
+}
+
+// The text of `ids` (1-D), leaving out ids beyond the tokenizer: a checkpoint's embedding may
+// have more rows than its tokenizer has ids (published configs round vocab_size up), and a
+// sample can land on one.
+std::string decode_known(const memopt::data::Tokenizer& tok, const torch::Tensor& ids) {
+  const torch::Tensor flat = ids.reshape({-1}).to(torch::kCPU, torch::kLong);  // (n,)
+  return tok.decode(flat.masked_select(flat.ge(0).logical_and(flat.lt(tok.vocab_size()))));
 }
 
 int run(const Args& a) {
@@ -101,8 +191,29 @@ int run(const Args& a) {
               "). HINT: 8 fits in a few hundred MiB at the default size.");
   TORCH_CHECK(a.seq_len >= 1, "llama_lm: --seq_len must be >= 1 (got ", a.seq_len, "). HINT: try 256.");
   const torch::Device device = examples::parse_device(a.device, "llama_lm");
-  TORCH_CHECK(a.seq_len <= a.max_seq_len, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
-              "--max_seq_len ", a.max_seq_len, "). HINT: lower --seq_len or raise --max_seq_len.");
+  // --init_model: the checkpoint's config.json is the model's shape (its weights load later).
+  std::optional<memopt::models::LlamaConfig> pretrained;
+  if (!a.init_model.empty()) {
+    TORCH_CHECK(a.shape_flags.empty(), "llama_lm: ", fmt::format("{}", fmt::join(a.shape_flags, ", ")),
+                " shape a model built here, but --init_model '", a.init_model, "' brings its own shape (",
+                a.init_model, "/config.json). HINT: drop ", a.shape_flags.size() == 1 ? "it" : "them",
+                "; to change the checkpoint's settings, edit a copy of its config.json");
+    const fs::path dir(a.init_model);
+    TORCH_CHECK(fs::is_regular_file(dir / "config.json"), "llama_lm: --init_model '", a.init_model,
+                "' holds no config.json. HINT: pass a Hugging Face Llama folder (config.json + model.safetensors "
+                "or shards), as transformers' or memopt's save_pretrained writes it");
+    TORCH_CHECK(fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json"),
+                "llama_lm: --init_model '", a.init_model, "' holds no model.safetensors (nor a sharded "
+                "model.safetensors.index.json). HINT: pass a folder written by save_pretrained; convert a "
+                "pytorch_model.bin with safetensors.torch.save_file");
+    pretrained = memopt::io::read_llama_config((dir / "config.json").string());
+    TORCH_CHECK(pretrained->causal(), "llama_lm: --init_model '", a.init_model, "' is bidirectional (\"causal\": "
+                "false in its config.json). HINT: llama_lm trains a causal LM: start from an autoregressive LLaMA");
+  }
+  const int64_t max_positions = pretrained ? pretrained->max_position_embeddings() : a.max_seq_len;
+  TORCH_CHECK(a.seq_len <= max_positions, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
+              pretrained ? "max_position_embeddings in " + a.init_model + "/config.json: " : "--max_seq_len ",
+              max_positions, "). HINT: lower --seq_len", pretrained ? "." : " or raise --max_seq_len.");
   auto policies = memopt::parse_policies<memopt::StandardTrainers>(a.recompute, a.precision, a.optimizer_state, a.accum);
   const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
   TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_lm: --policies must be fixed or auto (got '",
@@ -125,20 +236,57 @@ int run(const Args& a) {
   TORCH_CHECK(!a.use_streaming || !a.dataset.empty(), "llama_lm: --use-streaming streams --dataset (got none). "
               "HINT: --dataset 'corpus/*.jsonl' --use-streaming");
 
-  // ---- data: DATA's shards, or --dataset loaded whole, or --dataset streamed ----
-  std::shared_ptr<const memopt::data::TokenShard> train;  // null when streaming
-  if (a.dataset.empty()) train = memopt::data::TokenShard::open(a.data + "/train.bin");
-  const auto val = memopt::data::TokenShard::open(a.data + "/val.bin");
-  const auto tokenizer = std::make_shared<const memopt::data::Tokenizer>(
-      a.tokenizer.empty() ? a.data + "/tokenizer.model" : a.tokenizer);
+  // ---- tokenizer: --tokenizer, else --init_model's own, else DATA's (whose shards are opened first) ----
+  const std::string tokenizer_file = examples::tokenizer_path(a.tokenizer, a.init_model, a.data);
+  const bool data_default = tokenizer_file == a.data + "/tokenizer.model";
+  std::shared_ptr<const memopt::data::TokenShard> train, val;  // train: null when streaming
+  if (data_default && a.dataset.empty()) train = memopt::data::TokenShard::open(a.data + "/train.bin");
+  if (data_default) val = memopt::data::TokenShard::open(a.data + "/val.bin");
+  const auto tokenizer = memopt::data::load_tokenizer(tokenizer_file);
+  // Whether it is the tokenizer DATA's shards were made with (DATA/tokenizer.model, or its bytes).
+  const bool data_tokenizer = data_default || examples::is_data_tokenizer(tokenizer->path(), a.data);
+  fmt::print("llama_lm: tokenizer '{}' ({}, {} ids){}\n", tokenizer->path(), tokenizer->kind(), tokenizer->vocab_size(),
+             data_tokenizer ? "" : fmt::format(": not DATA's, so the text is tokenized now"));
+  TORCH_CHECK(!pretrained || tokenizer->vocab_size() <= pretrained->vocab_size(), "llama_lm: the tokenizer '",
+              tokenizer->path(), "' has ", tokenizer->vocab_size(), " ids but --init_model '", a.init_model,
+              "' embeds only ", pretrained->vocab_size(), " (vocab_size in its config.json): its larger ids have no "
+              "embedding row. HINT: use the checkpoint's own tokenizer (drop --tokenizer; the folder's tokenizer.json "
+              "or tokenizer.model is the default), or one with at most ", pretrained->vocab_size(), " ids");
+  TORCH_CHECK(data_tokenizer || !a.dataset.empty(), "llama_lm: ", a.data, "/train.bin and val.bin hold the ids of '",
+              a.data, "/tokenizer.model', but this run's tokenizer is '", tokenizer->path(), "' (",
+              a.tokenizer.empty() ? "--init_model's own" : "--tokenizer", "): read with it they would be the wrong "
+              "tokens. HINT: pass the training text with --dataset (text or JSONL, tokenized now; e.g. --dataset ",
+              a.data, "/train.txt), or --tokenizer ", a.data, "/tokenizer.model");
+
+  // ---- data: DATA's shards, or --dataset loaded whole, or --dataset streamed; held out: DATA/val.bin,
+  // or with another tokenizer DATA/val.txt (a document a line) tokenized now ----
+  const auto files = a.dataset.empty() ? std::vector<memopt::data::SourceFile>() : memopt::data::resolve_sources(a.dataset);
+  check_shard_tokenizer(files, *tokenizer, data_tokenizer, a);
+  if (!train && a.dataset.empty()) train = memopt::data::TokenShard::open(a.data + "/train.bin");
+  if (!val && data_tokenizer) val = memopt::data::TokenShard::open(a.data + "/val.bin");
+  if (!val) {  // another tokenizer's ids: DATA/val.txt, tokenized now
+    const std::string text = a.data + "/val.txt";
+    TORCH_CHECK(fs::is_regular_file(text), "llama_lm: the held-out set ", a.data, "/val.bin holds the ids of DATA's "
+                "tokenizer, not of '", tokenizer->path(), "', and '", text, "', its text to tokenize now, does not "
+                "exist. HINT: point --data at a folder holding val.txt (a document a line; memopt_prepare_corpus "
+                "writes one), or use --tokenizer ", a.data, "/tokenizer.model");
+    check_eos(*tokenizer, text);
+    val = memopt::data::TokenShard::from_tokens(
+        text, memopt::data::load_tokens(memopt::data::resolve_sources({text}), tokenizer.get(), {}),
+        tokenizer->vocab_size());
+    fmt::print("llama_lm: held-out set {} tokenized now: {} tokens\n", text, val->size());
+  }
   if (!a.dataset.empty() && !a.use_streaming) {
-    const auto ids = memopt::data::load_tokens(memopt::data::resolve_sources(a.dataset), tokenizer.get(), source_options(a));
+    const bool text = std::any_of(files.begin(), files.end(),
+                                  [](const auto& f) { return f.kind != memopt::data::SourceKind::kShard; });
+    if (text) check_eos(*tokenizer, "--dataset");
+    const auto ids = memopt::data::load_tokens(files, tokenizer.get(), source_options(a));
     fmt::print("llama_lm: --dataset loaded whole: {} tokens ({:.1f} MiB as int32; --use-streaming holds a few MiB)\n",
                ids.size(), static_cast<double>(ids.size()) * 4 / (1 << 20));
     train = memopt::data::TokenShard::from_tokens(a.dataset.front(), ids, tokenizer->vocab_size());
   }
 
-  // ---- model ----
+  // ---- model: --init_model's config.json, or the shape flags ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
   auto config = memopt::models::LlamaConfig()
                     .vocab_size(tokenizer->vocab_size())
@@ -148,7 +296,9 @@ int run(const Args& a) {
                     .num_key_value_heads(a.kv_heads)
                     .max_position_embeddings(a.max_seq_len)
                     .dropout(a.dropout);
-  if (a.target_params > 0) {  // --target-params: the shape nearest that many parameters
+  if (pretrained) {
+    config = *pretrained;
+  } else if (a.target_params > 0) {  // --target-params: the shape nearest that many parameters
     config = memopt::models::shape_for_params(static_cast<int64_t>(a.target_params), config);
     fmt::print("llama_lm: --target-params {:.3g} -> {} layers, d{}, {} heads: {:.2f} M parameters\n", a.target_params,
                config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(),
@@ -181,7 +331,14 @@ int run(const Args& a) {
   if (a.estimate_only) return 0;
   options.accum_steps(policies.accum);
 
-  memopt::models::Llama model(config);
+  // --init_model: built from its config.json in fp32 and loaded (model.safetensors or shards, tied
+  // or not); a tied checkpoint whose lm_head.weight differs from its embedding loads untied.
+  memopt::models::Llama model = pretrained ? memopt::io::load_pretrained(a.init_model) : memopt::models::Llama(config);
+  if (pretrained) {
+    config = model->config;
+    fmt::print("llama_lm: initialised from {} ({})\n", a.init_model,
+               config.tie_word_embeddings() ? "tied embeddings" : "untied embeddings");
+  }
   model->to(device);  // the Trainer follows the parameters: batches go where they are
   if (train) train->check_vocab(config.vocab_size());
   val->check_vocab(config.vocab_size());
@@ -192,18 +349,24 @@ int run(const Args& a) {
              params / 1e6, config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(),
              config.vocab_size(), val->size(),
              train ? fmt::format("{} tokens in memory", train->size()) : fmt::format("a stream of {}", fmt::join(a.dataset, " ")));
-  const double before = heldout_loss(model, val, a, device);
-  fmt::print("held-out loss before training {:.3f} (perplexity {:.1f})\n", before, std::exp(before));
+  const bool eval_autocast = policies.precision.flag != "fp32";  // evaluated in the run's precision
+  const double before = heldout_loss(model, val, a, device, eval_autocast);
+  fmt::print("held-out loss before training {:.5f} (perplexity {:.1f})\n", before, std::exp(before));
 
   // The run-time choice becomes a compiled Trainer: no runtime branch on a policy in the loop.
   const auto train_on = [&](auto& loader) {
     return memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
       T trainer(*model, options);
-      trainer.set_run_config({{"vocab", config.vocab_size()}, {"layers", config.num_hidden_layers()},
-                              {"dim", config.hidden_size()}, {"heads", config.num_attention_heads()},
-                              {"kv_heads", a.kv_heads}, {"max_seq_len", a.max_seq_len}, {"dropout", a.dropout},
-                              {"seed", a.seed}, {"dataset", a.dataset}, {"streaming", a.use_streaming},
-                              {"global_micro_batch", micro_batch * world.size()}});
+      nlohmann::json run = {{"vocab", config.vocab_size()}, {"layers", config.num_hidden_layers()},
+                            {"dim", config.hidden_size()}, {"heads", config.num_attention_heads()},
+                            {"kv_heads", pretrained ? config.num_key_value_heads() : a.kv_heads},
+                            {"max_seq_len", pretrained ? config.max_position_embeddings() : a.max_seq_len},
+                            {"dropout", pretrained ? config.dropout() : a.dropout},
+                            {"seed", a.seed}, {"dataset", a.dataset}, {"streaming", a.use_streaming},
+                            {"global_micro_batch", micro_batch * world.size()}};
+      if (pretrained) run["init_model"] = a.init_model;
+      if (!data_tokenizer) run["tokenizer"] = tokenizer->path();
+      trainer.set_run_config(std::move(run));
       a.checkpoints.resume_if_asked(trainer, loader, "llama_lm");
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
       fmt::print("trainer: {} — effective batch {} x {} x {} tokens{}, {} threads\n", T::name(), micro_batch,
@@ -224,7 +387,7 @@ int run(const Args& a) {
                       .workers(a.data_workers)
                       .vocab_size(config.vocab_size())
                       .source(source_options(a).rank(world.rank()).world_size(world.size()));  // disjoint documents
-    memopt::data::StreamLoader loader(a.dataset, tokenizer, stream);
+    memopt::data::StreamLoader loader(files, tokenizer, stream);
     int64_t bytes = 0;
     for (const auto& f : loader.files()) bytes += f.bytes;
     const auto data_memory = memopt::data::estimate_memory_usage(bytes / 4 / a.seq_len, a.seq_len, micro_batch,
@@ -245,8 +408,8 @@ int run(const Args& a) {
                "assumed {} steps\n", result.steps, a.steps, a.epochs, a.steps);
   }
   if (examples::stopped_by_signal(result, result.steps, "llama_lm")) return 0;
-  const double after = heldout_loss(model, val, a, device);
-  fmt::print("held-out loss after {} steps {:.3f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",
+  const double after = heldout_loss(model, val, a, device, eval_autocast);
+  fmt::print("held-out loss after {} steps {:.5f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",
              result.steps, after, std::exp(after), result.tokens_per_s, result.seconds);
   fmt::print("{}", result.memory.table());
   fmt::print("estimated peak {:.1f} MiB, measured {:.1f} MiB ({:+.1f}%)\n", memopt::memory::mib(estimate.peak),
@@ -254,7 +417,7 @@ int run(const Args& a) {
              100.0 * (static_cast<double>(estimate.peak) / static_cast<double>(result.memory.tensors.peak_bytes) - 1));
 
   std::vector<int32_t> prompt_ids = tokenizer->encode(a.prompt);
-  prompt_ids.insert(prompt_ids.begin(), tokenizer->bos_id());
+  if (tokenizer->bos_id() >= 0) prompt_ids.insert(prompt_ids.begin(), static_cast<int32_t>(tokenizer->bos_id()));
   auto prompt = torch::tensor(std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()));
   auto sample = model->generate(prompt, memopt::models::SampleOptions()
                                             .max_new_tokens(a.sample_tokens)
@@ -262,7 +425,7 @@ int run(const Args& a) {
                                             .top_k(50)
                                             .seed(a.seed)
                                             .eos_id(tokenizer->eos_id()));
-  fmt::print("sample: {}\n", tokenizer->decode(sample));
+  fmt::print("sample: {}\n", decode_known(*tokenizer, sample));
   return 0;
 }
 
@@ -272,7 +435,12 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Train a LLaMA-style LM on the King James corpus with memopt's Trainer"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
-  app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
+  app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model (and val.txt, the held-out "
+                 "text tokenized now when the tokenizer is another)")->capture_default_str();
+  app.add_option("--init_model", a.init_model, "start from this Hugging Face Llama folder (config.json + "
+                 "model.safetensors or shards), with its tokenizer.json or tokenizer.model unless --tokenizer; "
+                 "its config.json is the shape: --layers, --dim, --heads, --kv_heads, --max_seq_len, --dropout "
+                 "and --target_params are refused with it");
   app.add_option(examples::kSteps, a.steps, "optimizer steps")->capture_default_str();
   app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (--grad_accum per step)")->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
@@ -314,7 +482,9 @@ int main(int argc, char** argv) {
   data->add_option("--dataset", a.dataset, "text, JSONL (--text_field), token shards, a memopt-pretokenize "
                    "index.json, a directory or a glob; repeatable")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  data->add_option("--tokenizer", a.tokenizer, "SentencePiece model (default: DATA/tokenizer.model)");
+  data->add_option("--tokenizer", a.tokenizer, "SentencePiece .model, tokenizer.json, or a folder holding one "
+                   "(default: --init_model's own, else DATA/tokenizer.model); with any but DATA's, train on "
+                   "--dataset text and evaluate on DATA/val.txt, tokenized now");
   data->add_flag("--use_streaming", a.use_streaming,
                  "stream --dataset in constant memory (default: tokenize it all into memory first)");
   data->add_option("--shuffle_buffer_size", a.shuffle_buffer,
@@ -335,6 +505,8 @@ int main(int argc, char** argv) {
                                         CLI::AsNumberWithUnit::CASE_SENSITIVE));
   examples::underscore_option_names(argc, argv);  // --seq-len is --seq_len
   CLI11_PARSE(app, argc, argv);
+  for (const char* flag : {"--layers", "--dim", "--heads", "--kv_heads", "--max_seq_len", "--dropout", "--target_params"})
+    if (app.count(flag) > 0) a.shape_flags.emplace_back(flag);
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
     memopt::log_performance_info();

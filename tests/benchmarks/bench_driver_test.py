@@ -24,7 +24,7 @@ assert R.parse(["-h", "--bogus"]).help
 for bad, usage in ((["--bogus"], True), (["bogus"], False), (["-"], True), ([""], False)):
     try: R.parse(bad); raise SystemExit("no error")
     except R.BadArguments as e: assert e.show_usage == usage, bad
-assert list(SUITES) == "trainer distill distill_quality adamw8bit attention stack allocator moe moe_budget moe_quality gritlm gritlm_quality estimator planner data dist collectives".split()
+assert list(SUITES) == "trainer distill distill_quality adamw8bit attention stack allocator moe moe_budget moe_quality gritlm gritlm_quality estimator planner data tokenizer dist collectives load".split()
 
 # annotation (jq's //=): appended when missing, null or false; kept otherwise; non-objects unchanged
 a = core.annotate
@@ -154,6 +154,25 @@ d = S.data_summary({"trainer": json.dumps({"tokens_per_s_best": 1000.0}),
                     "stream-small": json.dumps({"corpus_gib": 0.25, "rss_growth_mib": 10.0}),
                     "stream-large": json.dumps({"corpus_gib": 1.0, "rss_growth_mib": 11.0})})
 assert [x["name"] for x in d] == ["throughput_vs_consumption", "rss_growth"] and d[0]["met"] and d[1]["met"]
+
+# load summary: each side's fastest round and highest peak, the 1.1x target, the same weights on both sides
+from bench.suites import load as LD
+def load_line(impl, s, peak, checksum=1.0):
+    return json.dumps({"impl": impl, "ckpt_bytes": 100, "params": 50, "load_s": s, "ready_s": 2 * s, "init_s": 0.5,
+                       "ready_peak_rss_growth_bytes": peak, "checksum": checksum})
+d = LD.load_summary({"memopt#1": load_line("memopt", 2.0, 104), "transformers#1": load_line("transformers", 1.0, 105),
+                     "memopt#2": load_line("memopt", 1.0, 108), "transformers#2": load_line("transformers", 2.0, 100)}, "x")
+assert d["load_s"] == 1.0 and d["ready_s"] == 1.0 and d["rounds"] == 2, d
+assert d["memopt_peak_to_ckpt"] == 1.08 and d["peak_rss_growth"] == 1.029 and d["met"] and d["same_weights"], d
+d = LD.load_summary({"memopt#1": load_line("memopt", 1.0, 111, 2.0), "transformers#1": load_line("transformers", 1.0, 100)}, "x")
+assert not d["met"] and not d["same_weights"], d
+assert LD.load_summary({"memopt#1": load_line("memopt", 1.0, 100)}, "x") is None  # transformers' runs failed
+# the generated checkpoint is reused while its stamp records the same options
+g = LD.GenerateCheckpoint(tmp / "ckpt", ["--vocab", "8"])
+assert not g.current()
+(tmp / "ckpt").mkdir()
+(tmp / "ckpt" / LD.STAMP).write_text("--vocab 8\n")
+assert g.current() and not LD.GenerateCheckpoint(tmp / "ckpt", ["--vocab", "9"]).current()
 print("more unit checks passed")
 
 # ---- every suite's --dry-run, full and --quick: prints commands, exits 0 ----

@@ -1,8 +1,9 @@
 // Tests for memopt/data/stream.hpp: packing with EOS between documents; per-document padded
 // rows; the shuffle buffer (size 1 is the reading order); determinism by seed and across worker
 // counts; rank sharding (disjoint, covering); max_examples and epochs; resume mid-epoch from
-// state(); token shards streamed as they are; finite epochs ending a Trainer's fit(). The
-// sources (files, directories, globs, indexes) and their documents: source_test.cpp.
+// state(); token shards streamed as they are; a Parquet text column streamed as the same JSONL,
+// resumed inside the file; finite epochs ending a Trainer's fit(). The sources (files,
+// directories, globs, indexes) and their documents: source_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -249,6 +250,40 @@ TEST_CASE("Resuming from state() gives the remaining batches exactly", "[data][s
   auto other = std::make_unique<StreamLoader>(std::vector<std::string>{dir.file("c")}, tok, StreamOptions(3, 7));
   require_error([&] { other->load_state(whole->state()); }, {"\"seq_len\" is 6 in the checkpoint, 7 now"},
                 "memopt::data");
+}
+
+TEST_CASE("A Parquet text column streams as the same JSONL does, and resumes from state() inside the file",
+          "[data][stream][parquet]") {
+  TempDir dir;
+  memopt::test::ScopedPython python;  // the tests' Python, with pyarrow
+  const auto tok = char_tokenizer(dir);
+  nlohmann::json rows = nlohmann::json::array();
+  std::string jsonl;
+  for (int k = 0; k < 120; ++k) {
+    if (k % 9 == 4) rows.push_back(nullptr);  // a null row: no document
+    rows.push_back("w" + std::to_string(k));
+    jsonl.append("{\"text\": \"w").append(std::to_string(k)).append("\"}\n");
+  }
+  memopt::test::write_parquet(dir.file("p/a.parquet"), {{"text", rows}}, 16);
+  write_text(dir.file("j/a.jsonl"), jsonl);
+  auto make = [&](const std::string& folder) {
+    auto o = StreamOptions(3, 6).shuffle_buffer(20).seed(3).workers(2).block_documents(5);
+    o.source().epochs(2);
+    return std::make_unique<StreamLoader>(std::vector<std::string>{dir.file(folder)}, tok, o);
+  };
+  const auto all = drain(*make("p"));
+  REQUIRE(all.size() > 100);
+  CHECK(all == drain(*make("j")));
+  for (int64_t cut : {int64_t{1}, int64_t{17}, static_cast<int64_t>(all.size() / 3 / 2) + 3}) {
+    INFO("cut after " << cut << " batches");
+    auto first = make("p");
+    drain(*first, cut);
+    first->has_next(2);
+    const std::string saved = first->state().dump();
+    auto resumed = make("p");
+    resumed->load_state(nlohmann::json::parse(saved));
+    CHECK(drain(*resumed) == std::vector<std::vector<int32_t>>(all.begin() + cut * 3, all.end()));
+  }
 }
 
 TEST_CASE("Token shards stream as they are, ids beyond the vocabulary are refused", "[data][stream]") {

@@ -4,7 +4,9 @@
 # of the same book): plain, GradCache, split_emb and checkpointed bf16 runs train and
 # evaluate; the number of data workers does not change the result; the data-path timer runs;
 # --memory_trace writes a Chrome trace; a run resumed from a checkpoint ends bit for bit as the
-# one that wrote it; the saved model loads with --init_model and evaluates as it ended; users' JSONL data trains,
+# one that wrote it; the saved model (with its tokenizer) loads with --init_model and evaluates as it
+# ended; a Hugging Face checkpoint made here with transformers loads with its tokenizer.json, its
+# embedding grown by the format symbols' mean rows; users' JSONL data trains,
 # with malformed lines skipped (counted) or fatal (file:line). Then
 # bad input: each case must exit 1 (not crash) with a message naming the flag and the value
 # seen, and a HINT.
@@ -133,6 +135,52 @@ if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/cont" --init_model "$tmp/plain/m
 else
   fail "init_model: plain after MRR $(field "$tmp/plain" retrieval_mrr_after) ppl $(field "$tmp/plain" perplexity_after), continued before MRR $(field "$tmp/cont" retrieval_mrr_before) ppl $(field "$tmp/cont" perplexity_before). Output: $out"
 fi
+if [ -s "$tmp/plain/model/tokenizer.model" ] && cmp -s "$tmp/plain/model/tokenizer.model" "$tmp/data/tokenizer.model"; then
+  ok "the saved model folder holds its tokenizer (--init_model reads it)"
+else
+  fail "no tokenizer.model (DATA's) in $tmp/plain/model: $(ls "$tmp/plain/model")"
+fi
+
+# ---- --init_model from a Hugging Face checkpoint (tied embeddings, vocab_size = its tokenizer.json's),
+# made here with transformers: its tokenizer is the default, the 3 format symbols get new rows, each
+# the mean of the checkpoint's rows. At --lr 1e-9 two steps move no weight by more than ~1e-8, so
+# the saved model is the checkpoint, its embedding grown by those rows, still tied, with its tokenizer. ----
+if hf_python 2 "Hugging Face --init_model cases" && hf_checkpoint "$tmp/hf" --text "$tmp/data/train.txt" --pad_to 1 --tied
+then
+  out=$("$bin" "${tiny[@]}" --output_dir "$tmp/hf_run" --init_model "$tmp/hf" --lr 1e-9 2>&1)
+  rc=$?
+  if [ "$rc" -eq 0 ] && grep -q "tokenizer '$tmp/hf/tokenizer.json' (tokenizer.json, [0-9]* ids + 3 format symbols); .* grown to" <<<"$out" &&
+     check=$("$hf_py" - "$tmp/hf" "$tmp/hf_run/model" <<'PY' 2>&1
+import json, sys
+import torch
+from safetensors.torch import load_file
+ck, out = sys.argv[1], sys.argv[2]
+a, b = load_file(ck + "/model.safetensors"), load_file(out + "/model.safetensors")
+config = json.load(open(out + "/config.json"))
+embed = "model.embed_tokens.weight"
+V = a[embed].shape[0]
+assert set(a) == set(b) and "lm_head.weight" not in b, sorted(set(a) ^ set(b))
+assert config["tie_word_embeddings"] and config["vocab_size"] == V + 3 == b[embed].shape[0], (config, V)
+assert torch.allclose(b[embed][:V], a[embed], rtol=0, atol=1e-6), "the checkpoint's rows moved"
+mean = a[embed].mean(0, keepdim=True).expand(3, -1)
+assert torch.allclose(b[embed][V:], mean, rtol=0, atol=1e-6), (b[embed][V:, :4], mean[:, :4])
+for name in a:
+    assert torch.allclose(a[name], b[name][:a[name].shape[0]], rtol=0, atol=1e-6), name
+assert open(ck + "/tokenizer.json", "rb").read() == open(out + "/tokenizer.json", "rb").read(), "tokenizer.json"
+print(f"{len(a)} tensors as loaded, embedding {V} -> {V + 3} rows (new rows = the mean)")
+PY
+); then
+    ok "--init_model from a Hugging Face checkpoint: $check"
+  else
+    fail "--init_model from a Hugging Face checkpoint (rc $rc): ${check:-} $(tail -8 <<<"$out")"
+  fi
+  mkdir -p "$tmp/hf_small" && cp "$tmp/hf/"* "$tmp/hf_small/" &&
+    sed -i -E 's/"vocab_size": *[0-9]+/"vocab_size": 64/' "$tmp/hf_small/config.json"
+  expect_failure "--init_model: a tokenizer larger than the checkpoint's embedding" \
+    "has vocab_size 64 but the tokenizer '.*hf_small/tokenizer.json' has [0-9]+ pieces" \
+    "$bin" "${tiny[@]}" --output_dir "$tmp/err" --init_model "$tmp/hf_small"
+fi
+
 mkdir -p "$tmp/other_vocab" && cp "$tmp/plain/model/model.safetensors" "$tmp/other_vocab/" &&
   sed 's/"vocab_size": *[0-9]*/"vocab_size": 100/' "$tmp/plain/model/config.json" > "$tmp/other_vocab/config.json"
 if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/dataonly" --data_only --workers 2 2>&1) &&

@@ -1,7 +1,7 @@
 # tests/examples/lib.sh — sourced by the example tests (after `set -uo pipefail`): a temporary
 # folder $tmp removed at exit, pass/fail counters (ok, fail, finish), tiny corpora in the
-# Brown corpus's and the King James text's formats for memopt_prepare_corpus, and readers of
-# memory figures.
+# Brown corpus's and the King James text's formats for memopt_prepare_corpus, readers of
+# memory figures, and tiny Hugging Face checkpoints (hf_python, hf_checkpoint).
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -19,6 +19,37 @@ has_gpu() { nvidia-smi -L > /dev/null 2>&1; }
 # skip_runs N WHAT: N runs not made (counted in the summary line), and why.
 skip_runs() { echo "skip $1 $2: no GPU visible"; skipped=$((skipped + $1)); }
 
+# hf_python N WHAT: sets hf_py to a Python with torch, transformers and tokenizers, which the
+# Hugging Face cases need (hf_checkpoint.py makes their checkpoint): $MEMOPT_TEST_PYTHON, else the
+# repository's .venv, else python3 on PATH. Without one it prints a skip line for the N runs WHAT,
+# counts them as skipped and returns 1.
+hf_python() {
+  local candidate
+  for candidate in "${MEMOPT_TEST_PYTHON:-}" "$(dirname "${BASH_SOURCE[0]}")/../../.venv/bin/python3" python3; do
+    if [ -n "$candidate" ] && "$candidate" -c "import importlib.util as u, sys
+sys.exit(not all(u.find_spec(m) for m in ('torch', 'transformers', 'tokenizers', 'safetensors')))" > /dev/null 2>&1
+    then
+      hf_py="$candidate"
+      return 0
+    fi
+  done
+  echo "skip $1 $2: no Python with torch, transformers and tokenizers (set MEMOPT_TEST_PYTHON)"
+  skipped=$((skipped + $1))
+  return 1
+}
+# hf_checkpoint OUT ARGS...: hf_checkpoint.py OUT ARGS... (a tiny Hugging Face Llama folder with its
+# tokenizer.json) with $hf_py; its output in OUT.log. Fails the test (FAIL line, returns 1) when it fails.
+hf_checkpoint() {
+  local out="$1"
+  shift
+  if ! "$hf_py" "$(dirname "${BASH_SOURCE[0]}")/hf_checkpoint.py" "$out" "$@" > "$out.log" 2>&1; then
+    fail "hf_checkpoint.py could not make $out: $(tail -3 "$out.log")"
+    return 1
+  fi
+}
+# close_to X Y TOL: whether |X - Y| <= TOL (decimals; false when either is empty).
+close_to() { [ -n "$1" ] && [ -n "$2" ] && awk -v x="$1" -v y="$2" -v t="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= t) }'; }
+
 # expect_failure NAME REGEX CMD...: CMD exits 1, and its output matches REGEX and carries a HINT
 # (the rule for bad input); the ok line quotes the first line naming an error.
 expect_failure() {
@@ -28,7 +59,7 @@ expect_failure() {
   rc=$?
   if [ "$rc" -ne 1 ]; then
     fail "$name: exit code $rc (want 1). Output: $out"
-  elif ! grep -Eq "$regex" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
+  elif ! grep -Eq -e "$regex" <<<"$out" || ! grep -q "HINT" <<<"$out"; then
     fail "$name: output does not match /$regex/ and HINT: $out"
   else
     ok "$name: $({ grep -m1 -i error <<<"$out" || head -n1 <<<"$out"; } | head -c 160)"

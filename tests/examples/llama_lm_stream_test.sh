@@ -3,8 +3,10 @@
 # generated corpus: streaming the same documents as text and as JSONL trains the same
 # weights, byte for byte; a streamed run resumed from a mid-run checkpoint ends with the
 # uninterrupted run's weights; --epochs ends training when the data runs out; loading the
-# dataset whole trains too; --target-params prints the shape it chose; bad data flags and
-# records are errors naming the flag, file and line.
+# dataset whole trains too; --target-params prints the shape it chose; --init_model loads a
+# Hugging Face checkpoint made here with transformers and evaluates as transformers does, and
+# refuses data tokenized by another tokenizer, shape flags and a tokenizer larger than its
+# embedding; bad data flags and records are errors naming the flag, file and line.
 # Usage: llama_lm_stream_test.sh path/to/llama_lm path/to/memopt_prepare_corpus
 set -uo pipefail
 bin="$1"
@@ -71,6 +73,40 @@ if has_gpu; then
   done
 else
   skip_runs 4 "--device cuda runs"
+fi
+
+# ---- --init_model: a Hugging Face checkpoint (transformers' save_pretrained, a padded vocab_size)
+# and its own tokenizer.json, made here; the training text from --dataset and the held-out text
+# from DATA/val.txt, tokenized with it. Before training, the held-out loss is transformers' own on
+# the same windows (fp32), which needs the same tokens and the same weights. ----
+hf_job=(--data "$tmp/data" --seq_len 32 --micro_batch 4 --accum 1 --steps 1 --warmup 1 --log_interval 1000
+        --eval_batches 1 --sample_tokens 8 --threads 1 --precision fp32 --recompute none)
+if hf_python 5 "Hugging Face --init_model cases" &&
+   hf_checkpoint "$tmp/hf" --text "$tmp/data/train.txt" --eval "$tmp/data/val.txt" --seq_len 32 --batch_size 4 --batches 1
+then
+  want=$(sed -n 's/^loss //p' "$tmp/hf.log")
+  out=$("$bin" "${hf_job[@]}" --init_model "$tmp/hf" --dataset "$tmp/data/train.txt" --use-streaming \
+        --output_dir "$tmp/hf_run" 2>&1)
+  rc=$?
+  got=$(sed -n 's/^held-out loss before training \([0-9.]*\) .*/\1/p' <<<"$out")
+  if [ "$rc" -eq 0 ] && grep -q "tokenizer '$tmp/hf/tokenizer.json' (tokenizer.json, " <<<"$out" \
+     && grep -q "initialised from $tmp/hf" <<<"$out" && grep -q "^sample: " <<<"$out" && close_to "$got" "$want" 1e-4; then
+    ok "--init_model: held-out loss before training $got = transformers' $want on the same tokens (vocab 320, tokenizer 300 ids)"
+  else
+    fail "--init_model (rc $rc): held-out loss before training '$got', transformers' '$want': $(tail -8 <<<"$out")"
+  fi
+  expect_failure "init_model: DATA's shards with another tokenizer" "train.bin and val.bin hold the ids of .*tokenizer.model" \
+    "$bin" "${hf_job[@]}" --init_model "$tmp/hf" --output_dir "$tmp/bad"
+  expect_failure "init_model: a bare shard in --dataset with another tokenizer" \
+    "train.bin' records its vocab_size but not the tokenizer" \
+    "$bin" "${hf_job[@]}" --init_model "$tmp/hf" --dataset "$tmp/data/train.bin" --output_dir "$tmp/bad"
+  expect_failure "init_model: shape flags" "--layers, --dim shape a model built here, but --init_model" \
+    "$bin" "${hf_job[@]}" --init_model "$tmp/hf" --dataset "$tmp/data/train.txt" --layers 2 --dim 64 --output_dir "$tmp/bad"
+  mkdir -p "$tmp/hf_small" && cp "$tmp/hf/"* "$tmp/hf_small/" &&
+    sed -i -E 's/"vocab_size": *[0-9]+/"vocab_size": 64/' "$tmp/hf_small/config.json"
+  expect_failure "init_model: vocab larger than the checkpoint's" \
+    "tokenizer '.*hf_small/tokenizer.json' has [0-9]+ ids but --init_model .* embeds only 64" \
+    "$bin" "${hf_job[@]}" --init_model "$tmp/hf_small" --dataset "$tmp/data/train.txt" --output_dir "$tmp/bad"
 fi
 
 # ---- bad input: the flag, file and line named, exit 1 ----

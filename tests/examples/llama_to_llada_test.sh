@@ -2,7 +2,9 @@
 # examples/01_llama_to_llada end to end on a tiny generated corpus (a SentencePiece BPE
 # model trained here, text tokenized on the fly): every strategy trains, evaluates, samples
 # and saves; a saved student loads back as --student_model; a run of 2 steps resumed to 4
-# (--resume latest) ends with the student of 4 steps in one go. Then bad input: each case must
+# (--resume latest) ends with the student of 4 steps in one go; a Hugging Face teacher made here
+# with transformers brings its tokenizer.json, its held-out loss is transformers' own, and the
+# student's vocabulary is its padded vocab_size + 1. Then bad input: each case must
 # exit 1 (not crash) with a message naming the file/option and the value seen, and a HINT.
 # Usage: llama_to_llada_test.sh path/to/llama_to_llada
 set -uo pipefail
@@ -23,9 +25,10 @@ if ! spm_train --input="$tmp/data/train.txt" --model_prefix="$tmp/data/tokenizer
   exit 1
 fi
 
-tiny=(--data_path "$tmp/data" --layers 1 --dim 32 --heads 2 --max_seq_len 64 --seq_len 16 --batch_size 2
+base=(--data_path "$tmp/data" --layers 1 --dim 32 --heads 2 --max_seq_len 64 --seq_len 16 --batch_size 2
       --teacher_steps 2 --max_steps 2 --log_interval 1 --eval_batches 1 --samples 1 --prompt_tokens 4
-      --gen_length 8 --sample_steps 8 --block_length 4 --threads 1 --data_format text)
+      --gen_length 8 --sample_steps 8 --block_length 4 --threads 1)
+tiny=("${base[@]}" --data_format text)
 
 expect_run() {  # expect_run NAME ARGS... : exit 0, the evaluation and the saved student
   local name="$1" out
@@ -95,6 +98,37 @@ else
   skip_runs 3 "--device cuda runs"
 fi
 
+# ---- a Hugging Face teacher (transformers' save_pretrained, vocab_size padded past its tokenizer's)
+# with its own tokenizer.json, made here: the default data follows the tokenizer (text tokenized
+# now: this DATA has no .bin shards at all), the teacher's held-out loss is transformers' own on the
+# same windows, and the student's vocabulary is the teacher's + the mask token ----
+if hf_python 4 "Hugging Face teacher cases" &&
+   hf_checkpoint "$tmp/hf" --text "$tmp/data/train.txt" --eval "$tmp/data/val.txt" --seq_len 16 --batch_size 2 --batches 1
+then
+  want=$(sed -n 's/^loss //p' "$tmp/hf.log")
+  out=$("$bin" "${base[@]}" --teacher_model "$tmp/hf" --output_dir "$tmp/hf_run" --strategy comprehensive \
+        --kd_top_k 8 --precision fp32 --teacher_dtype fp32 2>&1)
+  rc=$?
+  got=$(grep -o '"teacher_loss":[^,}]*' "$tmp/hf_run/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+  student_vocab=$(grep -o '"vocab_size": *[0-9]*' "$tmp/hf_run/student/config.json" 2>/dev/null | grep -o '[0-9]*$')
+  if [ "$rc" -eq 0 ] && grep -q "tokenizer: '$tmp/hf/tokenizer.json' (tokenizer.json, 300 ids); data: text, tokenized now" <<<"$out" \
+     && grep -q "^student: " <<<"$out" && [ "$student_vocab" = 321 ] && close_to "$got" "$want" 1e-4; then
+    ok "Hugging Face teacher: its tokenizer, text data; teacher loss $got = transformers' $want; student vocab 320 + 1"
+  else
+    fail "Hugging Face teacher (rc $rc): teacher loss '$got', transformers' '$want', student vocab '$student_vocab': $(tail -8 <<<"$out")"
+  fi
+  expect_failure "Hugging Face teacher: --data_format shards" "data_format shards reads .* but this run's tokenizer is" \
+    "$bin" "${base[@]}" --teacher_model "$tmp/hf" --output_dir "$tmp/e_hf" --data_format shards
+  expect_failure "Hugging Face teacher: --tokenizer DATA's (its shards, the default then, are missing here)" \
+    "$tmp/data/train.bin" "$bin" "${base[@]}" --teacher_model "$tmp/hf" --output_dir "$tmp/e_hf" \
+    --tokenizer "$tmp/data/tokenizer.model"
+  mkdir -p "$tmp/hf_small" && cp "$tmp/hf/"* "$tmp/hf_small/" &&
+    sed -i -E 's/"vocab_size": *[0-9]+/"vocab_size": 64/' "$tmp/hf_small/config.json"
+  expect_failure "Hugging Face teacher: a tokenizer larger than its embedding" \
+    "vocab_size 64 but the tokenizer '.*hf_small/tokenizer.json' has 300 ids" \
+    "$bin" "${base[@]}" --teacher_model "$tmp/hf_small" --output_dir "$tmp/e_hf"
+fi
+
 # ---- bad input ----
 expect_error() {  # expect_error NAME REGEX ARGS...
   local name="$1" regex="$2"
@@ -106,8 +140,9 @@ expect_error missing_teacher "$tmp/nowhere.*config.json" --teacher_model "$tmp/n
 
 mkdir -p "$tmp/wrongvocab"
 cp "$tmp/teacher/model.safetensors" "$tmp/wrongvocab/"
-sed -E 's/"vocab_size": *[0-9]+/"vocab_size": 999/' "$tmp/teacher/config.json" > "$tmp/wrongvocab/config.json"
-expect_error teacher_vocab_mismatch "vocab_size 999.*tokenizer" --teacher_model "$tmp/wrongvocab" --output_dir "$tmp/e2"
+sed -E 's/"vocab_size": *[0-9]+/"vocab_size": 50/' "$tmp/teacher/config.json" > "$tmp/wrongvocab/config.json"
+expect_error teacher_vocab_mismatch "vocab_size 50 but the tokenizer .* has [0-9]+ ids" --teacher_model "$tmp/wrongvocab" \
+  --output_dir "$tmp/e2"
 
 mkdir -p "$tmp/renamed"
 cp "$tmp/teacher/config.json" "$tmp/renamed/"

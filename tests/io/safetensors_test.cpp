@@ -1,5 +1,6 @@
 // tests/io/safetensors_test.cpp — memopt/io/safetensors.hpp: bit-exact round trip of every
-// dtype, metadata, zero-copy views that outlive the file object, one error per malformed header
+// dtype, metadata, zero-copy views that outlive the file object, release() dropping a tensor's
+// pages from the resident set while its views stay valid, one error per malformed header
 // field, and cross-checks both ways with tests/io/safetensors_check.py (a json + numpy reader and
 // writer) and the safetensors package. HF-style checkpoints: tests/io/pretrained_test.cpp.
 #include <catch2/catch.hpp>
@@ -26,6 +27,7 @@
 #include "support.hpp"
 
 #include <memopt/io/safetensors.hpp>
+#include <memopt/memory/rss.hpp>
 
 namespace fs = std::filesystem;
 using memopt::io::SafetensorsFile;
@@ -173,6 +175,31 @@ TEST_CASE("zero-copy views outlive the SafetensorsFile and the file's replacemen
   fs::remove(path);
   CHECK(view.sum().item<double>() == 499500.0);
   CHECK(torch::equal(view * 2, torch::arange(0, 2000, 2, torch::kFloat32)));
+}
+
+TEST_CASE("release() drops a tensor's pages from the resident set, its views read the file again",
+          "[io][safetensors]") {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  TempDir dir;
+  const std::string path = dir.file("big.safetensors");
+  const torch::Tensor data = torch::arange(16 * kMiB, torch::kInt32);  // 64 MiB
+  memopt::io::save_safetensors(path, Named{{"head", torch::ones({3})}, {"x", data}});
+  auto file = SafetensorsFile::open(path);
+  const torch::Tensor view = file->get("x");
+  const int64_t before = memopt::memory::current_rss_bytes();
+  CHECK(torch::equal(view, data));  // reads every page of the mapping
+  const int64_t read = memopt::memory::current_rss_bytes();
+  file->release("x");
+  const int64_t released = memopt::memory::current_rss_bytes();
+  INFO("RSS before reading " << before / kMiB << " MiB, after " << read / kMiB << " MiB, after release "
+                             << released / kMiB << " MiB");
+  CHECK(read - before > 48 * kMiB);  // loose: RSS counts whole pages of the whole process
+  CHECK(read - released > 48 * kMiB);
+  CHECK(torch::equal(view, data));  // the same bytes, read again from the file
+  CHECK(torch::equal(file->get("head"), torch::ones({3})));
+  file->release("x", 4 * kMiB, 8 * kMiB);  // a byte range, as load_state_dict releases its slices
+  file->release("head", 0, 0);             // an empty range: nothing to do
+  CHECK(torch::equal(view, data));
 }
 
 TEST_CASE("save_safetensors also takes named_parameters()", "[io][safetensors]") {

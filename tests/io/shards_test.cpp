@@ -2,7 +2,8 @@
 // does (in order, at most max_shard_bytes a shard, an oversized tensor alone) and writes the
 // index; SafetensorsShards reads shards or one file back bit for bit; an earlier save's files
 // do not mislead a reader; a broken index or a missing shard gets an error naming the index,
-// the shard and the tensor, with a HINT. Against transformers' own shards: tests/models/llama_hf_test.cpp.
+// the shard and the tensor, with a HINT; copy_tensor copies slice by slice into any dtype and
+// layout. Against transformers' own shards: tests/models/llama_hf_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -137,4 +138,32 @@ TEST_CASE("a broken shard index names the index, the shard and the tensor, with 
     const auto read = SafetensorsShards::open_dir(dir.path.string());
     require_io_error([&] { read.get("e"); }, {index, "'e'", "HINT"});
   }
+}
+
+TEST_CASE("copy_tensor copies a tensor of several slices into any dtype and layout", "[io][shards]") {
+  TempDir dir("memopt_shards");
+  // 1000 x 750 fp32, 3 MB: more than one kCopySliceBytes slice, and a partial last slice.
+  torch::manual_seed(7);
+  const Named tensors = {{"small", torch::randn({3, 4})}, {"big", torch::randn({1000, 750})}};
+  REQUIRE(tensors[1].second.nbytes() > static_cast<size_t>(memopt::io::kCopySliceBytes));
+  REQUIRE(tensors[1].second.nbytes() % memopt::io::kCopySliceBytes != 0);
+  memopt::io::save_sharded(dir.path.string(), tensors, {}, 1000);  // {small}, {big}
+  const auto read = SafetensorsShards::open_dir(dir.path.string());
+  REQUIRE(read.num_files() == 2);
+  static_assert(memopt::io::TensorSource<SafetensorsShards> && memopt::io::TensorSource<memopt::io::SafetensorsFile>);
+  torch::NoGradGuard no_grad;
+
+  const torch::Tensor same = torch::empty({1000, 750});
+  memopt::io::copy_tensor(read, "big", same);
+  CHECK(torch::equal(same, tensors[1].second));
+  const torch::Tensor bf16 = torch::empty({1000, 750}, torch::kBFloat16);
+  memopt::io::copy_tensor(read, "big", bf16);
+  CHECK(torch::equal(bf16, tensors[1].second.to(torch::kBFloat16)));
+  const torch::Tensor transposed = torch::empty({750, 1000}).t();  // not contiguous: copied whole
+  memopt::io::copy_tensor(read, "big", transposed);
+  CHECK(torch::equal(transposed, tensors[1].second));
+  const torch::Tensor small = torch::empty({3, 4}, torch::kFloat64);
+  memopt::io::copy_tensor(read, "small", small);
+  CHECK(torch::equal(small, tensors[0].second.to(torch::kFloat64)));
+  check_same(read, tensors);  // released pages read back the same bytes
 }

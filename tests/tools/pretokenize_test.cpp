@@ -3,7 +3,8 @@
 // the .tmp removed when not closed; a JSONL + text corpus cut into >= 3 shards whose ids are
 // the documents' ids with EOS after each, byte-identical for 1 and 3 workers; StreamLoader on
 // the index giving exactly the batches it gives on the raw text; index.json's fields; bad
-// input (tokenizer, --out, a JSONL record without the field) refused with a HINT.
+// input (tokenizer, --out, a JSONL record without the field) refused with a HINT; a Parquet
+// text column cut into the same shards, byte for byte, as the same documents in JSONL.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -350,4 +351,48 @@ TEST_CASE("pretokenize: bad input is refused with the file, the value and a HINT
     require_error([&] { memopt::tools::pretokenize(options_for(corpus, model, dir.file("o")).workers(0)); }, prefix,
                   {"--workers", "got 0"});
   }
+}
+
+TEST_CASE("pretokenize: a Parquet text column gives the shards the same documents give as JSONL",
+          "[pretokenize][parquet]") {
+  TempDir dir;
+  memopt::test::ScopedPython python;  // the tests' Python, with pyarrow
+  const std::string model = write_model(dir);
+  nlohmann::json rows = nlohmann::json::array(), ids = nlohmann::json::array();
+  std::string jsonl;
+  for (int k = 0; k < 300; ++k) {
+    if (k % 17 == 5) rows.push_back(nullptr);  // a null row is no document
+    const std::string text = k == 100 ? std::string() : k == 200 ? "caf\u00e9 \U0001F642 the thing" : doc_text(k);
+    rows.push_back(text);  // "" is a document: its ids are EOS alone, as in JSONL
+    jsonl += nlohmann::json{{"text", text}}.dump() + "\n";
+  }
+  const std::string parquet = dir.file("pq/corpus.parquet");
+  for (size_t i = 0; i < rows.size(); ++i) ids.push_back(i);
+  memopt::test::write_parquet(parquet, {{"id", ids}, {"text", rows}}, 64);
+  write_text(dir.file("js/corpus.jsonl"), jsonl);
+
+  for (const int64_t max_examples : {0, 120}) {
+    INFO("max_examples " << max_examples);
+    const std::string suffix = std::to_string(max_examples);
+    auto run = [&](const std::string& source, const std::string& out) {
+      return memopt::tools::pretokenize(options_for(source, model, out).max_examples(max_examples).workers(2));
+    };
+    const auto p = run(dir.file("pq"), dir.file("out-pq" + suffix));
+    const auto j = run(dir.file("js/corpus.jsonl"), dir.file("out-js" + suffix));
+    CHECK(p.documents == (max_examples > 0 ? max_examples : 300));
+    CHECK(p.documents == j.documents);
+    CHECK(p.tokens == j.tokens);
+    REQUIRE(p.shards == j.shards);
+    REQUIRE(p.shards >= 2);
+    for (int64_t s = 0; s < p.shards; ++s) {
+      const std::string name = fmt::format("/shard-{:05d}.bin", s);
+      INFO(name);
+      CHECK(read_text(dir.file("out-pq" + suffix) + name) == read_text(dir.file("out-js" + suffix) + name));
+    }
+    const auto size = static_cast<int64_t>(fs::file_size(parquet));  // progress: a share of the file by rows
+    CHECK((max_examples > 0 ? p.bytes > 0 && p.bytes < size : p.bytes == size));
+  }
+  require_error([&] { memopt::tools::pretokenize(options_for(parquet, model, dir.file("bad")).text_field("body")); },
+                "memopt::data", {parquet, "no column \"body\"", "its columns: id, text"});
+  CHECK(fs::is_empty(dir.file("bad")));  // no shard, no index
 }

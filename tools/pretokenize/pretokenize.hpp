@@ -1,5 +1,5 @@
-// tools/pretokenize/pretokenize.hpp — what memopt-pretokenize does: the documents of text and
-// JSONL sources (memopt/data/source.hpp), tokenized in parallel and kept in order, EOS after
+// tools/pretokenize/pretokenize.hpp — what memopt-pretokenize does: the documents of text, JSONL
+// and Parquet sources (memopt/data/source.hpp), tokenized in parallel and kept in order, EOS after
 // each (the ids StreamLoader makes on the fly), written as token shards of at most
 // shard_tokens ids (OUT/shard-00000.bin, ...) and, last, OUT/index.json. main.cpp is the
 // command line; tests/tools/pretokenize_test.cpp calls pretokenize() directly.
@@ -50,13 +50,16 @@ inline int64_t default_workers() { return std::max<int64_t>(1, std::thread::hard
 ///                   .tokenizer("data/kjv/tokenizer.model").out("corpus-tokens");
 struct PretokenizeOptions {
   using Stream = std::FILE*;  // TORCH_ARG writes `const T&`: spelled `const std::FILE*&` it would not bind
-  /// Files, directories and globs of text and JSONL (resolve_sources()).
+  /// Files, directories and globs of text, JSONL and Parquet (resolve_sources()).
   TORCH_ARG(std::vector<std::string>, sources);
-  /// The SentencePiece BPE model (memopt::data::Tokenizer).
+  /// The tokenizer: a SentencePiece .model, a tokenizer.json, or a folder holding one
+  /// (memopt::data::Tokenizer).
   TORCH_ARG(std::string, tokenizer);
+  /// Text bytes that are not UTF-8: replaced by U+FFFD, or an error (data::InvalidUtf8).
+  TORCH_ARG(data::InvalidUtf8, invalid_utf8) = data::InvalidUtf8::kReplace;
   /// The folder that receives shard-NNNNN.bin and index.json.
   TORCH_ARG(std::string, out);
-  /// JSONL: the field holding each document's text.
+  /// JSONL: the field holding each document's text; Parquet: the column.
   TORCH_ARG(std::string, text_field) = "text";
   /// Plain text: a document a line or a paragraph.
   TORCH_ARG(data::Split, split) = data::Split::kLine;
@@ -224,26 +227,28 @@ inline PretokenizeSummary pretokenize(const PretokenizeOptions& options) {
 
   // ---- the tokenizer, the sources, the output folder: every check before any work ----
   TORCH_CHECK(!options.tokenizer().empty(), "memopt-pretokenize: no tokenizer. HINT: pass --tokenizer "
-              "PATH/tokenizer.model (a SentencePiece BPE model, e.g. data/kjv/tokenizer.model from scripts/demo)");
-  TORCH_CHECK(fs::is_regular_file(options.tokenizer()), "memopt-pretokenize: --tokenizer '", options.tokenizer(),
-              "' does not exist or is not a file. HINT: pass a SentencePiece BPE model such as "
-              "data/kjv/tokenizer.model (scripts/demo makes it)");
-  const auto tokenizer = std::make_shared<const data::Tokenizer>(options.tokenizer());
+              "PATH/tokenizer.model (a SentencePiece BPE model, e.g. data/kjv/tokenizer.model from scripts/demo), a "
+              "tokenizer.json or a checkpoint folder holding one");
+  TORCH_CHECK(fs::exists(options.tokenizer()), "memopt-pretokenize: --tokenizer '", options.tokenizer(),
+              "' does not exist. HINT: pass a SentencePiece BPE model such as data/kjv/tokenizer.model (scripts/demo "
+              "makes it), a tokenizer.json, or a folder holding one");
+  const auto tokenizer = std::make_shared<const data::Tokenizer>(
+      options.tokenizer(), data::TokenizerOptions().invalid_utf8(options.invalid_utf8()));
   const int32_t eos = static_cast<int32_t>(tokenizer->eos_id());
   TORCH_CHECK(eos >= 0, "memopt-pretokenize: tokenizer '", options.tokenizer(), "' has no EOS piece: documents could "
               "not be separated. HINT: train it with eos_id >= 0 (spm_train --eos_id=2)");
-  TORCH_CHECK(!options.sources().empty(), "memopt-pretokenize: no sources. HINT: pass text or JSONL files, folders or "
-              "globs such as 'corpus/*.jsonl'");
+  TORCH_CHECK(!options.sources().empty(), "memopt-pretokenize: no sources. HINT: pass text, JSONL or Parquet files, "
+              "folders or globs such as 'corpus/*.jsonl'");
   std::vector<data::SourceFile> files = data::resolve_sources(options.sources());
   int64_t total_bytes = 0;
   for (const auto& f : files) {
     TORCH_CHECK(f.kind != SourceKind::kShard, "memopt-pretokenize: '", f.path, "' is already a token shard. HINT: pass "
-                "text or JSONL sources; shards and index.json files stream as they are");
+                "text, JSONL or Parquet sources; shards and index.json files stream as they are");
     total_bytes += f.bytes;
   }
   const fs::path out = options.out();
   detail::prepare_out(out, options.force());
-  const std::string model_digest = io::digest_file(options.tokenizer()).xxh3;
+  const std::string model_digest = io::digest_file(tokenizer->path()).xxh3;
 
   // ---- reading (in block order, one worker at a time) and tokenizing (in parallel) ----
   struct Shared {
@@ -269,9 +274,10 @@ inline PretokenizeSummary pretokenize(const PretokenizeOptions& options) {
 
   const int64_t block_documents = options.block_documents();
   const bool limited = options.max_examples() > 0;
-  auto produce = [&shared, &tokenizer, block_documents, eos, total_bytes, limited](int64_t index) {
+  auto produce = [&shared, &tokenizer, &files, block_documents, eos, total_bytes, limited](int64_t index) {
     detail::Block block;
     std::vector<std::string> texts;
+    std::vector<int64_t> text_files;  // the source of each text (an index into files)
     {
       std::unique_lock<std::mutex> lock(shared.mutex);
       shared.turn_cv.wait(lock, [&] { return shared.turn == index; });
@@ -294,7 +300,8 @@ inline PretokenizeSummary pretokenize(const PretokenizeOptions& options) {
           bytes += static_cast<int64_t>(doc.text.size());
           texts.push_back(std::move(doc.text));
           const data::SourcePosition& at = shared.reader.position();  // the file and offset after it
-          shared.bytes_read = shared.bytes_before[static_cast<size_t>(at.file)] + at.offset;
+          text_files.push_back(at.file);
+          shared.bytes_read = shared.bytes_before[static_cast<size_t>(at.file)] + shared.reader.file_bytes_read();
         }
         block.last = shared.reader.finished();
         if (block.last && !limited) shared.bytes_read = total_bytes;  // the blank lines after the last document
@@ -308,8 +315,14 @@ inline PretokenizeSummary pretokenize(const PretokenizeOptions& options) {
     }
     try {
       block.lengths.reserve(texts.size());
-      for (const auto& text : texts) {
-        const std::vector<int32_t> ids = tokenizer->encode(text);
+      for (size_t i = 0; i < texts.size(); ++i) {
+        std::vector<int32_t> ids;
+        try {
+          ids = tokenizer->encode(texts[i]);
+        } catch (const c10::Error& e) {  // malformed UTF-8 under --invalid_utf8 reject: name the file
+          TORCH_CHECK(false, "memopt-pretokenize: a document of '", files[static_cast<size_t>(text_files[i])].path,
+                      "': ", e.what_without_backtrace());
+        }
         block.ids.insert(block.ids.end(), ids.begin(), ids.end());
         block.ids.push_back(eos);
         block.lengths.push_back(static_cast<int64_t>(ids.size()) + 1);
@@ -382,7 +395,9 @@ inline PretokenizeSummary pretokenize(const PretokenizeOptions& options) {
   const nlohmann::ordered_json index = {
       {"format", kIndexFormat},
       {"version", kIndexVersion},
-      {"tokenizer", fs::absolute(options.tokenizer()).lexically_normal().string()},
+      {"tokenizer", fs::absolute(tokenizer->path()).lexically_normal().string()},
+      {"tokenizer_kind", tokenizer->kind()},
+      {"invalid_utf8", options.invalid_utf8() == data::InvalidUtf8::kReplace ? "replace" : "reject"},
       {"tokenizer_xxh3", model_digest},
       {"vocab_size", tokenizer->vocab_size()},
       {"eos_id", eos},

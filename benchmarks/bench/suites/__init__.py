@@ -6,7 +6,7 @@ from typing import Callable
 
 from ..core import Context
 from ..steps import Step
-from . import data, dist, gritlm, kernels, moe, training
+from . import data, dist, gritlm, kernels, load, moe, training
 
 SUITES: dict[str, Callable[[Context], list[Step]]] = {
     "trainer": training.trainer,
@@ -24,6 +24,8 @@ SUITES: dict[str, Callable[[Context], list[Step]]] = {
     "estimator": kernels.estimator,
     "planner": kernels.planner,
     "data": data.data,
+    "tokenizer": data.tokenizer,
     "dist": dist.dist,
     "collectives": dist.collectives,
+    "load": load.load,
 }

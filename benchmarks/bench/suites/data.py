@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .. import lines as L
 from ..core import LOAD, Context, log
-from ..steps import Build, Corpus, Require, Run, Step, Summary
+from ..steps import Build, Corpus, Derive, Require, Run, Step, Summary
 from ..summaries import data_summary
 
 # ---- suite: data ----
@@ -93,3 +93,48 @@ def data(ctx: Context) -> list[Step]:
     if (os.environ.get("BENCH_DATA_LOAD_ALL_1GIB") or "1") == "1":
         steps.append(data_run(ctx, "load_all-large", ["--mode", "load_all", "--data", large, "--layout", "tensors"]))
     return steps + [Summary(data_summary, "the throughput_vs_consumption and rss_growth lines")]
+
+
+# ---- suite: tokenizer ----
+# memopt::data::Tokenizer (data/hf_tokenizer.hpp) next to HF tokenizers (Rust, from Python's
+# encode_batch) on the same tokenizer.json files and text: two 32000-id tokenizers trained by
+# benchmarks/peer/tokenizer_peer.py on the King James lines (llama3: byte-level BPE with Llama 3's
+# split regex; llama2: SentencePiece-style Metaspace BPE with byte fallback; under
+# build-release/bench-data/tok/), encoding a generated 64 MiB corpus (--quick: 4 MiB) one line a
+# document, with 1 and 2 threads. Each line: MB/s of input, tokens and a checksum of the ids; the
+# ratio lines divide memopt's MB/s by HF's and say whether both produced the same ids.
+TOKENIZER = {"bytes": 64 << 20}
+TOKENIZER_QUICK = {"bytes": 4 << 20}
+
+
+def tokenizer(ctx: Context) -> list[Step]:
+    plan = TOKENIZER_QUICK if ctx.quick else TOKENIZER
+    text = str(corpus_path(ctx, plan["bytes"]))
+    folder = ctx.build_dir / "bench-data" / "tok"
+    peer = [ctx.python, ctx.script("benchmarks/peer/tokenizer_peer.py")]
+    steps: list[Step] = [
+        Corpus(unless=[ctx.corpus / "train.txt"]),
+        Require(ctx.corpus / "train.txt", f"error: {ctx.corpus}/train.txt is missing. HINT: rm data/kjv/val.bin, then "
+                                          "scripts/bench tokenizer (memopt_prepare_corpus writes it)"),
+        Build(["memopt_bench_data", "memopt_bench_tokenizer"]),
+        GenerateCorpora((plan["bytes"],)),
+        Run([*peer, "make", str(folder), str(ctx.corpus / "train.txt")], output="log",
+            log="tokenizer: training the 32000-id tokenizers (once)", error="error: tokenizer_peer.py make failed")]
+    for kind in ("llama3", "llama2"):
+        for threads in ("1", "2"):
+            key = f"{kind}-t{threads}"
+            steps += [Run([ctx.bench("memopt_bench_tokenizer"), "--tokenizer", str(folder / kind), "--text", text,
+                           "--threads", threads], key=f"{key}/memopt",
+                          log=f"tokenizer {key}: load average {LOAD} before the run",
+                          error=f"error: memopt_bench_tokenizer {key} failed"),
+                      Run([*peer, "encode", str(folder / kind), text, threads], key=f"{key}/hf",
+                          error=f"error: tokenizer_peer.py encode {key} failed"),
+                      Derive([f"{key}/memopt", f"{key}/hf"], tokenizer_ratio, "ratio memopt / HF tokenizers")]
+    return steps
+
+
+def tokenizer_ratio(a: dict, b: dict) -> dict:
+    return {"suite": "tokenizer", "name": Path(a["tokenizer"]).name, "impl": "ratio", "peer": "hf_tokenizers",
+            "threads": a["threads"], "mb_per_s": a["mb_per_s"] / b["mb_per_s"],
+            "same_ids": a["tokens"] == b["tokens"] and a["checksum"] == b["checksum"],
+            "cpu_flags": a.get("cpu_flags")}

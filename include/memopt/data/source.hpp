@@ -1,10 +1,13 @@
 // memopt/data/source.hpp — where a stream's documents come from: files, directories and
-// globs of plain text, JSONL and token shards (or a memopt-pretokenize index), read one
-// document at a time from a position (epoch, file, byte offset) that a checkpoint can
-// store, with a fixed-size read buffer: memory does not grow with the corpus.
+// globs of plain text, JSONL, Parquet and token shards (or a memopt-pretokenize index),
+// read one document at a time from a position (epoch, file, byte offset) that a checkpoint
+// can store, with a fixed-size read buffer: memory does not grow with the corpus.
 //
 // Documents:
 //   *.jsonl, *.ndjson   one JSON object a line; the document is its `text_field` string
+//   *.parquet           a row; the document is its `text_field` column's string (null rows
+//                       are no documents); read by pyarrow in a Python child process
+//                       (memopt/data/parquet.hpp: $MEMOPT_PYTHON, else python3 on PATH)
 //   *.bin               a token shard (memopt/data/shard.hpp): consecutive chunks of
 //                       `shard_chunk_tokens` ids (the shard holds its own EOS ids)
 //   *.json              a memopt-pretokenize index: its shards, in order
@@ -36,6 +39,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <memopt/data/parquet.hpp>
 #include <memopt/data/random.hpp>
 #include <memopt/data/shard.hpp>
 
@@ -48,7 +52,7 @@ enum class Split {
 };
 
 /// What a file holds.
-enum class SourceKind { kText, kJsonl, kShard };
+enum class SourceKind { kText, kJsonl, kShard, kParquet };
 
 /// One file of a stream.
 struct SourceFile {
@@ -61,8 +65,8 @@ struct SourceFile {
 struct SourcePosition {
   int64_t epoch = 0;     // passes over the sources completed
   int64_t file = 0;      // index into this epoch's file order
-  int64_t offset = 0;    // bytes (text, JSONL) or tokens (shards) into that file
-  int64_t line = 1;      // line number at `offset` (1-based; for error messages)
+  int64_t offset = 0;    // bytes (text, JSONL), tokens (shards) or rows (Parquet) into that file
+  int64_t line = 1;      // line number at `offset` (1-based; for error messages; Parquet: offset + 1)
   int64_t document = 0;  // documents read this epoch, every rank's counted (sharding, max_examples)
 
   nlohmann::json to_json() const {
@@ -86,7 +90,7 @@ struct SourcePosition {
 /// Which documents a reader hands out, and how it reads them.
 ///   auto opts = memopt::data::SourceOptions().text_field("content").rank(1).world_size(2);
 struct SourceOptions {
-  /// JSONL: the field holding each document's text.
+  /// JSONL: the field holding each document's text; Parquet: the column (strings).
   TORCH_ARG(std::string, text_field) = "text";
   /// Plain text: a document a line, or a paragraph.
   TORCH_ARG(Split, split) = Split::kLine;
@@ -103,7 +107,7 @@ struct SourceOptions {
   /// Shuffle the file order each epoch (seeded); documents within a file keep their order.
   TORCH_ARG(bool, shuffle_files) = true;
   TORCH_ARG(uint64_t, seed) = 1234;
-  /// A longer document (line, paragraph, JSONL record) is an error, not an allocation.
+  /// A longer document (line, paragraph, JSONL record, Parquet row) is an error, not an allocation.
   TORCH_ARG(int64_t, max_document_bytes) = int64_t{64} << 20;
 };
 
@@ -117,7 +121,7 @@ struct RawDocument {
 namespace detail {
 
 inline constexpr const char* kSourceExtensionsHint =
-    "a directory is read for its *.txt, *.text, *.jsonl, *.ndjson, *.bin files (or its index.json)";
+    "a directory is read for its *.txt, *.text, *.jsonl, *.ndjson, *.parquet, *.bin files (or its index.json)";
 
 inline bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
@@ -125,6 +129,7 @@ inline SourceKind kind_of(const std::filesystem::path& path) {
   const std::string ext = path.extension().string();
   if (ext == ".jsonl" || ext == ".ndjson") return SourceKind::kJsonl;
   if (ext == ".bin") return SourceKind::kShard;
+  if (ext == ".parquet") return SourceKind::kParquet;
   return SourceKind::kText;
 }
 
@@ -173,7 +178,8 @@ inline std::vector<std::filesystem::path> directory_files(const std::filesystem:
       continue;
     }
     const std::string ext = it->path().extension().string();
-    const bool wanted = ext == ".txt" || ext == ".text" || ext == ".jsonl" || ext == ".ndjson" || ext == ".bin";
+    const bool wanted = ext == ".txt" || ext == ".text" || ext == ".jsonl" || ext == ".ndjson" || ext == ".bin" ||
+                        ext == ".parquet";
     if (it->is_regular_file() && wanted) files.push_back(it->path());
   }
   std::sort(files.begin(), files.end());
@@ -399,8 +405,7 @@ class DocumentReader {
                 position.file, " of ", files_.size(), ". HINT: resume with the data sources of the saving run");
     pos_ = position;
     order_ = order_for(pos_.epoch);
-    text_.reset();
-    shard_.reset();
+    close_file();
     mine_this_epoch_ = 0;
     counted_epoch_ = pos_.file == 0 && pos_.offset == 0 && pos_.document == 0;  // a whole pass ahead
   }
@@ -416,8 +421,7 @@ class DocumentReader {
       const SourceFile& f = files_[static_cast<size_t>(order_[static_cast<size_t>(pos_.file)])];
       const bool mine = pos_.document % options_.world_size() == options_.rank();
       if (!read_one(f, doc, mine)) {  // end of this file
-        text_.reset();
-        shard_.reset();
+        close_file();
         ++pos_.file;
         pos_.offset = 0;
         pos_.line = 1;
@@ -437,8 +441,22 @@ class DocumentReader {
   bool finished() const { return options_.epochs() > 0 && pos_.epoch >= options_.epochs(); }
   const std::vector<SourceFile>& files() const { return files_; }
   const SourceOptions& options() const { return options_; }
+  /// Bytes of the position's file read so far, for progress: the offset of text and JSONL,
+  /// the file's size times the share of its rows read for Parquet, the ids read for shards.
+  int64_t file_bytes_read() const {
+    if (!parquet_ || parquet_->rows() <= 0 || pos_.file >= static_cast<int64_t>(files_.size())) return pos_.offset;
+    const SourceFile& f = files_[static_cast<size_t>(order_[static_cast<size_t>(pos_.file)])];
+    return static_cast<int64_t>(static_cast<double>(f.bytes) * static_cast<double>(pos_.offset) /
+                                static_cast<double>(parquet_->rows()));
+  }
 
  private:
+  void close_file() {
+    text_.reset();
+    shard_.reset();
+    parquet_.reset();  // ends its Python child
+  }
+
   bool epoch_limit_reached() const { return options_.max_examples() > 0 && pos_.document >= options_.max_examples(); }
 
   void end_epoch() {
@@ -447,8 +465,7 @@ class DocumentReader {
                 " file(s) (first '", files_.front().path, "') gave rank ", options_.rank(), " of ",
                 options_.world_size(), " no document (", pos_.document, " documents in all). HINT: ",
                 pos_.document == 0 ? "the sources hold no non-blank document" : "use fewer ranks or more data");
-    text_.reset();
-    shard_.reset();
+    close_file();
     ++pos_.epoch;
     pos_.file = 0;
     pos_.offset = 0;
@@ -478,6 +495,15 @@ class DocumentReader {
       const bool got = shard_->read_chunk(options_.shard_chunk_tokens(), doc.tokens);
       pos_.offset = shard_->offset();
       return got;
+    }
+    if (f.kind == SourceKind::kParquet) {  // offset: rows read past; null rows are no documents
+      if (!parquet_) parquet_ = std::make_unique<detail::ParquetFile>(f.path, options_.text_field(), pos_.offset);
+      while (true) {
+        const auto row = parquet_->next(mine ? &doc.text : nullptr, options_.max_document_bytes());
+        pos_.offset = parquet_->row();
+        pos_.line = pos_.offset + 1;
+        if (row != detail::ParquetFile::Row::kNull) return row == detail::ParquetFile::Row::kText;
+      }
     }
     if (!text_) text_ = std::make_unique<detail::LineFile>(f.path, pos_.offset);
     const int64_t limit = options_.max_document_bytes();
@@ -522,6 +548,7 @@ class DocumentReader {
   std::vector<int64_t> order_;
   std::unique_ptr<detail::LineFile> text_;
   std::unique_ptr<detail::ShardFile> shard_;
+  std::unique_ptr<detail::ParquetFile> parquet_;
   std::string line_;
   int64_t mine_this_epoch_ = 0;
   bool counted_epoch_ = false;

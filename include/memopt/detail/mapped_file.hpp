@@ -1,6 +1,7 @@
 // memopt/detail/mapped_file.hpp — not API. A whole regular file mapped read-only (private),
 // unmapped on destruction: what TokenShard and SafetensorsFile read through. Errors name
-// the file and what it was meant to be, and end with the caller's HINT.
+// the file and what it was meant to be, and end with the caller's HINT. release() drops
+// pages already read from the process's resident set (a checkpoint copied into a model).
 #pragma once
 
 #include <fcntl.h>
@@ -8,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -54,6 +56,22 @@ class MappedFile {
 
   const unsigned char* data() const { return data_; }
   size_t size() const { return size_; }
+
+  /// What release() drops at least: 2 MiB, the largest page-cache folio x86-64 maps at once. A
+  /// read of one mapped byte can map its whole folio (or the 64 KiB fault-around window), pages
+  /// before it included, so a release of just the bytes read would leave those mapped.
+  static constexpr size_t kReleaseBlock = size_t{2} << 20;
+
+  /// Drops the pages holding bytes [offset, offset + length), widened to whole kReleaseBlock
+  /// blocks of the file, from the process's resident set (madvise MADV_DONTNEED). The mapping is
+  /// read-only and private, so no byte changes: a page touched again is read back from the file
+  /// (the page cache).
+  void release(size_t offset, size_t length) const {
+    if (data_ == nullptr || length == 0 || offset >= size_) return;
+    const size_t begin = offset / kReleaseBlock * kReleaseBlock;
+    const size_t end = std::min(size_, (offset + length + kReleaseBlock - 1) / kReleaseBlock * kReleaseBlock);
+    ::madvise(const_cast<unsigned char*>(data_) + begin, end - begin, MADV_DONTNEED);  // advice: failure is harmless
+  }
 
  private:
   const unsigned char* data_ = nullptr;

@@ -2,9 +2,9 @@
 // folder with config.json (HF's LlamaConfig fields) and model.safetensors, or shards listed by
 // model.safetensors.index.json (HF parameter names), as written by transformers'
 // save_pretrained, tied embeddings, head_dim and scaled RoPE included (linear, dynamic, llama3:
-// Llama 3.1 / 3.2). save_pretrained()/load_pretrained() round-trip a model; load_state_dict()
-// loads any module strictly from a file or shards, naming what is missing, unexpected or of
-// the wrong shape.
+// Llama 3.1 / 3.2). save_pretrained()/load_pretrained() round-trip a model (built straight in
+// the dtype asked for); load_state_dict() loads any module strictly from a file or shards, a
+// slice at a time, naming what is missing, unexpected or of the wrong shape.
 #pragma once
 
 #include <cerrno>
@@ -40,6 +40,22 @@ inline const char* hf_dtype_name(torch::Dtype dtype) {
     default: return nullptr;
   }
 }
+
+/// LibTorch's default dtype, the one modules create their parameters in, set to `dtype` for the
+/// guard's lifetime, as transformers' from_pretrained sets torch's around building a model.
+/// Process-wide like torch.set_default_dtype: other threads' tensors made meanwhile get it too.
+class DefaultDtypeGuard {
+ public:
+  explicit DefaultDtypeGuard(torch::Dtype dtype) : previous_(c10::get_default_dtype()) {
+    c10::set_default_dtype(caffe2::TypeMeta::fromScalarType(dtype));
+  }
+  ~DefaultDtypeGuard() { c10::set_default_dtype(previous_); }
+  DefaultDtypeGuard(const DefaultDtypeGuard&) = delete;
+  DefaultDtypeGuard& operator=(const DefaultDtypeGuard&) = delete;
+
+ private:
+  caffe2::TypeMeta previous_;
+};
 
 /// Typed look-ups in a config.json object; every error names the file, the field and the value.
 class ConfigFields {
@@ -315,8 +331,9 @@ inline bool is_vocab_tensor(const std::string& name) {
 }  // namespace detail
 
 /// Copies the model's parameters and buffers from `file` (a SafetensorsFile or SafetensorsShards)
-/// by name, each tensor straight from the mapping into the model's dtype and device. Shapes are
-/// all checked before anything is copied.
+/// by name, each tensor straight from the mapping into the model's dtype and device, a slice at
+/// a time, each slice's pages released once copied (copy_tensor): the file's pages never pile up
+/// in the resident set. Shapes are all checked before anything is copied.
 ///   memopt::io::load_state_dict(*model, *memopt::io::SafetensorsFile::open("model.safetensors"));
 ///   memopt::io::load_state_dict(*model, memopt::io::SafetensorsShards::open_dir("checkpoints/llama"));
 template <TensorSource Source>
@@ -366,16 +383,18 @@ void load_state_dict(torch::nn::Module& model, const Source& file, const LoadSta
 
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : targets) {
-    if (!file.contains(source_of(name))) continue;
-    const torch::Tensor source = file.get(source_of(name));
-    if (source.sizes() == tensor.sizes()) {
-      tensor.copy_(source);
+    const std::string from = source_of(name);
+    if (!file.contains(from)) continue;
+    const auto& shape = file.info(from).shape;
+    if (tensor.sizes() == torch::IntArrayRef(shape)) {
+      copy_tensor(file, from, tensor);
       continue;
     }
-    const int64_t rows = source.size(0);  // grow_vocab: (V_file, C) into (V_model, C)
-    tensor.narrow(0, 0, rows).copy_(source);
+    const int64_t rows = shape[0];  // grow_vocab: (V_file, C) into (V_model, C)
+    copy_tensor(file, from, tensor.narrow(0, 0, rows));
     const int64_t added = tensor.size(0) - rows;
-    tensor.narrow(0, rows, added).copy_(source.to(torch::kFloat).mean(0, true).expand({added, -1}));
+    tensor.narrow(0, rows, added).copy_(file.get(from).to(torch::kFloat).mean(0, true).expand({added, -1}));
+    file.release(from, 0, -1);
   }
 }
 
@@ -390,7 +409,8 @@ struct SavePretrainedOptions {
 
 /// What load_pretrained() builds.   LoadPretrainedOptions().dtype(torch::kBFloat16)
 struct LoadPretrainedOptions {
-  /// The model's parameters and buffers: each file tensor is converted once, as it is copied in.
+  /// The model's parameters (float32, bfloat16, float16 or float64): the model is built in it and
+  /// each file tensor is converted once, as it is copied in.
   TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
   TORCH_ARG(c10::Device, device) = torch::kCPU;
 };
@@ -436,9 +456,40 @@ inline void save_pretrained(models::Llama& model, const std::string& dir, torch:
   save_pretrained(*model, model->config, dir, dtype);
 }
 
+/// How a checkpoint's weights load into a Llama built from `config` when config.json sets
+/// tie_word_embeddings and the files hold lm_head.weight too, read as transformers 5 reads them:
+/// the embedding from lm_head.weight when model.embed_tokens.weight is absent (fallback);
+/// lm_head.weight passed over when equal to it (skip); `config` untied, with a warning naming
+/// `who`, when not. Other checkpoints: `load` as given. Pages read to compare are released.
+///   auto load = memopt::io::tied_checkpoint_options(weights, config, "gritlm: --init_model");
+inline LoadStateDictOptions tied_checkpoint_options(const SafetensorsShards& weights, models::LlamaConfig& config,
+                                                    const std::string& who, LoadStateDictOptions load = {}) {
+  const std::string embed = "model.embed_tokens.weight", head = "lm_head.weight";
+  if (!config.tie_word_embeddings() || !weights.contains(head)) return load;
+  if (!weights.contains(embed)) {
+    load.fallback({{embed, head}});
+  } else if (const auto h = weights.get(head), table = weights.get(embed);
+             h.sizes() == table.sizes() && torch::equal(h, table.to(h.scalar_type()))) {
+    load.skip({head});
+  } else {
+    TORCH_WARN("memopt::io: ", who, ": config.json sets tie_word_embeddings but lm_head.weight differs from ", embed,
+               ", so the model is loaded untied, as transformers does. HINT: set tie_word_embeddings to false in "
+               "config.json to say so");
+    config.tie_word_embeddings(false);
+  }
+  for (const std::string& read : {head, embed})  // read to compare: out of the resident set
+    if (weights.contains(read)) weights.release(read);
+  return load;
+}
+
 /// Builds a Llama from `dir`/config.json (float32 on the CPU unless the options say otherwise)
 /// and loads its weights into it strictly: model.safetensors, or the shards
-/// model.safetensors.index.json lists. A tied model reads model.embed_tokens.weight only (see
+/// model.safetensors.index.json lists. The model is built straight in the options' dtype
+/// (LibTorch's default dtype is set to it, process-wide, while its modules are made, as
+/// transformers sets torch's), on the CPU, then moved to the device: no float32 copy of a bf16
+/// model ever exists. The weights are copied in slice by slice from the mapping
+/// (load_state_dict), so on the CPU the resident set grows by about the model's bytes
+/// (docs/checkpoints.md, "Load cost"). A tied model reads model.embed_tokens.weight only (see
 /// below for a tied checkpoint that holds lm_head.weight too). The model is returned in
 /// training mode, like a freshly built one.
 ///   memopt::models::Llama model = memopt::io::load_pretrained("checkpoints/tiny");
@@ -449,6 +500,8 @@ inline models::Llama load_pretrained(const std::string& dir, const LoadPretraine
   const std::string config_path = (root / "config.json").string();
   const std::string weights_path = (root / "model.safetensors").string();
   const char* folder_hint = "pass a folder written by memopt::io::save_pretrained or transformers' save_pretrained";
+  TORCH_CHECK(detail::hf_dtype_name(options.dtype()) != nullptr, "memopt::io: load_pretrained('", dir, "'): dtype ",
+              options.dtype(), " is not a floating type. HINT: pass torch::kFloat32, kBFloat16 or kFloat16");
   TORCH_CHECK(fs::is_directory(root), "memopt::io: load_pretrained: '", dir, "' is not a directory. HINT: ",
               folder_hint);
   TORCH_CHECK(fs::exists(config_path), "memopt::io: load_pretrained: '", config_path, "' does not exist. HINT: ",
@@ -462,26 +515,12 @@ inline models::Llama load_pretrained(const std::string& dir, const LoadPretraine
   }
   models::LlamaConfig config = read_llama_config(config_path);
   const auto weights = SafetensorsShards::open_dir(dir);  // every shard validated before the model is built
-  LoadStateDictOptions load;
-  if (config.tie_word_embeddings() && weights.contains("lm_head.weight")) {
-    // A tied checkpoint that holds lm_head.weight too, read as transformers 5 reads it: the
-    // embedding from lm_head.weight when model.embed_tokens.weight is absent; lm_head.weight
-    // passed over when equal to it; the model untied, with a warning, when not.
-    const std::string embed = "model.embed_tokens.weight";
-    if (!weights.contains(embed)) {
-      load.fallback({{embed, "lm_head.weight"}});
-    } else if (const auto head = weights.get("lm_head.weight"), table = weights.get(embed);
-               head.sizes() == table.sizes() && torch::equal(head, table.to(head.scalar_type()))) {
-      load.skip({"lm_head.weight"});
-    } else {
-      TORCH_WARN("memopt::io: load_pretrained('", dir, "'): config.json sets tie_word_embeddings but lm_head.weight "
-                 "differs from ", embed, ", so the model is loaded untied, as transformers does. HINT: set "
-                 "tie_word_embeddings to false in config.json to say so");
-      config.tie_word_embeddings(false);
-    }
-  }
-  models::Llama model(config);
-  model->to(options.device(), options.dtype());
+  const LoadStateDictOptions load = tied_checkpoint_options(weights, config, "load_pretrained('" + dir + "')");
+  models::Llama model = [&] {
+    detail::DefaultDtypeGuard build_in(options.dtype());  // every parameter made in it, then initialized
+    return models::Llama(config);
+  }();
+  model->to(options.device());
   load_state_dict(*model, weights, load);
   return model;
 }

@@ -2,7 +2,8 @@
 // header length N, N bytes of JSON giving each tensor's dtype, shape and byte range, then
 // the raw little-endian data. save_safetensors() writes a file atomically; SafetensorsFile
 // maps one read-only, validates every header field on open (each error names the file, the
-// field and the value seen, with a HINT) and hands out zero-copy views into the mapping.
+// field and the value seen, with a HINT), hands out zero-copy views into the mapping and
+// drops pages already read from the resident set (release).
 #pragma once
 
 #include <algorithm>
@@ -327,6 +328,17 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
     }
     return torch::from_blob(const_cast<unsigned char*>(src), t.shape, [keep = shared_from_this()](void*) {},
                             options);
+  }
+
+  /// Drops bytes [from, to) of tensor `name` (by default all of it) from the process's resident
+  /// set once they have been read (MappedFile::release: widened to whole 2 MiB blocks, so some
+  /// neighbours' pages go too); views stay valid and read the file again when touched.
+  /// load_state_dict() releases each slice it copies, so the mapping does not add to peak RSS.
+  ///   file->release("lm_head.weight");
+  void release(const std::string& name, int64_t from = 0, int64_t to = -1) const {
+    const TensorInfo& t = info(name);
+    const int64_t end = to < 0 ? t.nbytes() : std::min(to, t.nbytes());
+    if (from < end) file_.release(static_cast<size_t>(data() - map_ + t.begin + from), static_cast<size_t>(end - from));
   }
 
  private:

@@ -2,7 +2,8 @@
 // in one model.safetensors or split into shards by HF's model.safetensors.index.json:
 //   {"metadata": {"total_size": 123, …}, "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors", …}}
 // SafetensorsShards reads either (each shard mapped once, tensors as zero-copy views);
-// save_sharded() writes either, as transformers' save_pretrained does for a max_shard_size.
+// copy_tensor() copies one into a model's tensor a slice at a time, releasing each slice's
+// pages; save_sharded() writes either, as transformers' save_pretrained does for a max_shard_size.
 #pragma once
 
 #include <algorithm>
@@ -28,16 +29,51 @@
 
 namespace memopt::io {
 
-/// What load_state_dict() reads: named tensors, their shapes and dtypes (SafetensorsFile,
-/// SafetensorsShards).
+/// What load_state_dict() reads: named tensors, their shapes and dtypes, and a way to drop
+/// the bytes of a tensor already read from the resident set (SafetensorsFile, SafetensorsShards).
 template <class S>
-concept TensorSource = requires(const S& s, const std::string& name) {
+concept TensorSource = requires(const S& s, const std::string& name, int64_t byte) {
   { s.path() } -> std::convertible_to<std::string>;
   { s.names() } -> std::convertible_to<std::vector<std::string>>;
   { s.contains(name) } -> std::convertible_to<bool>;
   { s.info(name) } -> std::convertible_to<TensorInfo>;
   { s.get(name) } -> std::convertible_to<torch::Tensor>;
+  s.release(name, byte, byte);
 };
+
+/// The most bytes of a file tensor copy_tensor() reads before it releases them: one
+/// MappedFile::kReleaseBlock, the unit a release drops.
+inline constexpr int64_t kCopySliceBytes = int64_t{2} << 20;
+
+/// Copies tensor `name` of `source` into `dst` (same shape; any dtype and device: copy_
+/// converts each element), at most kCopySliceBytes of the file at a time, each slice released
+/// (source.release) once copied: a load grows the resident set by `dst`, not by the file too.
+/// A contiguous `dst` is filled slice by slice (a plain memcpy when it is on the CPU in the
+/// file's dtype: one thread, no parallel region per slice); another is copied whole, then released.
+///   memopt::io::copy_tensor(weights, "lm_head.weight", model->lm_head->weight);   // under NoGradGuard
+template <TensorSource Source>
+void copy_tensor(const Source& source, const std::string& name, const torch::Tensor& dst) {
+  const torch::Tensor from = source.get(name);  // a view into the mapping (a copy when misaligned)
+  if (!dst.is_contiguous()) {
+    dst.copy_(from);
+    source.release(name, 0, -1);
+    return;
+  }
+  const torch::Tensor flat_from = from.reshape({-1}), flat_to = dst.view({-1});  // (numel) each
+  const bool bytes = dst.is_cpu() && dst.scalar_type() == from.scalar_type();
+  const int64_t element = static_cast<int64_t>(flat_from.element_size()), numel = flat_from.numel();
+  const int64_t step = std::max<int64_t>(1, kCopySliceBytes / element);
+  for (int64_t at = 0; at < numel; at += step) {
+    const int64_t n = std::min(step, numel - at);
+    if (bytes) {
+      std::memcpy(static_cast<char*>(flat_to.data_ptr()) + at * element,
+                  static_cast<const char*>(flat_from.data_ptr()) + at * element, static_cast<size_t>(n * element));
+    } else {
+      flat_to.narrow(0, at, n).copy_(flat_from.narrow(0, at, n));
+    }
+    source.release(name, at * element, (at + n) * element);
+  }
+}
 
 /// The file names of HF shards: "model-00001-of-00003.safetensors".
 inline std::string shard_file_name(size_t index, size_t count, const std::string& stem = "model") {
@@ -130,6 +166,10 @@ class SafetensorsShards {
   const TensorInfo& info(const std::string& name) const { return file_of(name).info(name); }
   /// Tensor `name` as SafetensorsFile::get returns it (a read-only view unless `copy`).
   torch::Tensor get(const std::string& name, bool copy = false) const { return file_of(name).get(name, copy); }
+  /// Drops bytes [from, to) of `name` (by default all) from the resident set, as SafetensorsFile::release.
+  void release(const std::string& name, int64_t from = 0, int64_t to = -1) const {
+    file_of(name).release(name, from, to);
+  }
   /// The files read: 1 for an unsharded checkpoint.
   size_t num_files() const { return files_.size(); }
 
