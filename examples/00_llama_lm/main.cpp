@@ -10,9 +10,12 @@
 // next to the measured peak) and a generated sample. Never loses a run: --save_every N
 // checkpoints to OUTPUT_DIR/checkpoints, SIGTERM/SIGINT save and exit 0, --resume latest
 // continues bit for bit (scripts/killtest proves it with kill -9).
-// Other data: --dataset PATH|GLOB (text, JSONL, token shards or a memopt-pretokenize index)
-// is loaded whole, or streamed in constant memory with --use-streaming (--shuffle-buffer-size,
-// --max-examples, --stride, --epochs; memopt/data/stream.hpp). --target-params 25M sizes the
+// Other data: --dataset PATH|GLOB (text, JSONL, Parquet, token shards or a memopt-pretokenize
+// index; --dataset-id is its TinyStories spelling, a local path only) is streamed in constant
+// memory, as the TinyStories script does by default (--shuffle-buffer-size, --max-examples,
+// --stride, --epochs; memopt/data/stream.hpp), or loaded whole with --use-streaming=false.
+// --epochs without --steps trains the whole epochs, its schedule set by a counting pass over the
+// stream. --target-params 25M sizes the
 // model (layers, width, heads) to about that many parameters. --init_model DIR starts from a
 // Hugging Face Llama checkpoint instead (config.json + model.safetensors or shards; its shape
 // replaces the shape flags, which are then refused) and from its tokenizer (DIR/tokenizer.json or
@@ -46,6 +49,7 @@
 #include "common/cli.hpp"
 #include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
+#include "common/memory_flags.hpp"
 #include "common/tokenizer.hpp"
 
 namespace {
@@ -80,12 +84,16 @@ struct Args {
   std::string output_dir = "out/llama_lm";
   examples::CheckpointFlags checkpoints;
   examples::DistributedFlags distributed;
+  examples::MemoryFlags memory;
+  bool steps_given = false;      // --steps given: it bounds --epochs and sets the schedule
+  bool streaming_given = false;  // --use_streaming given (true or false)
   // other data, streamed or loaded whole
   std::vector<std::string> dataset;
+  std::vector<std::string> dataset_id;  // TinyStories' --dataset-id: local paths, added to dataset
   std::string tokenizer;  // empty: --init_model's own, else DATA/tokenizer.model
   std::string init_model;                // a Hugging Face Llama folder to start from
   std::vector<std::string> shape_flags;  // the model-shape flags given (refused with --init_model)
-  bool use_streaming = false;
+  bool use_streaming = true;  // with --dataset (TinyStories' train_optimized.py streams by default)
   int64_t shuffle_buffer = 1000, max_examples = 0, stride = 0, epochs = 0, data_workers = 1;
   std::string text_field = "text", split = "line";
   double target_params = 0;
@@ -185,12 +193,43 @@ std::string decode_known(const memopt::data::Tokenizer& tok, const torch::Tensor
   return tok.decode(flat.masked_select(flat.ge(0).logical_and(flat.lt(tok.vocab_size()))));
 }
 
+// --dataset-id: TinyStories' spelling of --dataset. memopt has no Hub client, so each value must
+// be a local file, folder or glob; a Hub id is refused, saying how to get it.
+void take_dataset_ids(Args& a) {
+  for (const auto& id : a.dataset_id) {
+    const bool glob = id.find_first_of("*?[") != std::string::npos;
+    TORCH_CHECK(glob || fs::exists(id), "llama_lm: --dataset-id '", id, "' is not a local file, folder or glob, and "
+                "memopt reads no Hugging Face Hub id. HINT: download it first (huggingface-cli download ", id,
+                " --repo-type dataset --local-dir DIR), then pass the local path: --dataset-id DIR (text, JSONL, "
+                "Parquet or token shards)");
+    a.dataset.push_back(id);
+  }
+}
+
+// --epochs without --steps: the run is those epochs, and the learning-rate schedule needs their
+// step count. One counting pass over the stream (tokenized with the run's options, not trained
+// on); data parallel: the fewest any rank has, so every rank keeps the same schedule.
+int64_t count_stream_steps(const std::vector<memopt::data::SourceFile>& files,
+                           const std::shared_ptr<const memopt::data::Tokenizer>& tokenizer,
+                           const memopt::data::StreamOptions& stream, int64_t accum, memopt::dist::World& world) {
+  memopt::data::StreamLoader counter(files, tokenizer, stream);
+  int64_t batches = 0;
+  while (counter.has_next(1)) {
+    counter.next();
+    ++batches;
+  }
+  auto steps = torch::tensor({batches / accum}, torch::kLong);
+  if (world.distributed()) steps = torch::stack(world.all_gather(steps, "stream steps")).min();
+  return steps.item<int64_t>();
+}
+
 int run(const Args& a) {
   // ---- options first: a bad flag fails before any data is read ----
   TORCH_CHECK(a.micro_batch >= 1, "llama_lm: --micro_batch must be >= 1 (got ", a.micro_batch,
               "). HINT: 8 fits in a few hundred MiB at the default size.");
   TORCH_CHECK(a.seq_len >= 1, "llama_lm: --seq_len must be >= 1 (got ", a.seq_len, "). HINT: try 256.");
   const torch::Device device = examples::parse_device(a.device, "llama_lm");
+  a.memory.check("llama_lm");  // --attention, --release_cache_every
   // --init_model: the checkpoint's config.json is the model's shape (its weights load later).
   std::optional<memopt::models::LlamaConfig> pretrained;
   if (!a.init_model.empty()) {
@@ -230,11 +269,14 @@ int run(const Args& a) {
   auto& world = examples::join_world("llama_lm");  // torchrun: each rank trains on its rows of every batch
   options.validate();  // --save_every, --keep_checkpoints, --max_skips too
 
-  TORCH_CHECK(a.use_streaming || a.dataset.empty() || (a.epochs == 0 && a.stride == 0),
+  const bool streaming = a.use_streaming && !a.dataset.empty();  // the default with --dataset
+  TORCH_CHECK(streaming || a.dataset.empty() || (a.epochs == 0 && a.stride == 0),
               "llama_lm: --epochs and --stride shape a stream (got --epochs ", a.epochs, ", --stride ", a.stride,
-              " without --use-streaming). HINT: add --use-streaming; a dataset loaded whole is sampled at random.");
-  TORCH_CHECK(!a.use_streaming || !a.dataset.empty(), "llama_lm: --use-streaming streams --dataset (got none). "
-              "HINT: --dataset 'corpus/*.jsonl' --use-streaming");
+              " with --use-streaming=false). HINT: drop --use-streaming=false; a dataset loaded whole is sampled at "
+              "random.");
+  TORCH_CHECK(!(a.streaming_given && a.use_streaming) || !a.dataset.empty(), "llama_lm: --use-streaming streams "
+              "--dataset (got none). HINT: --dataset 'corpus/*.jsonl' (or --dataset-id DIR) --use-streaming");
+  TORCH_CHECK(a.epochs >= 0, "llama_lm: --epochs must be >= 0 (got ", a.epochs, "). HINT: 0 streams until --steps");
 
   // ---- tokenizer: --tokenizer, else --init_model's own, else DATA's (whose shards are opened first) ----
   const std::string tokenizer_file = examples::tokenizer_path(a.tokenizer, a.init_model, a.data);
@@ -276,7 +318,7 @@ int run(const Args& a) {
         tokenizer->vocab_size());
     fmt::print("llama_lm: held-out set {} tokenized now: {} tokens\n", text, val->size());
   }
-  if (!a.dataset.empty() && !a.use_streaming) {
+  if (!a.dataset.empty() && !streaming) {
     const bool text = std::any_of(files.begin(), files.end(),
                                   [](const auto& f) { return f.kind != memopt::data::SourceKind::kShard; });
     if (text) check_eos(*tokenizer, "--dataset");
@@ -296,8 +338,9 @@ int run(const Args& a) {
                     .num_key_value_heads(a.kv_heads)
                     .max_position_embeddings(a.max_seq_len)
                     .dropout(a.dropout);
+  config = a.memory.apply(config, "llama_lm");  // --attention
   if (pretrained) {
-    config = *pretrained;
+    config = a.memory.apply(*pretrained, "llama_lm");
   } else if (a.target_params > 0) {  // --target-params: the shape nearest that many parameters
     config = memopt::models::shape_for_params(static_cast<int64_t>(a.target_params), config);
     fmt::print("llama_lm: --target-params {:.3g} -> {} layers, d{}, {} heads: {:.2f} M parameters\n", a.target_params,
@@ -362,13 +405,14 @@ int run(const Args& a) {
                             {"kv_heads", pretrained ? config.num_key_value_heads() : a.kv_heads},
                             {"max_seq_len", pretrained ? config.max_position_embeddings() : a.max_seq_len},
                             {"dropout", pretrained ? config.dropout() : a.dropout},
-                            {"seed", a.seed}, {"dataset", a.dataset}, {"streaming", a.use_streaming},
+                            {"seed", a.seed}, {"dataset", a.dataset}, {"streaming", streaming},
                             {"global_micro_batch", micro_batch * world.size()}};
       if (pretrained) run["init_model"] = a.init_model;
       if (!data_tokenizer) run["tokenizer"] = tokenizer->path();
       trainer.set_run_config(std::move(run));
       a.checkpoints.resume_if_asked(trainer, loader, "llama_lm");
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
+      a.memory.attach(trainer, "llama_lm");  // --release_cache_every
       fmt::print("trainer: {} — effective batch {} x {} x {} tokens{}, {} threads\n", T::name(), micro_batch,
                  policies.accum, a.seq_len, world.distributed() ? fmt::format(" x {} ranks", world.size()) : "",
                  at::get_num_threads());
@@ -379,7 +423,7 @@ int run(const Args& a) {
     });
   };
   memopt::FitResult result;
-  if (a.use_streaming) {
+  if (streaming) {
     auto stream = memopt::data::StreamOptions(micro_batch, a.seq_len)
                       .stride(a.stride)
                       .shuffle_buffer(a.shuffle_buffer)
@@ -393,8 +437,18 @@ int run(const Args& a) {
     const auto data_memory = memopt::data::estimate_memory_usage(bytes / 4 / a.seq_len, a.seq_len, micro_batch,
                                                                  a.shuffle_buffer, stream.prefetch());
     fmt::print("llama_lm: streaming {} file(s), {:.1f} MiB: data held ~{:.1f} MiB, ~{:.1f} MiB to load it whole "
-               "(estimate_memory_usage at ~4 bytes a token)\n", loader.files().size(), bytes / 1048576.0,
-               memopt::memory::mib(data_memory.streaming_bytes), memopt::memory::mib(data_memory.full_load_bytes));
+               "(estimate_memory_usage at ~4 bytes a token; the seed's count: {:.2f} MB against {:.2f} MB, "
+               "savings {})\n", loader.files().size(), bytes / 1048576.0,
+               memopt::memory::mib(data_memory.streaming_bytes), memopt::memory::mib(data_memory.full_load_bytes),
+               data_memory.full_load_mb, data_memory.streaming_mb, data_memory.memory_savings);
+    if (a.epochs > 0 && !a.steps_given) {  // the epochs are the run: the schedule spans them
+      options.max_steps(count_stream_steps(files, tokenizer, stream, policies.accum, world));
+      TORCH_CHECK(options.max_steps() >= 1, "llama_lm: --epochs ", a.epochs, " of --dataset make no whole optimizer "
+                  "step (", micro_batch, " x ", policies.accum, " windows of ", a.seq_len + 1, " tokens). HINT: "
+                  "lower --micro_batch, --grad_accum or --seq_len, or raise --epochs");
+      fmt::print("llama_lm: --epochs {}: {} optimizer steps (counted over the stream); the learning-rate schedule "
+                 "spans them\n", a.epochs, options.max_steps());
+    }
     result = train_on(loader);
   } else {
     // Every rank draws the same global micro-batch (micro-batch x ranks rows) and trains on its rows.
@@ -403,7 +457,7 @@ int run(const Args& a) {
     memopt::dist::RankSlice loader(global, world.rank(), world.size());
     result = train_on(loader);
   }
-  if (result.data_exhausted) {
+  if (result.data_exhausted && result.steps < options.max_steps()) {
     fmt::print("llama_lm: the data ran out at step {} of --steps {} (--epochs {}); the learning-rate schedule "
                "assumed {} steps\n", result.steps, a.steps, a.epochs, a.steps);
   }
@@ -442,7 +496,8 @@ int main(int argc, char** argv) {
                  "its config.json is the shape: --layers, --dim, --heads, --kv_heads, --max_seq_len, --dropout "
                  "and --target_params are refused with it");
   app.add_option(examples::kSteps, a.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--micro_batch", a.micro_batch, "sequences per micro-batch (--grad_accum per step)")->capture_default_str();
+  app.add_option("--micro_batch,--batch_size", a.micro_batch, "sequences per micro-batch (--grad_accum per step; "
+                 "--batch_size is TinyStories' spelling)")->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--max_seq_len", a.max_seq_len, "the model's maximum sequence length")->capture_default_str();
   app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str();
@@ -465,8 +520,9 @@ int main(int argc, char** argv) {
                                  "fp32 | bf16 | bf16-pure | fp16 (CUDA) | auto (bf16 where measured faster)")
       ->capture_default_str();
   app.add_option(examples::kAccum, a.accum, "micro-batches per optimizer step")->capture_default_str();
-  examples::add_state_option(app, a.optimizer_state, "resident | int8 | disk | step-in-backward | step-in-backward-int8")
-      ->capture_default_str();
+  examples::add_state_option(app, a.optimizer_state, "resident | int8 | disk")->capture_default_str();
+  examples::add_8bit_optimizer_alias(app, a.optimizer_state);
+  a.memory.add_to(app);
   app.add_option("--policies", a.policies, "fixed: the flags above; auto: the planner picks for --memory_budget")
       ->capture_default_str();
   app.add_option("--memory_budget", a.memory_budget,
@@ -485,15 +541,20 @@ int main(int argc, char** argv) {
   data->add_option("--tokenizer", a.tokenizer, "SentencePiece .model, tokenizer.json, or a folder holding one "
                    "(default: --init_model's own, else DATA/tokenizer.model); with any but DATA's, train on "
                    "--dataset text and evaluate on DATA/val.txt, tokenized now");
+  data->add_option("--dataset_id", a.dataset_id, "= --dataset (TinyStories' spelling): a local path; a Hugging "
+                   "Face Hub id is refused (download it first)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   data->add_flag("--use_streaming", a.use_streaming,
-                 "stream --dataset in constant memory (default: tokenize it all into memory first)");
+                 "stream --dataset in constant memory (the default; --use-streaming=false tokenizes it all into "
+                 "memory first)");
   data->add_option("--shuffle_buffer_size", a.shuffle_buffer,
                    "streaming: sequences drawn from at random (1: reading order)")->capture_default_str();
   data->add_option("--max_examples", a.max_examples, "documents read per epoch (0: all)")
       ->capture_default_str();
   data->add_option("--stride", a.stride, "streaming: tokens between window starts (0: --seq_len)")->capture_default_str();
-  data->add_option("--epochs", a.epochs, "streaming: passes over --dataset (0: until --steps); training ends at "
-                   "whichever comes first")->capture_default_str();
+  data->add_option("--epochs", a.epochs, "streaming: passes over --dataset (0: until --steps). Without --steps the "
+                   "run is the epochs (a counting pass sets the schedule); with it, training ends at whichever comes "
+                   "first")->capture_default_str();
   data->add_option("--text_field", a.text_field, "JSONL: the field holding the text")->capture_default_str();
   data->add_option("--split", a.split, "plain text: a document a line | paragraph (blank-line separated)")
       ->capture_default_str();
@@ -507,8 +568,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   for (const char* flag : {"--layers", "--dim", "--heads", "--kv_heads", "--max_seq_len", "--dropout", "--target_params"})
     if (app.count(flag) > 0) a.shape_flags.emplace_back(flag);
+  a.steps_given = app.count("--steps") > 0;
+  a.streaming_given = app.count("--use_streaming") > 0;
   return memopt::guarded_main([&] {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
+    take_dataset_ids(a);
     memopt::log_performance_info();
     const auto precision = memopt::machine::resolve_precision(a.precision, examples::parse_device(a.device, "llama_lm"));
     fmt::print("{:>13}: {} ({})\n", "precision", precision.precision, precision.reason);

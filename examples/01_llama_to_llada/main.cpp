@@ -3,9 +3,13 @@
 // Two strategies of the original scripts are presets of this one program, plus the naive
 // baseline they improve on; explicit policy flags override a preset:
 //   none           fp32, no checkpointing, the teacher's forward records a graph (the naive script)
-//   simple         + checkpointing, bf16 autocast, teacher under InferenceMode, cache release
+//   simple         + checkpointing, bf16 autocast (auto: where measured faster), an fp32 teacher
+//                    under InferenceMode, cache release every 10 steps (train_simple_strat.py)
 //   comprehensive  + pre-tokenized shards, gradient accumulation, clipping, AdamW with
-//                    parameter-specific weight decay, linear warmup and decay, sparse top-k KD
+//                    parameter-specific weight decay, linear warmup and decay, TF32 matmuls and
+//                    cuDNN benchmarking on CUDA (train_all_strat.py's list, nothing more)
+// Every preset distils densely from an fp32 teacher with math attention; memopt's levers the
+// originals lack are opt-in: --kd_top_k (sparse KD), --teacher_precision bf16|auto, --attention.
 // It trains the teacher first with --train_teacher (saved to --teacher_model with the tokenizer
 // it was trained with), or loads a Hugging Face Llama checkpoint
 // (--teacher_model DIR: config.json + model.safetensors or shards, e.g. a published LLaMA) with
@@ -26,9 +30,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include <memopt/data/loader.hpp>
 #include <memopt/data/shard.hpp>
+#include <memopt/data/stream.hpp>
 #include <memopt/data/tokenizer.hpp>
 #include <memopt/io/pretrained.hpp>
 #include <memopt/memopt.hpp>
@@ -41,6 +47,7 @@
 #include "common/policy_flags.hpp"
 #include "common/tokenizer.hpp"
 #include "common/distributed.hpp"
+#include "common/memory_flags.hpp"
 #include <memopt/models/distill.hpp>
 #include <memopt/models/llada.hpp>
 
@@ -78,11 +85,12 @@ struct Args {
   double kd_temperature = 2.0;
   int64_t kd_top_k = 0;
   // policy overrides (empty / negative: the preset decides)
-  std::string recompute, precision, teacher_dtype, data_format;
+  std::string recompute, precision, teacher_precision, data_format;
   std::string device = "cpu", teacher_device;  // cpu | cuda[:N]; teacher_device empty: --device
   bool teacher_autograd = false;
   double grad_clip = 1.0;
-  int64_t release_cache_every = 10;
+  bool tf32 = false, cudnn_benchmark = false;  // CUDA only
+  examples::MemoryFlags memory;  // --attention, --release_cache_every (default 10: simple and comprehensive)
   // evaluation and samples
   int64_t eval_batches = 8;
   int64_t memory_trace = 0;  // distillation steps traced into OUT/memory.trace.json (0: off)
@@ -103,7 +111,7 @@ struct Plan {
   std::string data_format = "shards";      // shards | text (text whenever the tokenizer is not DATA's)
   std::string tokenizer;                   // the tokenizer file or folder (tokenizer_path)
   bool data_tokenizer = true;              // whether it made DATA's .bin shards (DATA/tokenizer.model)
-  std::string teacher_dtype = "fp32";      // fp32 | bf16 | auto (as precision)
+  std::string teacher_precision = "fp32";  // fp32 | bf16 | auto (as precision); every preset: fp32
   torch::Device device = torch::kCPU;      // the student (and, by default, the teacher)
   torch::Device teacher_device = torch::kCPU;
   bool teacher_autograd = false;
@@ -111,8 +119,10 @@ struct Plan {
   double grad_clip = 0.0;
   bool param_specific_decay = false;
   bool schedule = false;  // linear warmup and decay; constant lr otherwise
-  int64_t release_cache_every = 0;
-  int64_t kd_top_k = 0;
+  int64_t release_cache_every = 0;  // examples::MemoryFlags::attach (0: never)
+  int64_t kd_top_k = 0;             // 0: dense KD (every preset)
+  bool tf32 = false;                // TF32 in cuBLAS and cuDNN (CUDA only)
+  bool cudnn_benchmark = false;     // cuDNN autotuning (CUDA only)
 };
 
 // The preset, then every flag the user gave explicitly.
@@ -126,15 +136,15 @@ Plan make_plan(const Args& a, const CLI::App& app) {
     p.teacher_autograd = true;
   } else if (a.strategy == "simple") {
     p.data_format = "text";
-    p.release_cache_every = a.release_cache_every;
-  } else {  // comprehensive
+    p.release_cache_every = a.memory.release_cache_every;  // 10 unless given
+  } else {  // comprehensive: the original's list (dense KD and an fp32 teacher, as in simple)
     p.accum = a.gradient_accumulation_steps;
     p.grad_clip = a.grad_clip;
     p.param_specific_decay = true;
     p.schedule = true;
-    p.release_cache_every = a.release_cache_every;
-    p.kd_top_k = 64;
-    p.teacher_dtype = "auto";
+    p.release_cache_every = a.memory.release_cache_every;
+    p.tf32 = true;
+    p.cudnn_benchmark = true;
   }
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
   if (examples::given(app, {"--recompute", "--checkpoint", "--gradient_checkpointing"})) p.recompute = a.recompute;
@@ -142,6 +152,7 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   p.tokenizer = examples::tokenizer_path(a.tokenizer, a.train_teacher ? "" : a.teacher_model, a.data_path);
   p.data_tokenizer = examples::is_data_tokenizer(p.tokenizer, a.data_path);
   if (!p.data_tokenizer) p.data_format = "text";  // DATA's shards hold another tokenizer's ids
+  if (!fs::is_directory(a.data_path)) p.data_format = "text";  // a file's documents, tokenized now
   if (given("--data_format")) {
     TORCH_CHECK(a.data_format == "text" || p.data_tokenizer, "llama_to_llada: --data_format shards reads ",
                 a.data_path, "/{train,val}.bin, which hold the ids of '", a.data_path, "/tokenizer.model', but this "
@@ -151,7 +162,7 @@ Plan make_plan(const Args& a, const CLI::App& app) {
                 "/tokenizer.model");
     p.data_format = a.data_format;
   }
-  if (given("--teacher_dtype")) p.teacher_dtype = a.teacher_dtype;
+  if (given("--teacher_precision")) p.teacher_precision = a.teacher_precision;  // or its alias --teacher_dtype
   if (given("--teacher_autograd")) p.teacher_autograd = a.teacher_autograd;
   if (given("--gradient_accumulation_steps")) p.accum = a.gradient_accumulation_steps;
   if (given("--grad_clip")) p.grad_clip = a.grad_clip;
@@ -165,18 +176,38 @@ Plan make_plan(const Args& a, const CLI::App& app) {
     p.precision = choice.precision;
     why = "auto: " + choice.reason;
   }
-  if (p.teacher_dtype == "auto") {
+  if (p.teacher_precision == "auto") {
     const auto choice = memopt::machine::choose_precision(p.teacher_device);
-    p.teacher_dtype = choice.precision;
+    p.teacher_precision = choice.precision;
     if (why == "as given") why = "auto: " + choice.reason;
   }
-  fmt::print("precision: student {} on {}, teacher {} on {} ({})\n", p.precision, p.device.str(), p.teacher_dtype,
-             p.teacher_device.str(), why);
-  if (given("--release_cache_every")) p.release_cache_every = a.release_cache_every;
+  fmt::print("precision: student {} on {}, teacher {} on {} ({})\n", p.precision, p.device.str(),
+             p.teacher_precision, p.teacher_device.str(), why);
+  if (given("--release_cache_every")) p.release_cache_every = a.memory.release_cache_every;
   if (given("--kd_top_k")) p.kd_top_k = a.kd_top_k;
+  if (given("--tf32")) p.tf32 = a.tf32;
+  if (given("--cudnn_benchmark")) p.cudnn_benchmark = a.cudnn_benchmark;
   TORCH_CHECK(p.accum >= 1, "llama_to_llada: --gradient_accumulation_steps must be >= 1 (got ", p.accum,
               "). HINT: 1 takes one micro-batch per step; the effective batch is batch_size x this.");
+  TORCH_CHECK(p.kd_top_k >= 0, "llama_to_llada: --kd_top_k must be >= 0 (got ", p.kd_top_k,
+              "). HINT: 0 distils from every logit (dense, the presets' choice); 64 keeps the teacher's top 64.");
+  a.memory.check("llama_to_llada");  // --attention, --release_cache_every: now, before any data is read
   return p;
+}
+
+// TF32 and cuDNN benchmarking, as train_all_strat.py sets them (torch.backends.cuda.matmul.allow_tf32,
+// torch.backends.cudnn.benchmark): process-wide LibTorch settings that only CUDA kernels read,
+// so they are applied when the student or the teacher runs on a GPU, and on the CPU only said.
+void apply_cuda_settings(const Plan& p) {
+  if (p.device.is_cuda() || p.teacher_device.is_cuda()) {
+    at::globalContext().setAllowTF32CuBLAS(p.tf32);
+    at::globalContext().setAllowTF32CuDNN(p.tf32);
+    at::globalContext().setBenchmarkCuDNN(p.cudnn_benchmark);
+    fmt::print("cuda: tf32 {}, cudnn benchmark {}\n", p.tf32, p.cudnn_benchmark);
+  } else if (p.tf32 || p.cudnn_benchmark) {
+    fmt::print("cuda: tf32 {}, cudnn benchmark {}: CUDA only, not applied (no CUDA device in this run)\n", p.tf32,
+               p.cudnn_benchmark);
+  }
 }
 
 // ---- data ----
@@ -207,13 +238,37 @@ std::shared_ptr<const memopt::data::TokenShard> load_split(const Args& a, const 
   return memopt::data::TokenShard::from_tokens(path, ids, tok.vocab_size());
 }
 
+// --data_path FILE (or a glob): the original's data.parquet. Its documents (Parquet or JSONL
+// `text`, or a text file's lines: whatever memopt::data reads) tokenized now; the last 5% of
+// the tokens are the held-out set.
+std::pair<std::shared_ptr<const memopt::data::TokenShard>, std::shared_ptr<const memopt::data::TokenShard>>
+load_file(const Args& a, const memopt::data::Tokenizer& tok) {
+  TORCH_CHECK(tok.eos_id() >= 0, "llama_to_llada: the tokenizer '", tok.path(), "' has no end-of-text token "
+              "(eos_id -1), so the documents of '", a.data_path, "' could not be separated. HINT: name it in "
+              "tokenizer_config.json beside tokenizer.json (\"eos_token\": \"</s>\"), or use a tokenizer that has one");
+  const auto ids = memopt::data::load_tokens(memopt::data::resolve_sources({a.data_path}), &tok, {});
+  const auto cut = static_cast<std::ptrdiff_t>(ids.size() - ids.size() / 20);
+  return {memopt::data::TokenShard::from_tokens(a.data_path + " (first 95%)",
+                                                std::vector<int32_t>(ids.begin(), ids.begin() + cut), tok.vocab_size()),
+          memopt::data::TokenShard::from_tokens(a.data_path + " (last 5%)",
+                                                std::vector<int32_t>(ids.begin() + cut, ids.end()), tok.vocab_size())};
+}
+
 Data load_data(const Args& a, const Plan& p) {
   memopt::data::Tokenizer tok(p.tokenizer);
+  const bool file = !fs::is_directory(a.data_path);
   fmt::print("tokenizer: '{}' ({}, {} ids); data: {}\n", tok.path(), tok.kind(), tok.vocab_size(),
-             p.data_format == "shards" ? "DATA's .bin shards" : p.data_tokenizer ? "text, tokenized now"
-                                                                                 : "text, tokenized now (the tokenizer is not DATA's)");
-  auto train = load_split(a, p, tok, "train");
-  auto val = load_split(a, p, tok, "val");
+             file                      ? "the file's documents, tokenized now (the last 5% held out)"
+             : p.data_format == "shards" ? "DATA's .bin shards"
+             : p.data_tokenizer          ? "text, tokenized now"
+                                         : "text, tokenized now (the tokenizer is not DATA's)");
+  std::shared_ptr<const memopt::data::TokenShard> train, val;
+  if (file) {
+    std::tie(train, val) = load_file(a, tok);
+  } else {
+    train = load_split(a, p, tok, "train");  // first: a missing corpus is named by its train split
+    val = load_split(a, p, tok, "val");
+  }
   for (const auto& shard : {train, val}) {
     TORCH_CHECK(shard->size() >= a.seq_len + 1, "llama_to_llada: the corpus '", shard->path(), "' holds ",
                 shard->size(), " tokens, shorter than one sequence of --seq_len ", a.seq_len,
@@ -294,16 +349,18 @@ struct ClearTeacherGrads : memopt::Callback {
 };
 
 // ---- teacher: trained here (causal LM) or loaded from a HuggingFace-style checkpoint ----
-// Its shape: the --layers/--dim/... flags (--train_teacher) or the checkpoint's config.json.
+// Its shape: the --layers/--dim/... flags (--train_teacher) or the checkpoint's config.json;
+// its attention: --attention (a runtime choice, not part of config.json).
 LlamaConfig teacher_config(const Args& a, const Data& d) {
   if (a.train_teacher)
-    return LlamaConfig()
-        .vocab_size(d.tokenizer.vocab_size())
-        .hidden_size(a.dim)
-        .num_hidden_layers(a.layers)
-        .num_attention_heads(a.heads)
-        .num_key_value_heads(a.kv_heads)
-        .max_position_embeddings(a.max_seq_len);
+    return a.memory.apply(LlamaConfig()
+                              .vocab_size(d.tokenizer.vocab_size())
+                              .hidden_size(a.dim)
+                              .num_hidden_layers(a.layers)
+                              .num_attention_heads(a.heads)
+                              .num_key_value_heads(a.kv_heads)
+                              .max_position_embeddings(a.max_seq_len),
+                          "llama_to_llada");
   TORCH_CHECK(fs::exists(a.teacher_model + "/config.json"), "llama_to_llada: no teacher at '", a.teacher_model,
               "' (config.json is missing). HINT: pass --train_teacher to train one there first, or point "
               "--teacher_model at a folder with config.json and model.safetensors.");
@@ -319,7 +376,7 @@ LlamaConfig teacher_config(const Args& a, const Data& d) {
               "/config.json). HINT: lower --seq_len.");
   TORCH_CHECK(config.causal(), "llama_to_llada: the teacher at '", a.teacher_model,
               "' is bidirectional (\"causal\": false in config.json). HINT: the teacher is an autoregressive LLaMA.");
-  return config;
+  return a.memory.apply(config, "llama_to_llada");
 }
 
 // Trains the teacher (checkpoints in OUT/teacher/checkpoints; --resume latest continues them).
@@ -333,7 +390,7 @@ bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& me
   std::fflush(stdout);
   if (a.teacher_steps > 0) {
     // fp32 whatever the strategy: the teacher is not what is measured, and its quality bounds
-    // the student's. --teacher_dtype bf16 (or auto's measured choice) casts it after training.
+    // the student's. --teacher_precision bf16 (or auto's measured choice) casts it after training.
     Plan fp32 = p;
     fp32.precision = "fp32";
     const int stopped = with_policies(fp32, [&](auto ckpt, auto prec) {
@@ -364,14 +421,22 @@ bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& me
   return true;
 }
 
+// As memopt::io::load_pretrained reads it (model.safetensors or shards, tied or not), but built
+// from teacher_config, so that --attention applies to it.
 Llama load_teacher(const Args& a, const Data& d) {
-  const LlamaConfig config = teacher_config(a, d);  // the checks, naming the file
+  LlamaConfig config = teacher_config(a, d);  // the checks, naming the file
   fmt::print("teacher: loading {} ({} layers, d{}, vocab {} for the tokenizer's {} ids)\n", a.teacher_model,
              config.num_hidden_layers(), config.hidden_size(), config.vocab_size(), d.tokenizer.vocab_size());
-  return memopt::io::load_pretrained(a.teacher_model);  // model.safetensors or shards, tied or not
+  const auto weights = memopt::io::SafetensorsShards::open_dir(a.teacher_model);
+  const auto load = memopt::io::tied_checkpoint_options(weights, config,
+                                                        "llama_to_llada: --teacher_model '" + a.teacher_model + "'");
+  Llama teacher(config);
+  memopt::io::load_state_dict(*teacher, weights, load);
+  return teacher;
 }
 
-// The student: the teacher's shape (or --student_model's config.json), bidirectional, V + 1 ids.
+// The student: the teacher's shape (or --student_model's config.json), bidirectional, V + 1 ids,
+// with --attention.
 // `weights` gets --student_model's model.safetensors when there is one.
 LlamaConfig student_config(const Args& a, const LlamaConfig& teacher, std::string* weights = nullptr) {
   const int64_t vocab = teacher.vocab_size() + 1;
@@ -385,7 +450,7 @@ LlamaConfig student_config(const Args& a, const LlamaConfig& teacher, std::strin
     if (weights && dir && fs::exists(a.student_model + "/model.safetensors"))
       *weights = a.student_model + "/model.safetensors";
   }
-  return config.vocab_size(vocab).causal(false).dropout(0.0);
+  return a.memory.apply(config.vocab_size(vocab).causal(false).dropout(0.0), "llama_to_llada");
 }
 
 Llama make_student(const Args& a, const Llama& teacher) {
@@ -512,6 +577,7 @@ int run(const Args& a, const CLI::App& app) {
               "). HINT: try 16.");
   trainer_options(a, plan, a.lr, std::max<int64_t>(a.max_steps, 1)).validate();
   trainer_options(a, plan, a.teacher_lr, std::max<int64_t>(a.teacher_steps, 1)).validate();
+  apply_cuda_settings(plan);
 
   examples::join_world("llama_to_llada");  // torchrun: data parallel, rank 0 prints
   const Data data = load_data(a, plan);
@@ -526,7 +592,7 @@ int run(const Args& a, const CLI::App& app) {
     const auto options = memopt::models::DistillOptions(teacher.vocab_size()).alpha(a.alpha).top_k(plan.kd_top_k);
     auto policies = policies_of(plan);
     const auto desc = memopt::models::describe_distill(student_config(a, teacher), teacher, options,
-                                                                plan.teacher_dtype == "bf16");
+                                                                plan.teacher_precision == "bf16");
     if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder only
       const auto chosen = memopt::choose_policies(
           desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::RecomputePrecisionTrainers>(),
@@ -549,8 +615,10 @@ int run(const Args& a, const CLI::App& app) {
   MetricsJsonl metrics(a.output_dir + "/metrics.jsonl", nullptr);
   metrics.write({{"event", "start"}, {"strategy", plan.strategy}, {"recompute", plan.recompute},
                  {"precision", plan.precision}, {"data_format", plan.data_format}, {"accum", plan.accum},
-                 {"batch_size", micro_batch}, {"seq_len", a.seq_len}, {"teacher_dtype", plan.teacher_dtype},
-                 {"teacher_autograd", plan.teacher_autograd}, {"kd_top_k", plan.kd_top_k}, {"alpha", a.alpha}});
+                 {"batch_size", micro_batch}, {"seq_len", a.seq_len}, {"teacher_precision", plan.teacher_precision},
+                 {"teacher_autograd", plan.teacher_autograd}, {"kd_top_k", plan.kd_top_k}, {"alpha", a.alpha},
+                 {"attention", a.memory.attention}, {"release_cache_every", plan.release_cache_every},
+                 {"tf32", plan.tf32}, {"cudnn_benchmark", plan.cudnn_benchmark}});
 
   Llama teacher(nullptr);
   if (!a.train_teacher) {
@@ -559,7 +627,7 @@ int run(const Args& a, const CLI::App& app) {
     return 0;  // stopped by a signal, checkpointed
   }
   teacher->to(plan.teacher_device);
-  if (plan.teacher_dtype == "bf16") teacher->to(torch::kBFloat16);
+  if (plan.teacher_precision == "bf16") teacher->to(torch::kBFloat16);
   memopt::memory::Tracker::instance().reset_peaks();
   memopt::memory::reset_peak_rss();
 
@@ -571,16 +639,20 @@ int run(const Args& a, const CLI::App& app) {
                                         .temperature(a.kd_temperature)
                                         .top_k(plan.kd_top_k)
                                         .teacher_autograd(plan.teacher_autograd)
-                                        .teacher_bf16(plan.teacher_dtype == "bf16"));
+                                        .teacher_bf16(plan.teacher_precision == "bf16"));
   auto distill_metrics = std::make_shared<MetricsJsonl>(a.output_dir + "/metrics.jsonl", &distill);
 
   int64_t params = 0;
   for (const auto& p : student->parameters()) params += p.numel();
   fmt::print("student: LLaDA {:.2f} M parameters, vocab {} (+ mask id {}); strategy {}: recompute {}, precision {}, "
-             "data {}, accum {}, clip {}, teacher {}{}, KD top-k {}, alpha {}\n",
+             "data {}, accum {}, clip {}, teacher {}{}, KD top-k {} ({}), alpha {}, attention {}, cache release {}, "
+             "tf32 {}, cudnn benchmark {}\n",
              params / 1e6, student->config.vocab_size(), teacher->config.vocab_size(), plan.strategy,
-             plan.recompute, plan.precision, plan.data_format, plan.accum, plan.grad_clip, plan.teacher_dtype,
-             plan.teacher_autograd ? " with autograd" : " inference-mode", plan.kd_top_k, a.alpha);
+             plan.recompute, plan.precision, plan.data_format, plan.accum, plan.grad_clip, plan.teacher_precision,
+             plan.teacher_autograd ? " with autograd" : " inference-mode", plan.kd_top_k,
+             plan.kd_top_k == 0 ? "dense" : "sparse", a.alpha, a.memory.attention,
+             plan.release_cache_every > 0 ? fmt::format("every {} steps", plan.release_cache_every) : "off",
+             plan.tf32, plan.cudnn_benchmark);
   std::fflush(stdout);
 
   // ---- distillation ----
@@ -592,13 +664,15 @@ int run(const Args& a, const CLI::App& app) {
       nlohmann::json run = {{"role", "student"}, {"strategy", plan.strategy}, {"data_format", plan.data_format},
                             {"teacher", memopt::io::to_json(teacher->config)}, {"alpha", a.alpha},
                             {"kd_top_k", plan.kd_top_k}, {"kd_temperature", a.kd_temperature},
-                            {"teacher_dtype", plan.teacher_dtype}, {"seed", a.seed}, {"seq_len", a.seq_len}};
+                            {"teacher_precision", plan.teacher_precision}, {"attention", a.memory.attention},
+                            {"seed", a.seed}, {"seq_len", a.seq_len}};
       if (!plan.data_tokenizer) run["tokenizer"] = data.tokenizer.path();
       trainer.set_run_config(std::move(run));
       trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>()).add_callback(distill_metrics);
       if (plan.teacher_autograd) trainer.add_callback(std::make_shared<ClearTeacherGrads>(distill));
-      if (plan.release_cache_every > 0)
-        trainer.add_callback(std::make_shared<memopt::callbacks::ReleaseCache>(plan.release_cache_every));
+      examples::MemoryFlags memory = a.memory;  // with the plan's interval: the preset's, or the flag's when given
+      memory.release_cache_every = plan.release_cache_every;
+      memory.attach(trainer, "llama_to_llada");  // on every rank, after a barrier when data parallel
       if (a.memory_trace > 0)
         trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>(a.output_dir + "/memory.trace.json",
                                                                               a.memory_trace));
@@ -667,7 +741,8 @@ int main(int argc, char** argv) {
   app.add_option("--teacher_lr", a.teacher_lr, "teacher peak learning rate")->capture_default_str();
   app.add_option("--student_model", a.student_model,
                  "student config.json or folder (default: the teacher's shape, bidirectional, + mask token)");
-  app.add_option("--data_path", a.data_path, "folder: tokenizer.model, {train,val}.bin and/or {train,val}.txt")
+  app.add_option("--data_path", a.data_path, "folder: tokenizer.model, {train,val}.bin and/or {train,val}.txt; or "
+                 "a Parquet, JSONL or text file (or a glob) of documents, tokenized now, its last 5% held out")
       ->capture_default_str();
   app.add_option("--output_dir", a.output_dir, "where the student, metrics.jsonl and checkpoints/ go")
       ->capture_default_str();
@@ -693,7 +768,9 @@ int main(int argc, char** argv) {
   app.add_option("--alpha", a.alpha, "weight of the KD term (0: diffusion loss only, no teacher run)")
       ->capture_default_str();
   app.add_option("--kd_temperature", a.kd_temperature, "KD softmax temperature")->capture_default_str();
-  app.add_option("--kd_top_k", a.kd_top_k, "keep the teacher's top-k logits (0: all; comprehensive: 64)");
+  app.add_option("--kd_top_k", a.kd_top_k, "memopt's lever, not in the original: sparse KD from the teacher's "
+                 "top-k logits + a tail bin (0: dense, every preset's default)")
+      ->capture_default_str();
   examples::add_recompute_option(app, a.recompute, "override: none | every (= every_block)", "every_block")
       ->check(one_of({"none", "every_block"}));
   examples::add_precision_option(app, a.precision, "override: fp32 | bf16 (autocast) | auto (measured on this CPU)")
@@ -704,11 +781,19 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.device, "cpu | cuda[:N]: where the student trains (and the teacher, unless "
                  "--teacher_device)")->capture_default_str();
   app.add_option("--teacher_device", a.teacher_device, "cpu | cuda[:N]: where the teacher runs (default: --device)");
-  app.add_option("--teacher_dtype", a.teacher_dtype, "override: fp32 | bf16 | auto teacher weights and compute")
+  app.add_option("--teacher_precision,--teacher_dtype", a.teacher_precision, "memopt's lever, not in the original "
+                 "(its teacher is fp32, every preset's default): fp32 | bf16 | auto (measured on --teacher_device) "
+                 "teacher weights and compute; --teacher_dtype is the same setting")
       ->check(one_of({"fp32", "bf16", "auto"}));
   app.add_option("--teacher_autograd", a.teacher_autograd, "override: true runs the teacher with a graph (naive)");
   app.add_option("--grad_clip", a.grad_clip, "override: gradient-norm clip, 0 off (comprehensive: 1)");
-  app.add_option("--release_cache_every", a.release_cache_every, "override: steps between cache releases, 0 off");
+  a.memory.add_to(app, 10);  // --attention, --release_cache_every (simple, comprehensive: 10; none: 0 unless given)
+  auto* release = app.get_option("--release_cache_every");
+  release->description(release->get_description() + "; the presets: simple and comprehensive 10, none 0");
+  app.add_option("--tf32", a.tf32, "override: true lets cuBLAS and cuDNN use TF32 for fp32 matmuls and convolutions "
+                 "(CUDA only; comprehensive: true, as the original; else false)");
+  app.add_option("--cudnn_benchmark", a.cudnn_benchmark, "override: true lets cuDNN time its algorithms and keep the "
+                 "fastest (CUDA only; comprehensive: true, as the original; else false)");
   app.add_option("--memory_trace", a.memory_trace, "trace the first N distillation steps' memory into "
                  "OUTPUT_DIR/memory.trace.json (Chrome trace; open in ui.perfetto.dev), 0: off")
       ->check(CLI::NonNegativeNumber)

@@ -1,14 +1,21 @@
 // examples/02_moe — trains a Mixture-of-Experts LM (models/moe.hpp: top-k routing,
 // capacity factor, load-balancing and z-loss, sort-based dispatch) on the King James corpus.
 // Flags pick the policies: --recompute every (recompute::EveryBlock; the seed's
-// --gradient_checkpointing), --precision bf16 (precision::Bf16Autocast; the seed's
-// --mixed_precision), --grad_accum N (accum::Runtime); the seed
-// project's "original" is --dispatch dense with none of them. It logs loss, aux loss,
-// z-loss, dropped assignments and per-expert load, evaluates held-out perplexity, writes
-// OUT/metrics.jsonl (a summary line last) and checkpoints (--save_every, --resume latest;
-// SIGTERM/SIGINT save and exit 0);
+// --gradient_checkpointing), --precision auto|fp32|bf16|fp16 (auto: bf16 autocast where this
+// device measured it faster; bf16 = precision::Bf16Autocast, the seed's --mixed_precision;
+// fp16 = precision::Fp16Scaled, CUDA only), --grad_accum N (accum::Runtime, default 2 as the
+// seed's script); the seed project's "original" is --dispatch dense --precision fp32
+// --grad_accum 1 without recompute. --preset memory_optimized (= --train_memory_optimized, the
+// seed's script) turns on recompute every, --precision auto and --grad_accum 2 unless given.
+// --attention math|blockwise|sdpa picks the attention, --release_cache_every N gives freed
+// memory back every N steps (common/memory_flags.hpp), --memory_trace N traces the first N
+// steps into OUT/memory.trace.json. It logs loss, aux loss, z-loss, dropped assignments and
+// per-expert load, evaluates held-out perplexity, writes OUT/metrics.jsonl (a summary line
+// last) and checkpoints to OUT/checkpoints (--save_every; --resume latest, a step-N folder or
+// a run's output folder; SIGTERM/SIGINT save and exit 0);
 // --plot draws OUT/metrics.png (loss and memory over steps; scripts/plot does the same).
 //   build/examples/02_moe/moe_lm --config moe-nano --gradient_checkpointing --mixed_precision
+//   build/examples/02_moe/moe_lm --train_memory_optimized --config moe-nano --batch_size 8
 //   build/examples/02_moe/moe_lm --dense     # the dense LLaMA with the same active parameters
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -21,6 +28,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <memopt/data/loader.hpp>
 #include <memopt/data/shard.hpp>
@@ -38,6 +47,7 @@
 #include "common/cli.hpp"
 #include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
+#include "common/memory_flags.hpp"
 
 namespace {
 
@@ -46,17 +56,27 @@ using memopt::models::Llama;
 using memopt::models::MoeConfig;
 using memopt::models::MoeLM;
 
+/// What moe_lm compiles: recompute none/every × fp32, bf16 autocast, fp16 with loss scaling
+/// (CUDA only) — memopt::RecomputePrecisionTrainers plus fp16. The flags, --policies auto's plan
+/// and --calibrate's probes all go through this list.
+using MoeTrainers = memopt::TrainerProductT<memopt::TypeList<memopt::recompute::None, memopt::recompute::EveryBlock>,
+                                            memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast,
+                                                             memopt::precision::Fp16Scaled>,
+                                            memopt::TypeList<memopt::state::Resident>>;
+
 struct Args {
   std::string data = "data/kjv";
   std::string output_dir = "runs/moe";
   std::string config = "moe-nano";
   int64_t steps = 60;
   int64_t batch_size = 8;
-  int64_t grad_accum = 1;
+  int64_t grad_accum = 2;  // the seed's scripts/train_memory_optimized.sh default
   int64_t seq_len = 256;
+  std::string preset = "none";      // none | memory_optimized (--train_memory_optimized)
+  std::string preset_line;          // what the preset turned on ("" when none)
   std::string recompute = "none";  // none | every (--gradient_checkpointing = every)
-  std::string precision = "auto";   // auto | fp32 | bf16 (--mixed_precision = bf16)
-  bool mixed_precision = false;     // --precision resolved: bf16 autocast
+  std::string precision = "auto";   // auto | fp32 | bf16 | fp16 (--mixed_precision = bf16)
+  std::string precision_used = "fp32";  // --precision resolved on the device: fp32 | bf16 | fp16
   std::string device = "cpu";  // cpu | cuda[:N]
   std::string dispatch = "sorted";
   int64_t num_experts = 0;  // 0: the preset's
@@ -73,6 +93,8 @@ struct Args {
   bool dense = false;
   bool monitor_memory = false;
   bool plot = false;
+  int64_t memory_trace = 0;  // steps traced into OUT/memory.trace.json (0: off)
+  examples::MemoryFlags memory;  // --attention, --release_cache_every
   examples::CheckpointFlags checkpoints;
   examples::DistributedFlags distributed;
   double lr = 1e-3;
@@ -88,7 +110,61 @@ nlohmann::json run_settings(const Args& a) {
   return {{"config", a.config},         {"dense", a.dense},           {"num_experts", a.num_experts},
           {"top_k", a.top_k},           {"capacity_factor", a.capacity_factor},
           {"batch_size", a.batch_size}, {"grad_accum", a.grad_accum}, {"seq_len", a.seq_len},
-          {"seed", a.seed},             {"dispatch", a.dispatch},     {"mixed_precision", a.mixed_precision}};
+          {"seed", a.seed},             {"dispatch", a.dispatch},     {"mixed_precision", a.precision_used != "fp32"}};
+}
+
+// --preset memory_optimized (= --train_memory_optimized, the seed's "applies all memory
+// optimizations" script): recompute every block, machine-aware precision (auto) and gradient
+// accumulation 2, so --batch_size × 2 sequences make an optimizer step, as the script's
+// --batch_size 8 --grad_accum 2. A setting given explicitly, in any spelling, is kept. Sets
+// a.preset_line to say what the preset turned on.
+void apply_preset(Args& a, const CLI::App& app) {
+  if (a.preset != "memory_optimized") return;
+  std::vector<std::string> on, kept;
+  if (examples::given(app, {"--recompute", "--checkpoint", "--gradient_checkpointing"})) {
+    kept.push_back("--recompute " + a.recompute);
+  } else {
+    a.recompute = "every";
+    on.push_back("recompute every block");
+  }
+  if (examples::given(app, {"--precision", "--mixed_precision", "--use_mixed_precision"})) {
+    kept.push_back("--precision " + a.precision);
+  } else {
+    a.precision = "auto";
+    on.push_back("precision auto (bf16 where measured faster)");
+  }
+  if (examples::given(app, {"--grad_accum", "--accum", "--gradient_accumulation_steps"})) {
+    kept.push_back(fmt::format("--grad_accum {}", a.grad_accum));
+  } else {
+    a.grad_accum = 2;
+    on.push_back("gradient accumulation 2");
+  }
+  a.preset_line = fmt::format("preset memory_optimized: {}{}; effective batch {} x {} = {} sequences per step\n",
+                              on.empty() ? "nothing (every setting given)" : fmt::format("{}", fmt::join(on, ", ")),
+                              kept.empty() ? "" : fmt::format(" (given: {})", fmt::join(kept, ", ")), a.batch_size,
+                              a.grad_accum, a.batch_size * a.grad_accum);
+}
+
+// --precision's value, with the device: an error naming the flag and the value before any data
+// is read. fp16 (loss-scaled autocast) needs CUDA; the others are precision.hpp's.
+void check_precision(const std::string& flag, const torch::Device& device) {
+  if (flag != "fp16") {
+    TORCH_CHECK(flag == "auto" || flag == "fp32" || flag == "bf16", "moe_lm: --precision must be auto, fp32, bf16 or "
+                "fp16 (got '", flag, "'). HINT: auto measures this machine's bf16 and fp32 matmul and picks the faster.");
+    return;
+  }
+  TORCH_CHECK(device.is_cuda(), "moe_lm: --precision fp16 needs a CUDA device (got --precision fp16 with --device ",
+              device.str(), "). HINT: fp16 needs a CUDA device; on CPU use bf16 or auto.");
+}
+
+// --precision resolved on `device` (checked by check_precision): fp16 as given, the others by
+// examples::resolve_mixed_precision (auto measures, and says what it chose).
+std::string resolve_precision(const std::string& flag, const torch::Device& device) {
+  if (flag == "fp16") {
+    fmt::print("{:>13}: fp16 (as given: autocast with dynamic loss scaling)\n", "precision");
+    return "fp16";
+  }
+  return examples::resolve_mixed_precision(flag, device, "moe_lm") ? "bf16" : "fp32";
 }
 
 MoeConfig model_config(const Args& a, int64_t vocab) {
@@ -104,6 +180,7 @@ MoeConfig model_config(const Args& a, int64_t vocab) {
       .dispatch(a.dispatch == "sorted" ? memopt::models::MoeDispatch::kSorted : memopt::models::MoeDispatch::kDense)
       .checkpoint_experts(a.checkpoint_experts);
   cfg.base().max_position_embeddings(std::max<int64_t>(a.seq_len, cfg.base().max_position_embeddings()));
+  cfg.base(a.memory.apply(cfg.base(), "moe_lm"));  // --attention
   cfg.validate();
   return cfg;
 }
@@ -165,6 +242,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   TrainerT trainer(*model, a.distributed.apply(a.checkpoints.apply(options, a.output_dir))
                                .memory_budget(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget)));
   trainer.set_run_config(run_settings(a));
+  a.memory.attach(trainer, "moe_lm");  // --release_cache_every
   auto& world = memopt::dist::world();  // data parallel: each rank trains on its rows of every batch
   memopt::data::RandomWindowLoader global(d.train,
                                           memopt::data::LoaderOptions(a.batch_size * world.size(), a.seq_len).seed(a.seed));
@@ -173,6 +251,9 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
                                                                  router_stats(as_moe(model)));
   a.checkpoints.resume_if_asked(trainer, loader, "moe_lm");
   if (a.monitor_memory) trainer.add_callback(std::make_shared<memopt::callbacks::MemoryMonitor>());
+  if (a.memory_trace > 0)
+    trainer.add_callback(std::make_shared<memopt::callbacks::MemoryTrace>(a.output_dir + "/memory.trace.json",
+                                                                          a.memory_trace));
   trainer.add_callback(std::make_shared<memopt::callbacks::ProgressBar>());
   trainer.add_callback(log);
 
@@ -186,10 +267,9 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   }
   fmt::print("moe_lm: {} — {:.2f} M parameters ({:.2f} M active per token), vocab {}, {} train / {} held-out tokens\n",
              description, params / 1e6, active / 1e6, d.vocab, d.train->size(), d.val->size());
-  fmt::print("policies: recompute::{}, precision::{}, accum::Runtime({}) — effective batch {} x {} tokens, {} "
-             "threads\n",
-             a.recompute == "every" ? "EveryBlock" : "None", a.mixed_precision ? "Bf16Autocast" : "Fp32",
-             a.grad_accum, a.batch_size * a.grad_accum, a.seq_len, at::get_num_threads());
+  fmt::print("policies: {}, {}, accum::Runtime({}) — effective batch {} x {} tokens, attention {}, {} threads\n",
+             Recompute::name(), Precision::name(), a.grad_accum, a.batch_size * a.grad_accum, a.seq_len,
+             a.memory.attention, at::get_num_threads());
   std::fflush(stdout);
 
   const auto result = trainer.fit(loader, memopt::LossSum<Model>{&model});
@@ -220,14 +300,13 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
 
 // The policies the flags name (--recompute, --precision resolved, --grad_accum).
 memopt::memory::PolicyDesc policies_of(const Args& a) {
-  return memopt::parse_policies<memopt::RecomputePrecisionTrainers>(
-      a.recompute, a.mixed_precision ? "bf16" : "fp32", "resident", a.grad_accum);
+  return memopt::parse_policies<MoeTrainers>(a.recompute, a.precision_used, "resident", a.grad_accum);
 }
 
 // --calibrate's real steps: a throwaway `Model` of the run's shape (memopt::probe_steps).
 template <class Model, class Config>
 memopt::MeasureStep probe_steps(const Args& a, const Data& d, const Config& cfg) {
-  return memopt::probe_steps<memopt::RecomputePrecisionTrainers>(
+  return memopt::probe_steps<MoeTrainers>(
       memopt::TrainerOptions(), [cfg] { return Model(cfg); },
       [train = d.train, seq_len = a.seq_len](int64_t micro) {
         return memopt::data::RandomWindowLoader(train, memopt::data::LoaderOptions(micro, seq_len));
@@ -235,11 +314,11 @@ memopt::MeasureStep probe_steps(const Args& a, const Data& d, const Config& cfg)
       [](Model& probe) { return memopt::LossSum<Model>{&probe}; });
 }
 
-// One of the four compiled combinations (memopt::RecomputePrecisionTrainers; --policies auto
-// plans over the same list), reached through memopt::dispatch.
+// One of the six compiled combinations (MoeTrainers; --policies auto plans over the same
+// list, fp16 only on CUDA), reached through memopt::dispatch.
 template <class Model>
 int train_with_flags(const Args& a, const Data& d, Model& model, const std::string& description) {
-  return memopt::dispatch<memopt::RecomputePrecisionTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
+  return memopt::dispatch<MoeTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
     return train<typename T::recompute_type, typename T::precision_type>(a, d, model, description);
   });
 }
@@ -249,12 +328,13 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   TORCH_CHECK(a.batch_size >= 1, "moe_lm: --batch_size must be >= 1 (got ", a.batch_size, "). HINT: try 8.");
   TORCH_CHECK(a.grad_accum >= 1, "moe_lm: --grad_accum must be >= 1 (got ", a.grad_accum, "). HINT: 1 turns it off.");
   TORCH_CHECK(a.seq_len >= 2, "moe_lm: --seq_len must be >= 2 (got ", a.seq_len, "). HINT: try 256.");
+  a.memory.check("moe_lm");  // --attention, --release_cache_every
   a.checkpoints.apply(memopt::TrainerOptions(), a.output_dir).validate();  // --save_every, --keep_checkpoints, --max_skips
   TORCH_CHECK(!a.calibrate || !a.memory_budget.empty(), "moe_lm: --calibrate measures the plan for a budget (got no "
               "--memory_budget). HINT: add --memory_budget 512MiB (with --policies auto or your flags).");
-  (void)model_config(a, /*vocab=*/2);  // checks the preset and the MoE flags
+  (void)model_config(a, /*vocab=*/2);  // checks the preset, the MoE flags and --attention
   const torch::Device device = examples::parse_device(a.device, "moe_lm");
-  examples::check_precision(a.precision, "moe_lm");
+  check_precision(a.precision, device);
   if (a.plot) memopt::check_gnuplot();  // before training, not after it
 
   // ---- data ----
@@ -266,7 +346,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   d.val->check_vocab(d.vocab);
   fs::create_directories(a.output_dir);
   examples::join_world("moe_lm");  // torchrun: data parallel, rank 0 prints and writes the log
-  a.mixed_precision = examples::resolve_mixed_precision(a.precision, device, "moe_lm");
+  if (memopt::dist::world().rank() == 0) fmt::print("{}", a.preset_line);  // what --preset turned on
+  a.precision_used = resolve_precision(a.precision, device);
   if (memopt::dist::world().rank() == 0)
     std::ofstream(a.output_dir + "/metrics.jsonl", a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
 
@@ -282,7 +363,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
     int64_t micro = a.batch_size;
     if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the micro-batch finder only
       const auto chosen = memopt::choose_policies(
-          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::RecomputePrecisionTrainers>(),
+          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<MoeTrainers>(),
           memopt::PlanOptions()
               .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
               .effective_batch(a.batch_size * a.grad_accum)
@@ -292,7 +373,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
       policies = chosen.policies;
       micro = chosen.micro_batch;
       a.recompute = policies.recompute.flag;
-      a.mixed_precision = policies.precision.flag == "bf16";
+      a.precision_used = policies.precision.flag;
       a.batch_size = micro;
       a.grad_accum = policies.accum;
       torch::manual_seed(static_cast<int64_t>(a.seed));   // the run starts as it would have without the probes
@@ -324,16 +405,25 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a Mixture-of-Experts LM on the King James corpus with memopt's Trainer"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--data", a.data, "folder with train.bin, val.bin, tokenizer.model")->capture_default_str();
-  app.add_option("--output_dir", a.output_dir, "metrics.jsonl and state/ go here")->capture_default_str();
+  app.add_option("--output_dir", a.output_dir, "metrics.jsonl and checkpoints/ go here")->capture_default_str();
   app.add_option("--config", a.config, "preset: " + MoeConfig::preset_names())->capture_default_str();
   app.add_option(examples::kSteps, a.steps, "optimizer steps (in all, a resumed run included)")->capture_default_str();
   app.add_option("--batch_size", a.batch_size, "sequences per micro-batch")->capture_default_str();
-  app.add_option(examples::kAccum, a.grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option(examples::kAccum, a.grad_accum, "micro-batches per optimizer step (the seed's script: 2)")
+      ->capture_default_str();
   app.add_option("--seq_len", a.seq_len, "tokens per sequence")->capture_default_str();
   examples::add_recompute_option(app, a.recompute, "none | every (recompute every block in backward)")
       ->check(CLI::IsMember({"none", "every"}))->capture_default_str();
   examples::add_precision_option(app, a.precision, "auto (bf16 autocast where this device's bf16 matmul measured "
-                                 "faster than fp32) | fp32 | bf16")->capture_default_str();
+                                 "faster than fp32) | fp32 | bf16 | fp16 (autocast with loss scaling; CUDA only)")
+      ->capture_default_str();
+  app.add_option("--preset", a.preset, "none | memory_optimized: recompute every, --precision auto, --grad_accum 2 "
+                 "(all memory optimizations; explicit flags override it)")
+      ->check(CLI::IsMember({"none", "memory_optimized"}))
+      ->capture_default_str();
+  app.add_flag_callback("--train_memory_optimized", [&a] { a.preset = "memory_optimized"; },
+                        "= --preset memory_optimized (the seed's scripts/train_memory_optimized.sh)")
+      ->trigger_on_parse();
   app.add_option("--device", a.device, "cpu | cuda[:N]: where the model trains")->capture_default_str();
   app.add_option("--dispatch", a.dispatch, "sorted (memory linear in tokens) or dense (one-hot, the original)")
       ->capture_default_str();
@@ -355,6 +445,11 @@ int main(int argc, char** argv) {
   app.add_flag("--dense", a.dense, "train the dense LLaMA with the same active parameters instead");
   app.add_flag("--monitor_memory", a.monitor_memory, "print a memory line every step (tracked by phase, RSS)");
   app.add_flag("--plot", a.plot, "draw OUTPUT_DIR/metrics.png after training (loss, memory over steps; gnuplot)");
+  app.add_option("--memory_trace", a.memory_trace, "trace the first N steps' memory into OUTPUT_DIR/memory.trace.json "
+                 "(Chrome trace; open in ui.perfetto.dev), 0: off")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  a.memory.add_to(app, /*release_default=*/0);
   a.checkpoints.add_to(app);
   a.distributed.add_to(app);
   app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
@@ -366,6 +461,7 @@ int main(int argc, char** argv) {
   examples::underscore_option_names(argc, argv);  // --seq-len is --seq_len
   CLI11_PARSE(app, argc, argv);
   return memopt::guarded_main([&] {
+    apply_preset(a, app);  // --preset: the settings not given explicitly
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
     memopt::log_performance_info();
     return run(a);

@@ -6,10 +6,15 @@
 // rows, memory of a chunk instead of the batch), --split_emb (GradCache's GritLM variant),
 // --recompute every (recompute::EveryBlock; the seed's --gradient_checkpointing),
 // --precision bf16 (precision::Bf16Autocast; the seed's --mixed_precision) — or --policies auto --memory_budget 512MiB: the planner's fastest fitting
-// choice of those (planner.hpp). Batches are built by --workers threads ahead of the step
-// (data/prefetch.hpp), length-bucketed. Before and after training it measures held-out retrieval (top-1 among
-// the held-out positives) and held-out generative perplexity, and writes OUT/metrics.jsonl and
-// the trained model to OUT/model (with its tokenizer). --init_model DIR starts from a Hugging
+// choice of those (planner.hpp); --attention math|blockwise|sdpa and --release_cache_every N
+// (common/memory_flags.hpp). Batches are built by --workers threads ahead of the step
+// (data/prefetch.hpp; auto, the default: 1 per 2000 train records, at most 8 and the hardware
+// threads), length-bucketed. Data parallel (torchrun, scripts/launch): each rank's queries are
+// scored against every rank's passages (dist/gather.hpp), so the contrastive loss is the global
+// batch's whatever the rank count, with or without GradCache (the generative loss stays the
+// ranks' mean of their own token means). Before and after training it measures held-out
+// retrieval (top-1 among the held-out positives) and held-out generative perplexity, and writes
+// OUT/metrics.jsonl and the trained model to OUT/model (with its tokenizer). --init_model DIR starts from a Hugging
 // Face Llama checkpoint (config.json + model.safetensors or shards, tied or not), as GritLM
 // starts from Mistral, with DIR's tokenizer.json or tokenizer.model unless --tokenizer names
 // another; the format symbols are appended to the tokenizer and, where the checkpoint's
@@ -19,18 +24,23 @@
 //   build/examples/03_gritlm/gritlm --steps 60 --batch_size 32 --grad_cache_chunk 8
 //   build/examples/03_gritlm/gritlm --embed_jsonl my_pairs.jsonl --gen_jsonl my_sft.jsonl
 //   build/examples/03_gritlm/gritlm --data_only --workers 2    # the data path's speed alone
+//   scripts/launch 2 build/examples/03_gritlm/gritlm --batch_size 16   # 2 ranks: a global batch of 32
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -38,6 +48,7 @@
 #include <memopt/data/grit.hpp>
 #include <memopt/data/prefetch.hpp>
 #include <memopt/data/tokenizer.hpp>
+#include <memopt/dist/grit_loss.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
 #include <memopt/models/gritlm.hpp>
@@ -50,6 +61,7 @@
 #include "common/cli.hpp"
 #include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
+#include "common/memory_flags.hpp"
 #include "common/tokenizer.hpp"
 #include <memopt/plot.hpp>
 
@@ -91,7 +103,8 @@ struct Args {
   int64_t hidden_size = 256;
   int64_t layers = 4;
   int64_t heads = 8;
-  int64_t workers = 1;
+  std::string workers_flag = "auto";  // --workers: auto | a thread count
+  int64_t workers = 1;                 // --workers resolved (resolve_workers)
   int64_t prefetch = 4;
   bool no_bucket = false;
   bool data_only = false;
@@ -104,6 +117,7 @@ struct Args {
   bool plot = false;         // OUT/metrics.png after training
   examples::CheckpointFlags checkpoints;
   examples::DistributedFlags distributed;
+  examples::MemoryFlags memory;  // --attention, --release_cache_every
   double lr = 1e-3;
   int64_t warmup = 6;
   int64_t log_interval = 5;
@@ -125,6 +139,44 @@ memopt::models::GritLMOptions grit_options(const Args& a) {
       .gen_loss_factor(a.gen_loss_factor);
 }
 
+// --workers as a thread count; nullopt for auto. An error naming the value otherwise.
+std::optional<int64_t> workers_number(const std::string& flag) {
+  if (flag == "auto") return std::nullopt;
+  int64_t n = 0;
+  const char* end = flag.data() + flag.size();
+  const auto parsed = std::from_chars(flag.data(), end, n);
+  TORCH_CHECK(!flag.empty() && parsed.ec == std::errc() && parsed.ptr == end, "gritlm: --workers must be auto or a "
+              "number of threads (got '", flag, "'). HINT: auto sizes it to the data; 0 builds batches on the "
+              "training thread.");
+  TORCH_CHECK(n >= 0, "gritlm: --workers must be >= 0 (got ", n, "). HINT: 0 builds batches on the training thread.");
+  return n;
+}
+
+// Train records per batch-building thread under --workers auto. A heuristic: the seed's rule
+// (more preprocessing workers for larger datasets, up to 8) names no figure.
+constexpr int64_t kRecordsPerWorker = 2000;
+
+// --workers resolved: the number given, or for auto 1 per kRecordsPerWorker train records
+// (contrastive + generative, after the batcher's filters), at least 1, at most 8 and at most
+// this host's hardware threads shared by the ranks on it (LOCAL_WORLD_SIZE, set by torchrun).
+// Prints the choice and why (rank 0: the other ranks' stdout is silenced).
+int64_t resolve_workers(const Args& a, int64_t records) {
+  if (const auto n = workers_number(a.workers_flag)) return *n;
+  int64_t local_ranks = 1;
+  if (const char* v = std::getenv("LOCAL_WORLD_SIZE"); v != nullptr) local_ranks = std::max<int64_t>(1, std::atoll(v));
+  const auto hardware = static_cast<int64_t>(std::thread::hardware_concurrency());  // 0: unknown
+  const int64_t threads = hardware > 0 ? std::max<int64_t>(1, hardware / local_ranks) : 8;
+  const int64_t by_size = std::max<int64_t>(1, records / kRecordsPerWorker);
+  const int64_t n = std::min({int64_t{8}, threads, by_size});
+  fmt::print("data: --workers auto -> {} batch-building thread{} (1 per {} of the {} train records, at least 1; at "
+             "most 8 and {})\n",
+             n, n == 1 ? "" : "s", kRecordsPerWorker, records,
+             hardware <= 0 ? std::string("hardware threads unknown")
+                           : fmt::format("{} hardware threads{}", hardware,
+                                         local_ranks > 1 ? fmt::format(" / {} ranks on this host", local_ranks) : ""));
+  return n;
+}
+
 void check_args(const Args& a) {
   auto positive = [](int64_t v, const char* flag, const char* hint) {
     TORCH_CHECK(v >= 1, "gritlm: ", flag, " must be >= 1 (got ", v, "). HINT: ", hint);
@@ -144,8 +196,8 @@ void check_args(const Args& a) {
               "). HINT: 0 turns GradCache off; 8 rows per chunk is a good start.");
   TORCH_CHECK(!a.split_emb || a.grad_cache_chunk > 0, "gritlm: --split_emb needs --grad_cache_chunk (got 0). "
               "HINT: pass --grad_cache_chunk N (it also chunks the generative part).");
-  TORCH_CHECK(a.workers >= 0, "gritlm: --workers must be >= 0 (got ", a.workers,
-              "). HINT: 0 builds batches on the training thread.");
+  (void)workers_number(a.workers_flag);
+  a.memory.check("gritlm");  // --attention, --release_cache_every
   TORCH_CHECK(a.gen_loss_type == "mixed" || a.gen_loss_type == "token", "gritlm: --gen_loss_type must be mixed or "
               "token (got '", a.gen_loss_type, "'). HINT: mixed averages over the batch's tokens (GritLM's default).");
   TORCH_CHECK(a.eval_queries >= 0 && a.eval_gen >= 0, "gritlm: --eval_queries and --eval_gen must be >= 0 (got ",
@@ -298,7 +350,8 @@ Eval evaluate(GritLM& model, const HeldoutSet& h) {
 // ---- training ----
 
 // Batches built by --workers threads, --prefetch ahead, pinned in CUDA builds. Data parallel:
-// step i of rank r trains on batch i·N + r (the contrastive negatives are those of its batch).
+// step i of rank r trains on batch i·N + r; GatheredGritLoss scores its queries against all N batches'
+// passages.
 memopt::data::Prefetcher<GritBatch> prefetcher(const Args& a, const memopt::data::GritBatcher& batcher) {
   const int64_t ranks = memopt::dist::world().size(), rank = memopt::dist::world().rank();
   return memopt::data::Prefetcher<GritBatch>([&batcher, ranks, rank](int64_t i) { return batcher.batch(i * ranks + rank); },
@@ -324,6 +377,7 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   const auto options =
       memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval);
   TrainerT trainer(*model, a.distributed.apply(a.checkpoints.apply(options, a.output_dir)), make_accum<Accum>(a));
+  a.memory.attach(trainer, "gritlm");  // --release_cache_every: on every rank
   trainer.set_run_config({{"model", memopt::io::to_json(model->config)},
                           {"embed_records", data_stats["embed_records"]}, {"gen_records", data_stats["gen_records"]},
                           {"batch_size", a.batch_size}, {"gen_batch_size", a.gen_batch_size},
@@ -357,7 +411,13 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
              before.retrieval_top1, before.retrieval_mrr, queries, tfidf_top1, tfidf_mrr, before.perplexity);
   std::fflush(stdout);
 
-  const auto result = trainer.fit(loader, *model);
+  auto& world = memopt::dist::world();
+  if (world.distributed())
+    fmt::print("gritlm: in-batch negatives from all {} ranks: each query against {} passages (--batch_size {} x "
+               "--group_size {} per rank)\n",
+               world.size(), world.size() * a.batch_size * a.group_size, a.batch_size, a.group_size);
+  memopt::dist::GatheredGritLoss loss{model, &world};  // in-batch negatives from every rank
+  const auto result = trainer.fit(loader, loss);
   if (examples::stopped_by_signal(result, trainer.steps_taken(), "gritlm")) return 0;
 
   const Eval after = evaluate(model, heldout);
@@ -545,6 +605,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
                    ? fmt::format(", grown to {} (each new row the mean of its rows)", config.vocab_size())
                    : std::string());
   }
+  config = a.memory.apply(config, "gritlm");  // --attention
 
   // ---- records, batches ----
   Data d = load_data(a);
@@ -557,6 +618,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
                                    .bucket(!a.no_bucket)
                                    .seed(a.seed);
   memopt::data::GritBatcher batcher(format, d.train.embed, d.train.gen, batcher_options);
+  a.workers = resolve_workers(a, batcher.stats().embed_records + batcher.stats().gen_records);
   fs::create_directories(a.output_dir);
   if (a.data_only) return data_only(a, batcher, a.output_dir);
   if (a.estimate_only || a.policies == "auto" || !a.memory_budget.empty()) {
@@ -585,14 +647,15 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
   fmt::print("gritlm: {}LLaMA {} layers, d{}, {} heads, vocab {} — {:.2f} M parameters; batch {} queries x {} passages "
-             "+ {} generative{}\n",
+             "+ {} generative{}; attention {}\n",
              a.init_model.empty() ? "" : fmt::format("pretrained ({}) ", a.init_model),
              model->config.num_hidden_layers(), model->config.hidden_size(), model->config.num_attention_heads(),
              model->config.vocab_size(), params / 1e6, a.batch_size, a.group_size,
              a.gen_batch_size,
              a.grad_cache_chunk > 0 ? fmt::format(", GradCache chunks of {}{}", a.grad_cache_chunk,
                                                   a.split_emb ? " (split_emb)" : "")
-                                    : std::string());
+                                    : std::string(),
+             a.memory.attention);
   std::fflush(stdout);
   model->to(examples::parse_device(a.device, "gritlm"));  // the Trainer follows the parameters: batches go there
   return train_with_flags(a, d, format, model, batcher, data_stats);
@@ -602,7 +665,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"GritLM-style contrastive + generative training with memopt (GradCache, bucketing, prefetch)"};
+  CLI::App app{"GritLM-style contrastive + generative training with memopt (GradCache, bucketing, prefetch; "
+                "under torchrun, in-batch negatives from every rank)"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--data", a.data, "folder with tokenizer.model (the tokenizer unless --tokenizer or --init_model "
                  "brings one)")->capture_default_str();
@@ -621,6 +685,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   a.checkpoints.add_to(app);
   a.distributed.add_to(app);
+  a.memory.add_to(app, 0);  // --attention, --release_cache_every (0: never, by default)
   app.add_option("--init_model", a.init_model, "start from this Hugging Face Llama folder (config.json + "
                  "model.safetensors or shards; its tokenizer.json or tokenizer.model is the default tokenizer); its "
                  "shape replaces --hidden_size/--layers/--heads (ignored), its embedding grows by the format symbols' "
@@ -647,7 +712,9 @@ int main(int argc, char** argv) {
   app.add_option("--layers", a.layers, "decoder blocks")->capture_default_str();
   app.add_option("--heads", a.heads, "attention heads")->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda[:N]: where the model trains")->capture_default_str();
-  app.add_option("--workers", a.workers, "batch-building threads (0: on the training thread)")->capture_default_str();
+  app.add_option("--workers", a.workers_flag, fmt::format("batch-building threads: auto (1 per {} train records, at "
+                 "least 1, at most 8 and the hardware threads) or a number (0: on the training thread)",
+                 kRecordsPerWorker))->capture_default_str();
   app.add_option("--prefetch", a.prefetch, "batches built ahead")->capture_default_str();
   app.add_flag("--no_bucket", a.no_bucket, "random batches instead of length-bucketed ones");
   app.add_flag("--data_only", a.data_only, "only time the data path (--steps batches)");

@@ -1,8 +1,9 @@
 // examples/common/policy_flags.hpp — the policy settings every example spells alike, with the
 // seeds' and earlier spellings as aliases of the same setting (never a second setting):
 //   --recompute every        = --gradient_checkpointing = --checkpoint every = --recompute every_block
-//   --precision bf16         = --mixed_precision
+//   --precision bf16         = --mixed_precision = --use_mixed_precision (TinyStories' spelling)
 //   --optimizer_state VALUE  = --offload VALUE; `none` = `resident` (AdamW's state where the weights are)
+//   --optimizer_state int8   = --use_8bit_optimizer (TinyStories' spelling)
 // Each value is stored as it is parsed, so the later of two spellings wins, as with any flag
 // given twice (the examples take the last of repeated options).
 #pragma once
@@ -28,10 +29,14 @@ inline CLI::Option* add_recompute_option(CLI::App& app, std::string& value, cons
   return option;
 }
 
-/// --precision VALUE and its alias --mixed_precision (= bf16: autocast, fp32 master weights).
+/// --precision VALUE and its aliases --mixed_precision and --use_mixed_precision (= bf16: autocast, fp32
+/// master weights).
 inline CLI::Option* add_precision_option(CLI::App& app, std::string& value, const std::string& help) {
   auto* option = app.add_option("--precision", value, help)->trigger_on_parse();
   app.add_flag_callback("--mixed_precision", [&value] { value = "bf16"; }, "= --precision bf16 (the seeds' spelling)")
+      ->trigger_on_parse();
+  app.add_flag_callback("--use_mixed_precision", [&value] { value = "bf16"; }, "= --precision bf16 (TinyStories' "
+                        "spelling)")
       ->trigger_on_parse();
   return option;
 }
@@ -44,6 +49,14 @@ inline CLI::Option* add_state_option(CLI::App& app, std::string& value, const st
   app.add_option("--offload", value, "= --optimizer_state (its earlier name)")->transform(to_resident)
       ->trigger_on_parse();
   return option;
+}
+
+/// --use_8bit_optimizer (TinyStories' spelling): = --optimizer_state int8, for the examples whose
+/// --optimizer_state takes int8 (add it after add_state_option).
+inline void add_8bit_optimizer_alias(CLI::App& app, std::string& value) {
+  app.add_flag_callback("--use_8bit_optimizer", [&value] { value = "int8"; }, "= --optimizer_state int8 "
+                        "(TinyStories' spelling: AdamW with 8-bit moments)")
+      ->trigger_on_parse();
 }
 
 /// Whether the user gave the setting in any of its spellings.

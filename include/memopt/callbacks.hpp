@@ -192,15 +192,21 @@ class ProgressBar : public Callback {
 };
 
 /// Every N steps, returns freed memory to the system: malloc_trim(0) on CPU (glibc keeps
-/// freed arenas otherwise), the caching allocator's empty_cache in CUDA builds.
+/// freed arenas otherwise), the caching allocator's empty_cache in CUDA builds. It runs on
+/// every rank of a data-parallel job; `barrier` (e.g. World::barrier) is called before the
+/// release, as accelerate's wait_for_everyone() around empty_cache(), so every rank releases
+/// at the same step and none while another still reduces.
+///   trainer.add_callback(std::make_shared<ReleaseCache>(10, [&world] { world.barrier("release"); }));
 class ReleaseCache : public Callback {
  public:
-  explicit ReleaseCache(int64_t every_n_steps) : every_(every_n_steps) {
+  explicit ReleaseCache(int64_t every_n_steps, std::function<void()> barrier = {})
+      : every_(every_n_steps), barrier_(std::move(barrier)) {
     TORCH_CHECK(every_n_steps >= 1, "memopt::callbacks::ReleaseCache: every_n_steps must be >= 1 (got ",
                 every_n_steps, "). HINT: use 1 to release after every step.");
   }
   void on_step_end(const StepStats& s) override {
     if (s.step % every_ != 0) return;
+    if (barrier_) barrier_();
     malloc_trim(0);
 #if MEMOPT_HAS_CUDA
     c10::cuda::CUDACachingAllocator::emptyCache();
@@ -211,6 +217,7 @@ class ReleaseCache : public Callback {
 
  private:
   int64_t every_;
+  std::function<void()> barrier_;
   int64_t releases_ = 0;
 };
 

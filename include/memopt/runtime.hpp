@@ -71,6 +71,8 @@ inline void init(const RuntimeOptions& options = {}) {
                              ? memory::AllocatorOptions::from_env()
                              : memory::AllocatorOptions::parse(options.alloc_conf(), "RuntimeOptions::alloc_conf");
   allocator.apply();  // before any tensor: arena and threshold settings shape every allocation
+  if (!allocator.cuda().empty() && (!MEMOPT_HAS_CUDA || !torch::cuda::is_available()))
+    std::fputs(allocator.cpu_warning().c_str(), stderr);  // CUDA keys with no GPU to use them: say so
   if (options.track_memory()) memory::Tracker::install();
   at::set_num_threads(options.threads() > 0 ? options.threads() : default_threads());
 }

@@ -315,6 +315,13 @@ TEST_CASE("estimate_memory_usage: a whole dataset against a stream", "[data][str
   CHECK(e.full_load_bytes == int64_t{100000} * 256 * 16);
   CHECK(e.streaming_bytes == int64_t{1000} * 257 * 4 + 5 * 8 * 256 * 16);
   CHECK(e.ratio() > 100);
+  // The seed's counting and keys (its guide: 100K x 128 tokens x 2 x 4 bytes = ~100 MB against
+  // 32 x 128 x 2 x 4 bytes = 0.03 MB, savings 99.97%).
+  const auto seed = memopt::data::estimate_memory_usage(100000, 128, 32);
+  CHECK(seed.full_load_mb == Approx(100000.0 * 128 * 2 * 4 / 1048576).epsilon(1e-12));  // 97.66
+  CHECK(seed.streaming_mb == Approx(0.03125).epsilon(1e-12));
+  CHECK(seed.memory_savings == "99.97%");
+  CHECK(memopt::data::estimate_memory_usage(0, 128, 32).memory_savings == "0.00%");
   require_error([] { memopt::data::estimate_memory_usage(10, 0, 8); }, {"seq_len >= 1"}, "memopt::data");
 }
 

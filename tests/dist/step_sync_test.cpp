@@ -108,12 +108,17 @@ TEST_CASE("Callbacks run on every rank, reporters on rank 0 only", "[dist]") {
   Fp32Trainer trainer(*model, base_options().max_steps(3));
   auto count = std::make_shared<Count>();
   auto reporter = std::make_shared<Reporter>();
-  auto release = std::make_shared<memopt::callbacks::ReleaseCache>(1);
+  int64_t barriers = 0;  // the release waits for every rank first
+  auto release = std::make_shared<memopt::callbacks::ReleaseCache>(1, [&] {
+    world.barrier("release cache");
+    ++barriers;
+  });
   trainer.add_callback(count).add_callback(reporter).add_callback(release);
   trainer.fit(slice, memopt::LossSum<memopt::models::Llama>{&model});
   INFO("rank " << world.rank());
   CHECK(count->ends == 3);
   CHECK(release->releases() == 3);  // frees memory on rank 1 too
+  CHECK(barriers == 3);
   CHECK(reporter->ends == (world.rank() == 0 ? 3 : 0));
 }
 

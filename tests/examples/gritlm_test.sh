@@ -2,12 +2,16 @@
 # examples/03_gritlm end to end on a tiny generated Brown-format corpus (3 genres, prepared by
 # memopt_prepare_corpus) and a King James-format one (3 books, hard negatives from other chapters
 # of the same book): plain, GradCache, split_emb and checkpointed bf16 runs train and
-# evaluate; the number of data workers does not change the result; the data-path timer runs;
+# evaluate; --attention sdpa and blockwise train, step 1's loss within 1e-4 of math's;
+# --release_cache_every 1 runs; --workers defaults to auto (1 thread for this data, said so);
+# the number of data workers does not change the result; the data-path timer runs;
 # --memory_trace writes a Chrome trace; a run resumed from a checkpoint ends bit for bit as the
 # one that wrote it; the saved model (with its tokenizer) loads with --init_model and evaluates as it
 # ended; a Hugging Face checkpoint made here with transformers loads with its tokenizer.json, its
 # embedding grown by the format symbols' mean rows; users' JSONL data trains,
-# with malformed lines skipped (counted) or fatal (file:line). Then
+# with malformed lines skipped (counted) or fatal (file:line); 2 ranks (started by hand, as
+# torchrun would) on batches of 2 queries have step 1's loss and gradient norm of one process on
+# the global batch of 4, plain and with GradCache (in-batch negatives gathered across ranks). Then
 # bad input: each case must exit 1 (not crash) with a message naming the flag and the value
 # seen, and a HINT.
 # Usage: gritlm_test.sh path/to/gritlm path/to/memopt_prepare_corpus
@@ -40,6 +44,13 @@ expect_run() {  # expect_run NAME ARGS... : exit 0, before/after evaluation, a s
   fi
 }
 final_loss() { grep -o '"final_loss":[^,]*' "$1/metrics.jsonl" | tail -1; }
+# first DIR FIELD: FIELD (loss, grad_norm) of DIR/metrics.jsonl's first train line (step 1, before any update).
+first() { grep '"event":"train"' "$1/metrics.jsonl" 2> /dev/null | head -1 | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }
+# rel_close X Y REL: whether |X - Y| <= REL·|Y| (decimals; false when either is empty).
+rel_close() {
+  [ -n "$1" ] && [ -n "$2" ] && awk -v x="$1" -v y="$2" -v r="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; if (y < 0) y = -y
+    exit !(d <= r * y) }'
+}
 
 expect_run plain --output_dir "$tmp/plain"
 expect_run gradcache --output_dir "$tmp/gc" --grad_cache_chunk 2
@@ -93,6 +104,18 @@ expect_run ckpt_bf16_gradcache --output_dir "$tmp/ckpt" --grad_cache_chunk 3 --g
 expect_run accum_token_loss --output_dir "$tmp/accum" --grad_accum 2 --gen_loss_type token --no_bucket
 expect_run workers_0 --output_dir "$tmp/w0" --workers 0
 expect_run workers_3 --output_dir "$tmp/w3" --workers 3 --prefetch 2
+expect_run release_cache --output_dir "$tmp/release" --release_cache_every 1
+# --attention: the same model through LibTorch's SDPA or the blockwise kernel (padding masked in
+# the bidirectional embedding pass). Step 1's loss comes before any update: equal to math's but for
+# fp32 summation order, times 1/temperature = 50 in the scores.
+for kind in sdpa blockwise; do
+  if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/$kind" --attention "$kind" 2>&1) && grep -q "after 2 steps" <<<"$out" &&
+     grep -q "; attention $kind" <<<"$out" && rel_close "$(first "$tmp/$kind" loss)" "$(first "$tmp/plain" loss)" 1e-4; then
+    ok "--attention $kind trains; step 1's loss $(first "$tmp/$kind" loss), math's $(first "$tmp/plain" loss)"
+  else
+    fail "--attention $kind: step 1's loss '$(first "$tmp/$kind" loss)' vs math's '$(first "$tmp/plain" loss)': $out"
+  fi
+done
 a=$(final_loss "$tmp/plain" | cut -d: -f2)
 b=$(final_loss "$tmp/gc" | cut -d: -f2)
 if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * (a > 1 ? a : 1)) }'
@@ -183,6 +206,14 @@ fi
 
 mkdir -p "$tmp/other_vocab" && cp "$tmp/plain/model/model.safetensors" "$tmp/other_vocab/" &&
   sed 's/"vocab_size": *[0-9]*/"vocab_size": 100/' "$tmp/plain/model/config.json" > "$tmp/other_vocab/config.json"
+# --workers auto (the default): 1 per 2000 train records, at least 1 — this corpus's few hundred give 1
+if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/dataonly_auto" --data_only 2>&1) &&
+   grep -q "data: --workers auto -> 1 batch-building thread (1 per 2000 of the [0-9]* train records" <<<"$out" &&
+   grep -q "data path: 2 batches, 1 workers" <<<"$out"; then
+  ok "--workers auto by default: $(grep -m1 -o 'workers auto -> .*' <<<"$out" | head -c 120)"
+else
+  fail "workers auto: $out"
+fi
 if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/dataonly" --data_only --workers 2 2>&1) &&
    grep -q "data path: 2 batches, 2 workers" <<<"$out" && grep -q '"batches_per_s"' "$tmp/dataonly/metrics.jsonl"; then
   ok "data_only times the data path"
@@ -207,6 +238,39 @@ if out=$("$bin" "${tiny[@]}" --output_dir "$tmp/jsonl" --embed_jsonl "$tmp/embed
 else
   fail "JSONL skip (TF-IDF MRR $(field "$tmp/jsonl" tfidf_mrr)): $out"
 fi
+
+# ---- data parallel: 2 ranks of --batch_size 2 against one process of --batch_size 4 on the same
+# records: contrastive-only JSONL data (the generative loss is a per-rank token mean), --no_bucket
+# (batch b holds records [bB, (b+1)B) of the epoch's order: rank r's first batch, b = r, is the
+# one process's rows [2r, 2r + 2)). Each rank scores its queries against both ranks' passages, so
+# step 1's loss and gradient norm are the one process's, up to fp32 summation order; without the
+# gather each query would see 4 passages instead of 8 (a loss ~log 2 lower at the start).
+dp=(--embed_jsonl "$tmp/embed.jsonl" --heldout_embed_jsonl "$tmp/embed.jsonl" --no_bucket --eval_gen 0)
+two_ranks() {  # two_ranks OUT ARGS...: both ranks on loopback (the variables torchrun sets); logs OUT.rank{0,1}.log
+  local out="$1" port=$(( 20000 + RANDOM % 30000 )) pid rc
+  shift
+  RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MEMOPT_DIST_TIMEOUT=60 \
+    "$bin" "$@" --output_dir "$out" > "$out.rank1.log" 2>&1 &
+  pid=$!
+  RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MEMOPT_DIST_TIMEOUT=60 \
+    "$bin" "$@" --output_dir "$out" > "$out.rank0.log" 2>&1
+  rc=$?
+  wait "$pid" || rc=1
+  return "$rc"
+}
+"$bin" "${tiny[@]}" "${dp[@]}" --batch_size 4 --output_dir "$tmp/dp_one" > "$tmp/dp_one.log" 2>&1 ||
+  fail "data parallel: the one-process run on 4 queries failed: $(tail -3 "$tmp/dp_one.log")"
+for chunk in 0 1; do
+  run="$tmp/dp_chunk$chunk"
+  if two_ranks "$run" "${tiny[@]}" "${dp[@]}" --batch_size 2 --grad_cache_chunk "$chunk" &&
+     grep -q "in-batch negatives from all 2 ranks: each query against 8 passages" "$run.rank0.log" &&
+     rel_close "$(first "$run" loss)" "$(first "$tmp/dp_one" loss)" 1e-5 &&
+     rel_close "$(first "$run" grad_norm)" "$(first "$tmp/dp_one" grad_norm)" 1e-4; then
+    ok "2 ranks x 2 queries (--grad_cache_chunk $chunk): step 1's loss $(first "$run" loss), grad norm $(first "$run" grad_norm): one process's on 4 queries"
+  else
+    fail "2 ranks (--grad_cache_chunk $chunk): loss '$(first "$run" loss)' vs '$(first "$tmp/dp_one" loss)', grad norm '$(first "$run" grad_norm)' vs '$(first "$tmp/dp_one" grad_norm)': $(tail -5 "$run.rank0.log") $(tail -5 "$run.rank1.log")"
+  fi
+done
 
 # ---- CUDA (where a GPU is visible): plain, and GradCache with checkpointing and bf16 ----
 if has_gpu; then
@@ -236,6 +300,9 @@ expect_error bad_budget "memory_budget must be a positive size .*got '12parsecs'
 expect_error split_emb_auto "split_emb fixes GradCache's layout" --grad_cache_chunk 2 --split_emb --policies auto
 expect_error impossible_budget "no policy combination fits .*smallest chunk" --policies auto --memory_budget 1KiB
 expect_error negative_workers "workers must be >= 0 \(got -1\)" --workers -1
+expect_error workers_word "workers must be auto or a number of threads \(got 'many'\)" --workers many
+expect_error bad_attention "attention must be math, blockwise or sdpa \(got 'flash'\)" --attention flash
+expect_error negative_release "release_cache_every must be >= 0 \(got -1\)" --release_cache_every -1
 expect_error missing_jsonl "$tmp/none.jsonl" --embed_jsonl "$tmp/none.jsonl"
 expect_error missing_raw "King James text '$tmp/no_raw' does not exist" --raw "$tmp/no_raw"
 mkdir -p "$tmp/kjv_bad" && sed '3s/^Ge1:3 /Ge1-3 /' "$tmp/kjv_raw/kjv.txt" > "$tmp/kjv_bad/kjv.txt"

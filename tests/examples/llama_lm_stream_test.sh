@@ -50,6 +50,31 @@ else
   fail "--epochs 1: $(tail -5 <<<"$out")"
 fi
 
+# ---- --epochs without --steps: the run is the epochs; a counting pass sets the schedule's length ----
+unbounded=()
+for ((i = 0; i < ${#job[@]}; i++)); do
+  if [ "${job[i]}" = --steps ]; then i=$((i + 1)); else unbounded+=("${job[i]}"); fi
+done
+out=$("$bin" "${unbounded[@]}" --dataset "$tmp/train.jsonl" --output_dir "$tmp/epochs" --epochs 2 2>&1)
+counted=$(sed -n 's/.*--epochs 2: \([0-9]*\) optimizer steps (counted.*/\1/p' <<<"$out")
+ran=$(sed -n 's/^held-out loss after \([0-9]*\) steps.*/\1/p' <<<"$out")
+if [ -n "$counted" ] && [ "$counted" -gt 8 ] && [ "$ran" = "$counted" ] && ! grep -q "the data ran out" <<<"$out"; then
+  ok "--epochs 2 without --steps: $counted steps counted, $ran trained, the schedule spanning them"
+else
+  fail "--epochs without --steps: counted '$counted', ran '$ran': $(tail -5 <<<"$out")"
+fi
+
+# ---- streaming is the default with --dataset (TinyStories' train_optimized.py); --dataset-id is local ----
+plain=()
+for arg in "${unbounded[@]}"; do [ "$arg" = --use-streaming ] || plain+=("$arg"); done
+out=$("$bin" "${plain[@]}" --dataset-id "$tmp/train.jsonl" --output_dir "$tmp/default" \
+      --steps 2 2>&1)
+if [ $? -eq 0 ] && grep -q "streaming 1 file(s)" <<<"$out" && grep -q "the seed's count: .* savings" <<<"$out"; then
+  ok "--dataset-id streams by default: $(grep -m1 'streaming 1 file' <<<"$out" | cut -c1-90)"
+else
+  fail "streaming by default: $(tail -5 <<<"$out")"
+fi
+
 # ---- loaded whole, and --target-params ----
 out=$("$bin" "${job[@]}" --use_streaming=false --dataset "$tmp/data/train.txt" --output_dir "$tmp/whole" \
       --target-params 60k 2>&1)

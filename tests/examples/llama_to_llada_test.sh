@@ -4,8 +4,11 @@
 # and saves; a saved student loads back as --student_model; a run of 2 steps resumed to 4
 # (--resume latest) ends with the student of 4 steps in one go; a Hugging Face teacher made here
 # with transformers brings its tokenizer.json, its held-out loss is transformers' own, and the
-# student's vocabulary is its padded vocab_size + 1. Then bad input: each case must
-# exit 1 (not crash) with a message naming the file/option and the value seen, and a HINT.
+# student's vocabulary is its padded vocab_size + 1. comprehensive is the original's list (dense KD,
+# an fp32 teacher; TF32 and cuDNN benchmarking, applied on CUDA only); memopt's levers
+# (--kd_top_k, --teacher_precision or its alias --teacher_dtype, --attention,
+# --release_cache_every) opt in, and metrics.jsonl's start line shows each. Then bad input: each
+# case must exit 1 (not crash) with a message naming the file/option and the value seen, and a HINT.
 # Usage: llama_to_llada_test.sh path/to/llama_to_llada
 set -uo pipefail
 bin="$1"
@@ -87,6 +90,56 @@ expect_run comprehensive_sparse_kd --teacher_model "$tmp/teacher" --output_dir "
 expect_run student_from_checkpoint --teacher_model "$tmp/teacher" --output_dir "$tmp/again" \
   --student_model "$tmp/simple/student" --strategy simple --alpha 0
 
+# ---- the presets are the originals' lists; memopt's levers opt in ----
+# expect_start NAME DIR WANT REGEXES ARGS...: a 2-step run from $tmp/teacher into DIR (expect_run's
+# checks) whose metrics.jsonl start line holds every "key":value of WANT (space-separated), whose
+# summary says 2 steps, and whose output has a line matching each line of REGEXES (grep -E).
+expect_start() {
+  local name="$1" dir="$2" want="$3" regexes="$4" out start kv regex
+  shift 4
+  if ! out=$("$bin" "${tiny[@]}" --teacher_model "$tmp/teacher" --output_dir "$dir" "$@" 2>&1); then
+    fail "$name: exit code != 0. Output: $out"
+    return
+  fi
+  start=$(grep '"event":"start"' "$dir/metrics.jsonl" 2>/dev/null | tail -1)
+  for kv in $want; do
+    if ! grep -qF -e "$kv" <<<"$start"; then
+      fail "$name: the start line lacks $kv: $start"
+      return
+    fi
+  done
+  if ! grep '"event":"summary"' "$dir/metrics.jsonl" 2>/dev/null | grep -q '"steps":2[,}]'; then
+    fail "$name: no summary of 2 steps in $dir/metrics.jsonl: $(cat "$dir/metrics.jsonl" 2>/dev/null)"
+    return
+  elif ! grep -q "held-out masked-token CE" <<<"$out"; then
+    fail "$name: no evaluation in the output: $out"
+    return
+  fi
+  while IFS= read -r regex; do
+    if ! grep -Eq -e "$regex" <<<"$out"; then
+      fail "$name: no line matching /$regex/: $out"
+      return
+    fi
+  done <<<"$regexes"
+  ok "$name: $(grep -m1 -E -e "$(head -n1 <<<"$regexes")" <<<"$out" | head -c 160)"
+}
+
+# comprehensive: dense KD, an fp32 teacher; TF32 and cuDNN benchmarking on, said not to apply on the CPU
+expect_start comprehensive_is_the_original "$tmp/comp_orig" \
+  '"strategy":"comprehensive" "kd_top_k":0 "teacher_precision":"fp32" "attention":"math" "release_cache_every":10 "tf32":true "cudnn_benchmark":true' \
+  '^student: .*teacher fp32 inference-mode, KD top-k 0 \(dense\)
+^cuda: tf32 true, cudnn benchmark true: CUDA only, not applied' --strategy comprehensive
+expect_start opt_in_sparse_kd_bf16_teacher "$tmp/opt_in" \
+  '"kd_top_k":8 "teacher_precision":"bf16" "tf32":false "cudnn_benchmark":true' \
+  '^student: .*teacher bf16 inference-mode, KD top-k 8 \(sparse\)' \
+  --strategy comprehensive --kd_top_k 8 --teacher_precision bf16 --tf32 false
+expect_start teacher_dtype_alias_later_wins "$tmp/alias" '"teacher_precision":"bf16"' \
+  '^student: .*teacher bf16 inference-mode' --strategy simple --teacher_precision fp32 --teacher_dtype bf16
+expect_start attention_sdpa "$tmp/sdpa" '"attention":"sdpa"' '^student: .*attention sdpa' \
+  --strategy simple --attention sdpa
+expect_start release_cache_every_step "$tmp/release" '"strategy":"none" "release_cache_every":1' \
+  '^student: .*cache release every 1 steps' --strategy none --release_cache_every 1
+
 # ---- CUDA (where a GPU is visible): student on the GPU, teacher on the CPU, and both on the GPU ----
 if has_gpu; then
   expect_run cuda_student_cpu_teacher --teacher_model "$tmp/teacher" --output_dir "$tmp/cuda_split" \
@@ -94,8 +147,10 @@ if has_gpu; then
   expect_run cuda_both --teacher_model "$tmp/teacher" --output_dir "$tmp/cuda_both" --device cuda:0
   expect_run cuda_comprehensive_bf16 --teacher_model "$tmp/teacher" --output_dir "$tmp/cuda_comp" --device cuda \
     --strategy comprehensive --gradient_accumulation_steps 2 --kd_top_k 8 --mixed_precision
+  expect_start cuda_comprehensive_tf32_cudnn_benchmark "$tmp/cuda_tf32" '"tf32":true "cudnn_benchmark":true' \
+    '^cuda: tf32 true, cudnn benchmark true$' --device cuda --strategy comprehensive
 else
-  skip_runs 3 "--device cuda runs"
+  skip_runs 4 "--device cuda runs"
 fi
 
 # ---- a Hugging Face teacher (transformers' save_pretrained, vocab_size padded past its tokenizer's)
@@ -107,7 +162,7 @@ if hf_python 4 "Hugging Face teacher cases" &&
 then
   want=$(sed -n 's/^loss //p' "$tmp/hf.log")
   out=$("$bin" "${base[@]}" --teacher_model "$tmp/hf" --output_dir "$tmp/hf_run" --strategy comprehensive \
-        --kd_top_k 8 --precision fp32 --teacher_dtype fp32 2>&1)
+        --kd_top_k 8 --precision fp32 --teacher_precision fp32 2>&1)
   rc=$?
   got=$(grep -o '"teacher_loss":[^,}]*' "$tmp/hf_run/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
   student_vocab=$(grep -o '"vocab_size": *[0-9]*' "$tmp/hf_run/student/config.json" 2>/dev/null | grep -o '[0-9]*$')
@@ -167,6 +222,10 @@ expect_error bad_device "device must be cpu or cuda\[:N\] \(got 'tpu'\)" --teach
   --output_dir "$tmp/e8" --device tpu
 expect_error bad_teacher_device "teacher_device must be cpu or cuda\[:N\] \(got 'gpu'\)" \
   --teacher_model "$tmp/teacher" --output_dir "$tmp/e9" --teacher_device gpu
+expect_error bad_attention "attention must be math, blockwise or sdpa \(got 'bogus'\)" \
+  --teacher_model "$tmp/teacher" --output_dir "$tmp/e11" --attention bogus
+expect_error negative_release_cache_every "release_cache_every must be >= 0 \(got -1\)" \
+  --teacher_model "$tmp/teacher" --output_dir "$tmp/e12" --release_cache_every -1
 if ! nvidia-smi -L > /dev/null 2>&1; then  # no GPU here: a CUDA run must stop at start, saying why
   expect_error cuda_without_gpu "teacher_device cuda: (no CUDA GPU is visible|this build's LibTorch .* has no CUDA)" \
     --teacher_model "$tmp/teacher" --output_dir "$tmp/e10" --teacher_device cuda

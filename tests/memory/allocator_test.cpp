@@ -20,6 +20,10 @@ TEST_CASE("allocator settings: parsed with units, applied by mallopt, bad input 
   CHECK(o.top_pad() == 0);
   CHECK(o.cuda() == "expandable_segments:True,max_split_size_mb:128");  // passed through to CUDA's allocator
   CHECK_NOTHROW(o.apply());
+  // A CPU build cannot apply the CUDA keys: it says so in one line naming them, never silently.
+  CHECK(o.cpu_warning().find("'expandable_segments:True,max_split_size_mb:128' do nothing") != std::string::npos);
+  CHECK(o.cpu_warning().find("HINT") != std::string::npos);
+  CHECK(AllocatorOptions::parse("arena_max:2").cpu_warning().empty());
   CHECK(AllocatorOptions::parse("").empty());
   CHECK_NOTHROW(AllocatorOptions().apply());  // nothing set: glibc's defaults stay
   // memopt's default for training: every block from the heap, 1 GB kept at its top; the other keys override it.

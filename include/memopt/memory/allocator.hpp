@@ -13,6 +13,7 @@
 
 #include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -145,6 +146,16 @@ struct AllocatorOptions {
 #if MEMOPT_HAS_CUDA
     if (!cuda_.empty()) ::setenv("PYTORCH_CUDA_ALLOC_CONF", cuda_.c_str(), /*overwrite=*/1);
 #endif
+  }
+
+  /// The line to print when the settings name CUDA allocator keys but no GPU will use them ("" when
+  /// there are none): a CPU build, or a CUDA build on a machine without a GPU. The keys are checked
+  /// and passed on, never silently dropped (memopt::init() prints it).
+  std::string cpu_warning() const {
+    if (cuda_.empty()) return "";
+    return std::string("memopt: warning: the CUDA allocator settings '") + cuda_ + "' do nothing here (" +
+           (MEMOPT_HAS_CUDA ? "no CUDA device visible" : "a CPU build of memopt") + "). HINT: on CPU only preset, "
+           "arena_max, trim_threshold, mmap_threshold, mmap_max and top_pad act\n";
   }
 
  private:

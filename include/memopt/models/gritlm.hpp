@@ -135,12 +135,21 @@ class GritLMImpl : public torch::nn::Cloneable<GritLMImpl> {
   /// so dropout draws the same masks).
   template <RecomputePolicy Recompute>
   torch::Tensor operator()(const data::GritBatch& b, const Recompute& ckpt) {
+    return loss_with(b, ckpt, [this](const data::GritBatch& batch, const std::vector<torch::Tensor>& reps) {
+      return rep_loss(batch, reps);
+    });
+  }
+
+  /// The whole loss, as operator(), with `score(b, {q, p})` in place of rep_loss (a cross-rank
+  /// one: dist/grit_loss.hpp).
+  template <RecomputePolicy Recompute, class Score>
+  torch::Tensor loss_with(const data::GritBatch& b, const Recompute& ckpt, Score&& score) {
     torch::Tensor loss = torch::zeros({}, torch::TensorOptions().device(lm_head->weight.device()));
     if (gen_rows(b) > 0) loss = loss + gen_loss(b, 0, gen_rows(b), ckpt);
     if (roles(b) > 0) {
       auto q = encode(b, 0, 0, rows(b, 0), ckpt);  // (B, C)
       auto p = encode(b, 1, 0, rows(b, 1), ckpt);  // (B·G, C)
-      loss = loss + rep_loss(b, {q, p});
+      loss = loss + score(b, std::vector<torch::Tensor>{q, p});
     }
     return loss;
   }

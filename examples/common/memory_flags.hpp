@@ -1,0 +1,72 @@
+// examples/common/memory_flags.hpp — the memory levers every example spells alike, besides the
+// policies (policy_flags.hpp):
+//   --attention math|blockwise|sdpa   which attention the model runs (memopt/nn/attention.hpp)
+//   --release_cache_every N           every N steps, on every rank (after a barrier when data
+//                                     parallel), give freed memory back: malloc_trim on CPU, the
+//                                     CUDA caching allocator's cache in CUDA builds (0: never)
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include <memopt/callbacks.hpp>
+#include <memopt/dist.hpp>
+#include <memopt/models/llama.hpp>
+
+namespace examples {
+
+struct MemoryFlags {
+  std::string attention = "math";
+  int64_t release_cache_every = 0;
+
+  /// Adds the flags; `release_default` is the example's default of --release_cache_every.
+  void add_to(CLI::App& app, int64_t release_default = 0) {
+    release_cache_every = release_default;
+    app.add_option("--attention", attention,
+                   "math: (B, H, T, T) scores, dropout allowed | blockwise: memory linear in T | sdpa: LibTorch's "
+                   "scaled_dot_product_attention (its flash / memory-efficient kernels where they apply)")
+        ->capture_default_str();
+    app.add_option("--release_cache_every", release_cache_every,
+                   "steps between releases of freed memory on every rank (malloc_trim; CUDA builds: "
+                   "empty_cache), after a barrier when data parallel (0: never)")
+        ->capture_default_str();
+  }
+
+  /// --attention as the model's AttentionKind; an error naming `who` and the value otherwise.
+  memopt::nn::AttentionKind attention_kind(const char* who) const {
+    if (attention == "math") return memopt::nn::AttentionKind::kMath;
+    if (attention == "blockwise") return memopt::nn::AttentionKind::kBlockwise;
+    TORCH_CHECK(attention == "sdpa", who, ": --attention must be math, blockwise or sdpa (got '", attention,
+                "'). HINT: sdpa is flash attention's counterpart (memory linear in the sequence length); math is the "
+                "only one with attention dropout");
+    return memopt::nn::AttentionKind::kSdpa;
+  }
+
+  /// Both flags' values, checked before any data is read: an error naming `who` and the value.
+  void check(const char* who) const {
+    (void)attention_kind(who);
+    TORCH_CHECK(release_cache_every >= 0, who, ": --release_cache_every must be >= 0 (got ", release_cache_every,
+                "). HINT: 10 releases every 10 steps; 0 never");
+  }
+
+  /// `config` with --attention applied (checked, naming `who`).
+  memopt::models::LlamaConfig apply(memopt::models::LlamaConfig config, const char* who) const {
+    return config.attention_kind(attention_kind(who));
+  }
+
+  /// Adds the cache release to `trainer` when asked: on every rank, with a barrier before the
+  /// release when the job has several ranks (so no rank frees while another still reduces).
+  template <class TrainerT>
+  void attach(TrainerT& trainer, const char* who) const {
+    check(who);
+    if (release_cache_every == 0) return;
+    auto& world = memopt::dist::world();
+    std::function<void()> barrier;
+    if (world.distributed()) barrier = [&world] { world.barrier("release cache"); };
+    trainer.add_callback(std::make_shared<memopt::callbacks::ReleaseCache>(release_cache_every, std::move(barrier)));
+  }
+};
+
+}  // namespace examples
