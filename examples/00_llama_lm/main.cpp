@@ -5,7 +5,7 @@
 // compiled combination whose estimated peak fits, at the largest micro-batch that fits;
 // --calibrate corrects the estimate by measuring the choice's real step.
 // Either way the choice runs as a compiled instantiation (memopt::dispatch over
-// memopt::StandardTrainers). --estimate_only prints the memory estimate and stops. It
+// memopt::StandardTrainers, plus state::PinnedHost for CUDA runs). --estimate_only prints the memory estimate and stops. It
 // evaluates held-out perplexity before and after, prints a memory report (with the estimate
 // next to the measured peak) and a generated sample. Never loses a run: --save_every N
 // checkpoints to OUTPUT_DIR/checkpoints, SIGTERM/SIGINT save and exit 0, --resume latest
@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -55,6 +56,23 @@
 namespace {
 
 namespace fs = std::filesystem;
+
+// What llama_lm compiles: memopt::StandardTrainers (4 recompute x 4 precision x resident, int8,
+// disk), plus --optimizer_state pinned-host (the AdamW state in pinned host memory, copied in
+// and out around each step: CUDA training only) with recompute none/every x fp32/bf16.
+using LlamaLmTrainers = typename memopt::detail::Concat<
+    memopt::TypeList<>, memopt::StandardTrainers,
+    memopt::TrainerProductT<memopt::TypeList<memopt::recompute::None, memopt::recompute::EveryBlock>,
+                            memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast>,
+                            memopt::TypeList<memopt::state::PinnedHost>>>::type;
+
+// The combinations the planner may choose on `device`: pinned-host only for a CUDA device.
+std::vector<memopt::memory::PolicyDesc> plannable(const torch::Device& device) {
+  auto all = memopt::candidates<LlamaLmTrainers>();
+  if (!device.is_cuda())
+    std::erase_if(all, [](const memopt::memory::PolicyDesc& d) { return d.state.flag == "pinned-host"; });
+  return all;
+}
 
 struct Args {
   std::string data = "data/kjv";
@@ -253,7 +271,10 @@ int run(const Args& a) {
   TORCH_CHECK(a.seq_len <= max_positions, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
               pretrained ? "max_position_embeddings in " + a.init_model + "/config.json: " : "--max_seq_len ",
               max_positions, "). HINT: lower --seq_len", pretrained ? "." : " or raise --max_seq_len.");
-  auto policies = memopt::parse_policies<memopt::StandardTrainers>(a.recompute, a.precision, a.optimizer_state, a.accum);
+  TORCH_CHECK(a.optimizer_state != "pinned-host" || device.is_cuda(), "llama_lm: --optimizer_state pinned-host keeps "
+              "AdamW's state in pinned host memory for training on a GPU (got --device ", device.str(), "). HINT: "
+              "use --device cuda; on the CPU the state is in host memory already (resident), or use int8 or disk");
+  auto policies = memopt::parse_policies<LlamaLmTrainers>(a.recompute, a.precision, a.optimizer_state, a.accum);
   const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
   TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_lm: --policies must be fixed or auto (got '",
               a.policies, "'). HINT: auto picks the fastest combination that fits --memory_budget.");
@@ -265,7 +286,7 @@ int run(const Args& a) {
                            .max_steps(a.steps)
                            .log_interval(a.log_interval);
   options = a.checkpoints.apply(options, a.output_dir).memory_budget(budget);  // the run adapts if the plan misses
-  options = a.distributed.apply(options);
+  options = a.memory.options(a.distributed.apply(options));  // --preserve_rng_state
   auto& world = examples::join_world("llama_lm");  // torchrun: each rank trains on its rows of every batch
   options.validate();  // --save_every, --keep_checkpoints, --max_skips too
 
@@ -352,7 +373,7 @@ int run(const Args& a) {
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
   const auto desc = memopt::models::describe(config);
   int64_t micro_batch = a.micro_batch;
-  const auto measure = memopt::probe_steps<memopt::StandardTrainers>(  // --calibrate's real steps
+  const auto measure = memopt::probe_steps<LlamaLmTrainers>(  // --calibrate's real steps
       options, [&] { return memopt::models::Llama(config); },
       [&](int64_t micro) {  // the probe's data only needs the right shape: held-out windows when streaming
         return memopt::data::RandomWindowLoader(train ? train : val, memopt::data::LoaderOptions(micro, a.seq_len));
@@ -360,7 +381,7 @@ int run(const Args& a) {
       [](memopt::models::Llama& probe) { return memopt::LossSum<memopt::models::Llama>{&probe}; });
   if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder for these policies
     const auto chosen = memopt::choose_policies(
-        desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::StandardTrainers>(),
+        desc, a.seq_len, policies, a.policies == "auto", plannable(device),
         memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
             .machine(memopt::MachineModel::from_device(device)),
         a.calibrate ? measure : memopt::MeasureStep());
@@ -398,7 +419,7 @@ int run(const Args& a) {
 
   // The run-time choice becomes a compiled Trainer: no runtime branch on a policy in the loop.
   const auto train_on = [&](auto& loader) {
-    return memopt::dispatch<memopt::StandardTrainers>(policies, [&]<class T>(std::type_identity<T>) {
+    return memopt::dispatch<LlamaLmTrainers>(policies, [&]<class T>(std::type_identity<T>) {
       T trainer(*model, options);
       nlohmann::json run = {{"vocab", config.vocab_size()}, {"layers", config.num_hidden_layers()},
                             {"dim", config.hidden_size()}, {"heads", config.num_attention_heads()},
@@ -520,7 +541,8 @@ int main(int argc, char** argv) {
                                  "fp32 | bf16 | bf16-pure | fp16 (CUDA) | auto (bf16 where measured faster)")
       ->capture_default_str();
   app.add_option(examples::kAccum, a.accum, "micro-batches per optimizer step")->capture_default_str();
-  examples::add_state_option(app, a.optimizer_state, "resident | int8 | disk")->capture_default_str();
+  examples::add_state_option(app, a.optimizer_state, "resident | int8 | disk | pinned-host (CUDA; with --recompute "
+                             "none or every and --precision fp32 or bf16)")->capture_default_str();
   examples::add_8bit_optimizer_alias(app, a.optimizer_state);
   a.memory.add_to(app);
   app.add_option("--policies", a.policies, "fixed: the flags above; auto: the planner picks for --memory_budget")

@@ -291,7 +291,7 @@ int with_policies(const Plan& p, F&& f) {
 }
 
 memopt::TrainerOptions trainer_options(const Args& a, const Plan& p, double lr, int64_t steps) {
-  return a.distributed.apply(memopt::TrainerOptions())
+  return a.memory.options(a.distributed.apply(memopt::TrainerOptions()))  // --preserve_rng_state
       .lr(lr)
       .weight_decay(a.weight_decay)
       .param_specific_decay(p.param_specific_decay)

@@ -376,7 +376,8 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
   using TrainerT = memopt::Trainer<Recompute, Precision, Accum>;
   const auto options =
       memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval);
-  TrainerT trainer(*model, a.distributed.apply(a.checkpoints.apply(options, a.output_dir)), make_accum<Accum>(a));
+  TrainerT trainer(*model, a.memory.options(a.distributed.apply(a.checkpoints.apply(options, a.output_dir))),
+                   make_accum<Accum>(a));
   a.memory.attach(trainer, "gritlm");  // --release_cache_every: on every rank
   trainer.set_run_config({{"model", memopt::io::to_json(model->config)},
                           {"embed_records", data_stats["embed_records"]}, {"gen_records", data_stats["gen_records"]},

@@ -4,6 +4,8 @@
 //   --release_cache_every N           every N steps, on every rank (after a barrier when data
 //                                     parallel), give freed memory back: malloc_trim on CPU, the
 //                                     CUDA caching allocator's cache in CUDA builds (0: never)
+//   --preserve_rng_state true|false   checkpointed blocks save and replay the RNG state (true;
+//                                     false skips it: exact only for a model without dropout)
 #pragma once
 
 #include <memory>
@@ -14,12 +16,14 @@
 #include <memopt/callbacks.hpp>
 #include <memopt/dist.hpp>
 #include <memopt/models/llama.hpp>
+#include <memopt/trainer_options.hpp>
 
 namespace examples {
 
 struct MemoryFlags {
   std::string attention = "math";
   int64_t release_cache_every = 0;
+  bool preserve_rng_state = true;
 
   /// Adds the flags; `release_default` is the example's default of --release_cache_every.
   void add_to(CLI::App& app, int64_t release_default = 0) {
@@ -32,6 +36,15 @@ struct MemoryFlags {
                    "steps between releases of freed memory on every rank (malloc_trim; CUDA builds: "
                    "empty_cache), after a barrier when data parallel (0: never)")
         ->capture_default_str();
+    app.add_option("--preserve_rng_state", preserve_rng_state,
+                   "checkpointed blocks save the RNG state and replay it in the recompute, so dropout draws the "
+                   "same masks (PyTorch's preserve_rng_state); false skips the save: exact only without dropout")
+        ->capture_default_str();
+  }
+
+  /// `options` with --preserve_rng_state.
+  memopt::TrainerOptions options(memopt::TrainerOptions options) const {
+    return options.preserve_rng_state(preserve_rng_state);
   }
 
   /// --attention as the model's AttentionKind; an error naming `who` and the value otherwise.

@@ -106,6 +106,7 @@ class Trainer {
     const auto start = std::chrono::steady_clock::now();
     for (auto& cb : callbacks_) cb->on_step_begin(step_ + 1);
     auto& tracker = memory::Tracker::instance();
+    detail::PreserveRng rng(options_.preserve_rng_state());  // checkpointed blocks replay dropout's draws
 
     const double lr = set_learning_rate(step_);  // before backward: state::StepInBackward steps there
 

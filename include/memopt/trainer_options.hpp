@@ -86,6 +86,11 @@ struct LoopOptions {
   /// keep that split; below one sequence it stops with an error naming the need. Needs the
   /// tracker (memopt::init()) on the CPU and a batch type with split().
   TORCH_ARG(int64_t, memory_budget) = 0;
+  /// Checkpointed blocks save the RNG state in forward and replay it in the recompute, so
+  /// dropout draws the same masks (PyTorch's preserve_rng_state). false skips the save: the
+  /// gradients stay exact for a model without dropout or other random ops, and are wrong for
+  /// one with them.
+  TORCH_ARG(bool, preserve_rng_state) = true;
 
  public:
   void validate() const {
@@ -175,6 +180,7 @@ struct TrainerOptions {
   MEMOPT_GROUP_SHORTCUT(loop, int64_t, max_consecutive_skips)
   MEMOPT_GROUP_SHORTCUT(loop, bool, handle_signals)
   MEMOPT_GROUP_SHORTCUT(loop, int64_t, memory_budget)
+  MEMOPT_GROUP_SHORTCUT(loop, bool, preserve_rng_state)
   MEMOPT_GROUP_SHORTCUT(state, std::string, checkpoint_dir)
   MEMOPT_GROUP_SHORTCUT(state, int64_t, save_every)
   MEMOPT_GROUP_SHORTCUT(state, int64_t, keep_checkpoints)

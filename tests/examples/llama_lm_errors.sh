@@ -38,6 +38,8 @@ expect_error seq_len_beyond_model "seq_len 4096 exceeds.*512" --seq_len 4096 --d
 expect_error bad_recompute "recompute.*every-x" --recompute every-x --data "$tmp/nowhere"
 expect_error bad_precision "precision.*fp8" --precision fp8 --data "$tmp/nowhere"
 expect_error bad_optimizer_state "optimizer_state.*nvme" --optimizer_state nvme --data "$tmp/nowhere"
+expect_error pinned_host_on_cpu "pinned-host keeps AdamW's state in pinned host memory for training on a GPU" \
+  --optimizer_state pinned-host --data "$tmp/nowhere"
 expect_error bad_memory_budget "memory_budget.*4XB" --memory_budget 4XB --data "$tmp/nowhere"
 expect_error bad_policies "policies.*sometimes" --policies sometimes --data "$tmp/nowhere"
 expect_error negative_save_every "save_every must be >= 0 \(got -2\)" --save_every -2 --data "$tmp/nowhere"

@@ -86,7 +86,8 @@ fi
 
 # ---- CUDA (where a GPU is visible): the stream on the GPU under each precision ----
 if has_gpu; then
-  for setting in "fp32 none resident" "bf16 every int8" "fp16 selective resident" "bf16-pure every resident"; do
+  for setting in "fp32 none resident" "bf16 every int8" "fp16 selective resident" "bf16-pure every resident" \
+                 "bf16 every pinned-host"; do
     read -r precision recompute state <<<"$setting"
     out=$("$bin" "${job[@]}" --dataset "$tmp/train.jsonl" --output_dir "$tmp/cuda_$precision" --device cuda \
           --precision "$precision" --recompute "$recompute" --optimizer_state "$state" 2>&1)
@@ -97,7 +98,17 @@ if has_gpu; then
     fi
   done
 else
-  skip_runs 4 "--device cuda runs"
+  skip_runs 5 "--device cuda runs"
+fi
+
+# ---- --preserve_rng_state false: without dropout, checkpointing stays exact (the same weights) ----
+"$bin" "${job[@]}" --dataset "$tmp/train.jsonl" --output_dir "$tmp/rng_on" --recompute every > /dev/null 2>&1
+"$bin" "${job[@]}" --dataset "$tmp/train.jsonl" --output_dir "$tmp/rng_off" --recompute every \
+  --preserve_rng_state false > "$tmp/rng_off.log" 2>&1
+if [ -s "$(final "$tmp/rng_on")" ] && cmp -s "$(final "$tmp/rng_on")" "$(final "$tmp/rng_off")"; then
+  ok "--preserve_rng_state false without dropout: the same weights after 8 checkpointed steps"
+else
+  fail "--preserve_rng_state false: $(tail -3 "$tmp/rng_off.log")"
 fi
 
 # ---- --init_model: a Hugging Face checkpoint (transformers' save_pretrained, a padded vocab_size)

@@ -49,6 +49,30 @@ TEST_CASE("checkpointing gives the gradients of no checkpointing, dropout on (us
   CHECK(max_abs_diff(plain, user_grads<memopt::recompute::None>(net, batch, 100)) > 1e-4);
 }
 
+TEST_CASE("preserve_rng_state off: exact without dropout, other masks with it", "[checkpoint]") {
+  torch::manual_seed(0);
+  const Batch batch = random_batch(3, 16, 64, 11);
+  memopt::models::Llama plain_model(tiny_llama(0.0));
+  plain_model->train();
+  const auto reference = llama_grads<memopt::recompute::None>(plain_model, batch, 123);
+  {
+    memopt::detail::PreserveRng off(false);  // as TrainerOptions().preserve_rng_state(false) sets it a step
+    CHECK(max_abs_diff(reference, llama_grads<memopt::recompute::EveryBlock>(plain_model, batch, 123)) <= 1e-6);
+  }
+  // With dropout the recompute draws other masks than the forward did: the gradients are wrong,
+  // which is what the RNG save (on by default, and again after the scope) prevents.
+  memopt::models::Llama dropout_model(tiny_llama(0.1));
+  dropout_model->train();
+  const auto dropout_reference = llama_grads<memopt::recompute::None>(dropout_model, batch, 123);
+  {
+    memopt::detail::PreserveRng off(false);
+    CHECK(max_abs_diff(dropout_reference, llama_grads<memopt::recompute::EveryBlock>(dropout_model, batch, 123)) > 1e-4);
+  }
+  CHECK(memopt::detail::preserve_rng_state());
+  CHECK(max_abs_diff(dropout_reference, llama_grads<memopt::recompute::EveryBlock>(dropout_model, batch, 123)) <= 1e-6);
+  CHECK(memopt::TrainerOptions().preserve_rng_state());
+}
+
 TEST_CASE("checkpointing leaves the RNG stream and autocast state as it found them", "[checkpoint]") {
   torch::manual_seed(3);
   UserNet net(20, 8, 2);

@@ -25,6 +25,28 @@ using BlockFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
 
 namespace detail {
 
+// Whether checkpointed blocks save the RNG state in forward and replay it in backward
+// (PyTorch's preserve_rng_state): on by default. Read in forward, on the thread that runs it;
+// backward replays what forward saved. The Trainer sets it for each step from
+// TrainerOptions::preserve_rng_state (PreserveRng); a model without dropout or other random
+// ops loses nothing with it off and saves the RNG copies of every checkpointed block.
+inline bool& preserve_rng_state() {
+  thread_local bool on = true;
+  return on;
+}
+
+// Sets preserve_rng_state() for a scope.
+class PreserveRng {
+ public:
+  explicit PreserveRng(bool on) : previous_(preserve_rng_state()) { preserve_rng_state() = on; }
+  ~PreserveRng() { preserve_rng_state() = previous_; }
+  PreserveRng(const PreserveRng&) = delete;
+  PreserveRng& operator=(const PreserveRng&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Carries a BlockFn through AutogradContext::saved_data (an IValue capsule).
 struct BlockFnHolder : torch::CustomClassHolder {
   explicit BlockFnHolder(BlockFn f) : fn(std::move(f)) {}
@@ -79,12 +101,16 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const BlockFn& fn, int64_t num_inputs,
                                at::TensorList inputs_and_params) {
     std::vector<torch::Tensor> inputs(inputs_and_params.begin(), inputs_and_params.begin() + num_inputs);
-    const RngState rng = RngState::capture();
     ctx->saved_data["fn"] = c10::IValue::make_capsule(c10::make_intrusive<BlockFnHolder>(fn));
     ctx->saved_data["num_inputs"] = num_inputs;
-    ctx->saved_data["rng_cpu"] = rng.cpu;
+    if (preserve_rng_state()) {  // dropout in the recompute draws the forward's masks
+      const RngState rng = RngState::capture();
+      ctx->saved_data["rng_cpu"] = rng.cpu;
 #if MEMOPT_HAS_CUDA
-    if (rng.cuda.defined()) ctx->saved_data["rng_cuda"] = rng.cuda;
+      if (rng.cuda.defined()) ctx->saved_data["rng_cuda"] = rng.cuda;
+#endif
+    }
+#if MEMOPT_HAS_CUDA
     const auto cuda_autocast = AutocastState::current(c10::kCUDA);
     ctx->saved_data["autocast_cuda"] = cuda_autocast.enabled;
     ctx->saved_data["autocast_cuda_dtype"] = static_cast<int64_t>(cuda_autocast.dtype);
@@ -125,16 +151,19 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     torch::autograd::variable_list grads(saved.size());
     if (wrt.empty() || !grad_outputs[0].defined()) return with_non_tensor_slots(std::move(grads));
 
-    // Replay the forward: same RNG draws, same autocast, grad mode on.
-    RngState forward_rng;
-    forward_rng.cpu = ctx->saved_data["rng_cpu"].toTensor();
+    // Replay the forward: same RNG draws (when forward saved them), same autocast, grad mode on.
+    const bool replay_rng = ctx->saved_data.count("rng_cpu") > 0;
+    RngState forward_rng, outer_rng;
+    if (replay_rng) {
+      forward_rng.cpu = ctx->saved_data["rng_cpu"].toTensor();
 #if MEMOPT_HAS_CUDA
-    if (ctx->saved_data.count("rng_cuda")) forward_rng.cuda = ctx->saved_data["rng_cuda"].toTensor();
+      if (ctx->saved_data.count("rng_cuda")) forward_rng.cuda = ctx->saved_data["rng_cuda"].toTensor();
 #endif
-    const RngState outer_rng = RngState::capture();
+      outer_rng = RngState::capture();
+    }
     torch::Tensor output;
     {
-      forward_rng.restore();
+      if (replay_rng) forward_rng.restore();
       AutocastGuard cpu_autocast({c10::kCPU, ctx->saved_data["autocast_cpu"].toBool(),
                                   static_cast<c10::ScalarType>(ctx->saved_data["autocast_cpu_dtype"].toInt())});
 #if MEMOPT_HAS_CUDA
@@ -144,7 +173,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       torch::AutoGradMode enable_grad(true);
       output = fn(inputs);
     }
-    outer_rng.restore();  // the rest of backward sees the RNG as it was
+    if (replay_rng) outer_rng.restore();  // the rest of backward sees the RNG as it was
 
     auto block_grads = torch::autograd::grad({output}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
