@@ -8,5 +8,6 @@ export CCACHE_BASEDIR="$ROOT"
 JOBS="${JOBS:-$(nproc)}"
 GENERATOR=(-G Ninja)
 # The Python that reads Parquet sources for memopt (memopt/data/parquet.hpp): the project's venv,
-# which scripts/deps fills with pyarrow, unless the caller chose one.
-if [ -z "${MEMOPT_PYTHON:-}" ] && [ -x "$ROOT/.venv/bin/python3" ]; then export MEMOPT_PYTHON="$ROOT/.venv/bin/python3"; fi
+# which scripts/deps fills with pyarrow, unless the caller chose one. Set even before the venv
+# exists: scripts/test sources this first and runs scripts/deps, which makes it, afterwards.
+if [ -z "${MEMOPT_PYTHON:-}" ]; then export MEMOPT_PYTHON="$ROOT/.venv/bin/python3"; fi

@@ -172,6 +172,12 @@ pq.write_table(pa.table({'text': rows}), sys.argv[2])" "$work/data/kjv/train.txt
   --gradient_accumulation_steps 4 \
   --weight_decay 0.01 \
   --warmup_steps 100'
+  # The Python that wrote the Parquet file reads it for memopt (an absolute path: the runs cd).
+  case "$hf_py" in
+    */*) MEMOPT_PYTHON="$(cd "$(dirname "$hf_py")" && pwd)/$(basename "$hf_py")" ;;
+    *) MEMOPT_PYTHON="$(command -v "$hf_py")" ;;
+  esac
+  export MEMOPT_PYTHON
   for name in simple comprehensive; do
     original="${!name}"
     seed "000 $name" "$work" run "$original" "${original//\/path\/to\//$tmp/paths/}"
