@@ -5,7 +5,8 @@
 // compiled combination whose estimated peak fits, at the largest micro-batch that fits;
 // --calibrate corrects the estimate by measuring the choice's real step.
 // Either way the choice runs as a compiled instantiation (memopt::dispatch over
-// memopt::StandardTrainers, plus state::PinnedHost for CUDA runs). --estimate_only prints the memory estimate and stops. It
+// memopt::StandardTrainers, plus state::PinnedHost for CUDA runs). --estimate_only prints the
+// memory estimate and stops. It
 // evaluates held-out perplexity before and after, prints a memory report (with the estimate
 // next to the measured peak) and a generated sample. Never loses a run: --save_every N
 // checkpoints to OUTPUT_DIR/checkpoints, SIGTERM/SIGINT save and exit 0, --resume latest
