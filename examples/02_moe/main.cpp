@@ -145,19 +145,7 @@ void apply_preset(Args& a, const CLI::App& app) {
                               a.grad_accum, a.batch_size * a.grad_accum);
 }
 
-// --precision's value, with the device: an error naming the flag and the value before any data
-// is read. fp16 (loss-scaled autocast) needs CUDA; the others are precision.hpp's.
-void check_precision(const std::string& flag, const torch::Device& device) {
-  if (flag != "fp16") {
-    TORCH_CHECK(flag == "auto" || flag == "fp32" || flag == "bf16", "moe_lm: --precision must be auto, fp32, bf16 or "
-                "fp16 (got '", flag, "'). HINT: auto measures this machine's bf16 and fp32 matmul and picks the faster.");
-    return;
-  }
-  TORCH_CHECK(device.is_cuda(), "moe_lm: --precision fp16 needs a CUDA device (got --precision fp16 with --device ",
-              device.str(), "). HINT: fp16 needs a CUDA device; on CPU use bf16 or auto.");
-}
-
-// --precision resolved on `device` (checked by check_precision): fp16 as given, the others by
+// --precision resolved on `device` (checked by examples::check_precision): fp16 as given, the others by
 // examples::resolve_mixed_precision (auto measures, and says what it chose).
 std::string resolve_precision(const std::string& flag, const torch::Device& device) {
   if (flag == "fp16") {
@@ -334,7 +322,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
               "--memory_budget). HINT: add --memory_budget 512MiB (with --policies auto or your flags).");
   (void)model_config(a, /*vocab=*/2);  // checks the preset, the MoE flags and --attention
   const torch::Device device = examples::parse_device(a.device, "moe_lm");
-  check_precision(a.precision, device);
+  examples::check_precision(a.precision, "moe_lm", &device);  // fp16 too, on CUDA
   if (a.plot) memopt::check_gnuplot();  // before training, not after it
 
   // ---- data ----

@@ -13,11 +13,18 @@
 
 namespace examples {
 
-/// `flag` is one of auto, fp32, bf16; an error naming `who` and the value otherwise (call it with
-/// the other option checks, before any data is read).
-inline void check_precision(const std::string& flag, const char* who) {
-  TORCH_CHECK(flag == "auto" || flag == "fp32" || flag == "bf16", who, ": --precision must be auto, fp32 or bf16 (got '",
-              flag, "'). HINT: auto measures this machine's bf16 and fp32 matmul and picks the faster.");
+/// `flag` is one of auto, fp32, bf16, and with `fp16_device` also fp16 (loss-scaled autocast),
+/// which needs that device to be CUDA; an error naming `who` and the value otherwise (call it
+/// with the other option checks, before any data is read).
+inline void check_precision(const std::string& flag, const char* who, const torch::Device* fp16_device = nullptr) {
+  if (fp16_device != nullptr && flag == "fp16") {
+    TORCH_CHECK(fp16_device->is_cuda(), who, ": --precision fp16 needs a CUDA device (got --precision fp16 with "
+                "--device ", fp16_device->str(), "). HINT: fp16 needs a CUDA device; on CPU use bf16 or auto.");
+    return;
+  }
+  TORCH_CHECK(flag == "auto" || flag == "fp32" || flag == "bf16", who, ": --precision must be auto, fp32",
+              fp16_device != nullptr ? ", bf16 or fp16" : " or bf16", " (got '", flag,
+              "'). HINT: auto measures this machine's bf16 and fp32 matmul and picks the faster.");
 }
 
 /// Checks `flag` (naming `who`) and resolves it: true = bf16 autocast.
