@@ -61,11 +61,8 @@ namespace fs = std::filesystem;
 // What llama_lm compiles: memopt::StandardTrainers (4 recompute x 4 precision x resident, int8,
 // disk), plus --optimizer_state pinned-host (the AdamW state in pinned host memory, copied in
 // and out around each step: CUDA training only) with recompute none/every x fp32/bf16.
-using LlamaLmTrainers = typename memopt::detail::Concat<
-    memopt::TypeList<>, memopt::StandardTrainers,
-    memopt::TrainerProductT<memopt::TypeList<memopt::recompute::None, memopt::recompute::EveryBlock>,
-                            memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast>,
-                            memopt::TypeList<memopt::state::PinnedHost>>>::type;
+using LlamaLmTrainers =
+    typename memopt::detail::Concat<memopt::TypeList<>, memopt::StandardTrainers, examples::PinnedHostTrainers<>>::type;
 
 // The combinations the planner may choose on `device`: pinned-host only for a CUDA device.
 std::vector<memopt::memory::PolicyDesc> plannable(const torch::Device& device) {
@@ -272,9 +269,7 @@ int run(const Args& a) {
   TORCH_CHECK(a.seq_len <= max_positions, "llama_lm: --seq_len ", a.seq_len, " exceeds the model's maximum (",
               pretrained ? "max_position_embeddings in " + a.init_model + "/config.json: " : "--max_seq_len ",
               max_positions, "). HINT: lower --seq_len", pretrained ? "." : " or raise --max_seq_len.");
-  TORCH_CHECK(a.optimizer_state != "pinned-host" || device.is_cuda(), "llama_lm: --optimizer_state pinned-host keeps "
-              "AdamW's state in pinned host memory for training on a GPU (got --device ", device.str(), "). HINT: "
-              "use --device cuda; on the CPU the state is in host memory already (resident), or use int8 or disk");
+  examples::check_state(a.optimizer_state, "llama_lm", device, "resident, int8 or disk");
   auto policies = memopt::parse_policies<LlamaLmTrainers>(a.recompute, a.precision, a.optimizer_state, a.accum);
   const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
   TORCH_CHECK(a.policies == "fixed" || a.policies == "auto", "llama_lm: --policies must be fixed or auto (got '",

@@ -9,7 +9,8 @@
 //                    parameter-specific weight decay, linear warmup and decay, TF32 matmuls and
 //                    cuDNN benchmarking on CUDA (train_all_strat.py's list, nothing more)
 // Every preset distils densely from an fp32 teacher with math attention; memopt's levers the
-// originals lack are opt-in: --kd_top_k (sparse KD), --teacher_precision bf16|auto, --attention.
+// originals lack are opt-in: --kd_top_k (sparse KD), --teacher_precision bf16|auto, --attention,
+// --optimizer_state pinned-host (a CUDA student's AdamW state in pinned host memory).
 // It trains the teacher first with --train_teacher (saved to --teacher_model with the tokenizer
 // it was trained with), or loads a Hugging Face Llama checkpoint
 // (--teacher_model DIR: config.json + model.safetensors or shards, e.g. a published LLaMA) with
@@ -86,6 +87,7 @@ struct Args {
   int64_t kd_top_k = 0;
   // policy overrides (empty / negative: the preset decides)
   std::string recompute, precision, teacher_precision, data_format;
+  std::string optimizer_state = "resident";  // override: resident | pinned-host (a CUDA student)
   std::string device = "cpu", teacher_device;  // cpu | cuda[:N]; teacher_device empty: --device
   bool teacher_autograd = false;
   double grad_clip = 1.0;
@@ -112,6 +114,7 @@ struct Plan {
   std::string tokenizer;                   // the tokenizer file or folder (tokenizer_path)
   bool data_tokenizer = true;              // whether it made DATA's .bin shards (DATA/tokenizer.model)
   std::string teacher_precision = "fp32";  // fp32 | bf16 | auto (as precision); every preset: fp32
+  std::string optimizer_state = "resident";  // the student's AdamW state: resident | pinned-host (CUDA)
   torch::Device device = torch::kCPU;      // the student (and, by default, the teacher)
   torch::Device teacher_device = torch::kCPU;
   bool teacher_autograd = false;
@@ -169,6 +172,8 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   p.device = examples::parse_device(a.device, "llama_to_llada");
   p.teacher_device = examples::parse_device(a.teacher_device.empty() ? a.device : a.teacher_device, "llama_to_llada",
                                             "--teacher_device");
+  if (examples::given(app, {"--optimizer_state", "--offload"})) p.optimizer_state = a.optimizer_state;
+  examples::check_state(p.optimizer_state, "llama_to_llada", p.device);  // pinned-host: a CUDA student only
   // auto: bf16 where this device's bf16 matmul measured faster than fp32 (or a GPU), fp32 elsewhere.
   std::string why = "as given";
   if (p.precision == "auto") {
@@ -278,15 +283,19 @@ Data load_data(const Args& a, const Plan& p) {
 }
 
 // ---- policies: the plan's strings select the Trainer's types (one instantiation each of
-// memopt::RecomputePrecisionTrainers, through memopt::dispatch) ----
+// LladaTrainers, through memopt::dispatch): memopt::RecomputePrecisionTrainers (AdamW's state
+// resident) and the same with the state in pinned host memory (--optimizer_state pinned-host) ----
+using LladaTrainers =
+    typename memopt::detail::Concat<memopt::TypeList<>, memopt::RecomputePrecisionTrainers,
+                                    examples::PinnedHostTrainers<>>::type;
 memopt::memory::PolicyDesc policies_of(const Plan& p) {
-  return memopt::parse_policies<memopt::RecomputePrecisionTrainers>(p.recompute == "every_block" ? "every" : "none",
-                                                                    p.precision, "resident", p.accum);
+  return memopt::parse_policies<LladaTrainers>(p.recompute == "every_block" ? "every" : "none", p.precision,
+                                               p.optimizer_state, p.accum);
 }
 template <class F>
 int with_policies(const Plan& p, F&& f) {
-  return memopt::dispatch<memopt::RecomputePrecisionTrainers>(policies_of(p), [&]<class T>(std::type_identity<T>) {
-    return f(typename T::recompute_type{}, typename T::precision_type{});
+  return memopt::dispatch<LladaTrainers>(policies_of(p), [&]<class T>(std::type_identity<T>) {
+    return f(typename T::recompute_type{}, typename T::precision_type{}, typename T::state_type{});
   });
 }
 
@@ -393,7 +402,8 @@ bool train_teacher(const Args& a, const Plan& p, const Data& d, MetricsJsonl& me
     // the student's. --teacher_precision bf16 (or auto's measured choice) casts it after training.
     Plan fp32 = p;
     fp32.precision = "fp32";
-    const int stopped = with_policies(fp32, [&](auto ckpt, auto prec) {
+    fp32.optimizer_state = "resident";  // the teacher may train on the CPU (--teacher_device)
+    const int stopped = with_policies(fp32, [&](auto ckpt, auto prec, auto /*resident*/) {
       memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
           *teacher, a.checkpoints.apply(trainer_options(a, p, a.teacher_lr, a.teacher_steps), a.output_dir + "/teacher"));
       trainer.set_run_config({{"role", "teacher"}, {"config", memopt::io::to_json(teacher_config(a, d))}, {"seed", a.seed},
@@ -595,13 +605,14 @@ int run(const Args& a, const CLI::App& app) {
                                                                 plan.teacher_precision == "bf16");
     if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder only
       const auto chosen = memopt::choose_policies(
-          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<memopt::RecomputePrecisionTrainers>(),
+          desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<LladaTrainers>(),
           memopt::PlanOptions().budget_bytes(budget).effective_batch(a.batch_size * plan.accum)
               .machine(memopt::MachineModel::from_device(plan.device)));
       policies = chosen.policies;
       micro_batch = chosen.micro_batch;
       plan.recompute = policies.recompute.flag == "every" ? "every_block" : "none";
       plan.precision = policies.precision.flag;
+      plan.optimizer_state = policies.state.flag;
       plan.accum = policies.accum;
     }
     fmt::print("distillation step, {} ({} x {} tokens)\n{}", policies.name(), micro_batch, a.seq_len,
@@ -645,10 +656,10 @@ int run(const Args& a, const CLI::App& app) {
   int64_t params = 0;
   for (const auto& p : student->parameters()) params += p.numel();
   fmt::print("student: LLaDA {:.2f} M parameters, vocab {} (+ mask id {}); strategy {}: recompute {}, precision {}, "
-             "data {}, accum {}, clip {}, teacher {}{}, KD top-k {} ({}), alpha {}, attention {}, cache release {}, "
+             "data {}, accum {}, optimizer state {}, clip {}, teacher {}{}, KD top-k {} ({}), alpha {}, attention {}, cache release {}, "
              "tf32 {}, cudnn benchmark {}\n",
              params / 1e6, student->config.vocab_size(), teacher->config.vocab_size(), plan.strategy,
-             plan.recompute, plan.precision, plan.data_format, plan.accum, plan.grad_clip, plan.teacher_precision,
+             plan.recompute, plan.precision, plan.data_format, plan.accum, plan.optimizer_state, plan.grad_clip, plan.teacher_precision,
              plan.teacher_autograd ? " with autograd" : " inference-mode", plan.kd_top_k,
              plan.kd_top_k == 0 ? "dense" : "sparse", a.alpha, a.memory.attention,
              plan.release_cache_every > 0 ? fmt::format("every {} steps", plan.release_cache_every) : "off",
@@ -658,8 +669,8 @@ int run(const Args& a, const CLI::App& app) {
   // ---- distillation ----
   memopt::FitResult result;
   if (a.max_steps > 0) {
-    const int stopped = with_policies(plan, [&](auto ckpt, auto prec) {
-      memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime> trainer(
+    const int stopped = with_policies(plan, [&](auto ckpt, auto prec, auto state) {
+      memopt::Trainer<decltype(ckpt), decltype(prec), memopt::accum::Runtime, decltype(state)> trainer(
           *student, a.checkpoints.apply(trainer_options(a, plan, a.lr, a.max_steps), a.output_dir));
       nlohmann::json run = {{"role", "student"}, {"strategy", plan.strategy}, {"data_format", plan.data_format},
                             {"teacher", memopt::io::to_json(teacher->config)}, {"alpha", a.alpha},
@@ -775,6 +786,9 @@ int main(int argc, char** argv) {
       ->check(one_of({"none", "every_block"}));
   examples::add_precision_option(app, a.precision, "override: fp32 | bf16 (autocast) | auto (measured on this CPU)")
       ->check(one_of({"fp32", "bf16", "auto"}));
+  examples::add_state_option(app, a.optimizer_state, "override: resident | pinned-host (the student's AdamW state "
+                             "in pinned host memory between steps; a CUDA student only)")
+      ->check(one_of({"resident", "pinned-host"}));
   app.add_option("--data_format", a.data_format, "override: shards (pre-tokenized with DATA's tokenizer) | text "
                  "(tokenized now; the default when the tokenizer is not DATA's)")
       ->check(one_of({"shards", "text"}));

@@ -4,7 +4,8 @@
 // --gradient_checkpointing), --precision auto|fp32|bf16|fp16 (auto: bf16 autocast where this
 // device measured it faster; bf16 = precision::Bf16Autocast, the seed's --mixed_precision;
 // fp16 = precision::Fp16Scaled, CUDA only), --grad_accum N (accum::Runtime, default 2 as the
-// seed's script); the seed project's "original" is --dispatch dense --precision fp32
+// seed's script), --optimizer_state pinned-host (state::PinnedHost: AdamW's state in pinned host
+// memory between steps; CUDA only); the seed project's "original" is --dispatch dense --precision fp32
 // --grad_accum 1 without recompute. --preset memory_optimized (= --train_memory_optimized, the
 // seed's script) turns on recompute every, --precision auto and --grad_accum 2 unless given.
 // --attention math|blockwise|sdpa picks the attention, --release_cache_every N gives freed
@@ -57,12 +58,16 @@ using memopt::models::MoeConfig;
 using memopt::models::MoeLM;
 
 /// What moe_lm compiles: recompute none/every × fp32, bf16 autocast, fp16 with loss scaling
-/// (CUDA only) — memopt::RecomputePrecisionTrainers plus fp16. The flags, --policies auto's plan
-/// and --calibrate's probes all go through this list.
-using MoeTrainers = memopt::TrainerProductT<memopt::TypeList<memopt::recompute::None, memopt::recompute::EveryBlock>,
-                                            memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast,
-                                                             memopt::precision::Fp16Scaled>,
-                                            memopt::TypeList<memopt::state::Resident>>;
+/// (CUDA only) with AdamW's state resident — memopt::RecomputePrecisionTrainers plus fp16 — and
+/// the same without fp16 with the state in pinned host memory (--optimizer_state pinned-host,
+/// CUDA only). The flags, --policies auto's plan and --calibrate's probes all go through this list.
+using MoeTrainers = typename memopt::detail::Concat<
+    memopt::TypeList<>,
+    memopt::TrainerProductT<memopt::TypeList<memopt::recompute::None, memopt::recompute::EveryBlock>,
+                            memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast,
+                                             memopt::precision::Fp16Scaled>,
+                            memopt::TypeList<memopt::state::Resident>>,
+    examples::PinnedHostTrainers<>>::type;
 
 struct Args {
   std::string data = "data/kjv";
@@ -77,6 +82,7 @@ struct Args {
   std::string recompute = "none";  // none | every (--gradient_checkpointing = every)
   std::string precision = "auto";   // auto | fp32 | bf16 | fp16 (--mixed_precision = bf16)
   std::string precision_used = "fp32";  // --precision resolved on the device: fp32 | bf16 | fp16
+  std::string optimizer_state = "resident";  // resident | pinned-host (CUDA)
   std::string device = "cpu";  // cpu | cuda[:N]
   std::string dispatch = "sorted";
   int64_t num_experts = 0;  // 0: the preset's
@@ -88,7 +94,7 @@ struct Args {
   bool checkpoint_experts = false;
   bool estimate_only = false;
   bool calibrate = false;          // measure the plan's choice by a real step
-  std::string policies = "fixed";  // auto: the planner picks among the four compiled combinations
+  std::string policies = "fixed";  // auto: the planner picks among MoeTrainers' combinations
   std::string memory_budget;
   bool dense = false;
   bool monitor_memory = false;
@@ -143,16 +149,6 @@ void apply_preset(Args& a, const CLI::App& app) {
                               on.empty() ? "nothing (every setting given)" : fmt::format("{}", fmt::join(on, ", ")),
                               kept.empty() ? "" : fmt::format(" (given: {})", fmt::join(kept, ", ")), a.batch_size,
                               a.grad_accum, a.batch_size * a.grad_accum);
-}
-
-// --precision resolved on `device` (checked by examples::check_precision): fp16 as given, the others by
-// examples::resolve_mixed_precision (auto measures, and says what it chose).
-std::string resolve_precision(const std::string& flag, const torch::Device& device) {
-  if (flag == "fp16") {
-    fmt::print("{:>13}: fp16 (as given: autocast with dynamic loss scaling)\n", "precision");
-    return "fp16";
-  }
-  return examples::resolve_mixed_precision(flag, device, "moe_lm") ? "bf16" : "fp32";
 }
 
 MoeConfig model_config(const Args& a, int64_t vocab) {
@@ -217,9 +213,9 @@ struct Data {
   int64_t vocab = 0;
 };
 
-template <class Recompute, class Precision, class Model>
+template <class Recompute, class Precision, class State, class Model>
 int train(const Args& a, const Data& d, Model& model, const std::string& description) {
-  using TrainerT = memopt::Trainer<Recompute, Precision, memopt::accum::Runtime>;
+  using TrainerT = memopt::Trainer<Recompute, Precision, memopt::accum::Runtime, State>;
   model->to(examples::parse_device(a.device, "moe_lm"));  // the Trainer follows the parameters: batches go there
   const auto options = memopt::TrainerOptions()
                            .lr(a.lr)
@@ -255,8 +251,8 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
   }
   fmt::print("moe_lm: {} — {:.2f} M parameters ({:.2f} M active per token), vocab {}, {} train / {} held-out tokens\n",
              description, params / 1e6, active / 1e6, d.vocab, d.train->size(), d.val->size());
-  fmt::print("policies: {}, {}, accum::Runtime({}) — effective batch {} x {} tokens, attention {}, {} threads\n",
-             Recompute::name(), Precision::name(), a.grad_accum, a.batch_size * a.grad_accum, a.seq_len,
+  fmt::print("policies: {}, {}, {}, accum::Runtime({}) — effective batch {} x {} tokens, attention {}, {} threads\n",
+             Recompute::name(), Precision::name(), State::name(), a.grad_accum, a.batch_size * a.grad_accum, a.seq_len,
              a.memory.attention, at::get_num_threads());
   std::fflush(stdout);
 
@@ -288,7 +284,7 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
 
 // The policies the flags name (--recompute, --precision resolved, --grad_accum).
 memopt::memory::PolicyDesc policies_of(const Args& a) {
-  return memopt::parse_policies<MoeTrainers>(a.recompute, a.precision_used, "resident", a.grad_accum);
+  return memopt::parse_policies<MoeTrainers>(a.recompute, a.precision_used, a.optimizer_state, a.grad_accum);
 }
 
 // --calibrate's real steps: a throwaway `Model` of the run's shape (memopt::probe_steps).
@@ -302,12 +298,13 @@ memopt::MeasureStep probe_steps(const Args& a, const Data& d, const Config& cfg)
       [](Model& probe) { return memopt::LossSum<Model>{&probe}; });
 }
 
-// One of the six compiled combinations (MoeTrainers; --policies auto plans over the same
-// list, fp16 only on CUDA), reached through memopt::dispatch.
+// One of the ten compiled combinations (MoeTrainers; --policies auto plans over the same
+// list, fp16 and pinned-host only on CUDA), reached through memopt::dispatch.
 template <class Model>
 int train_with_flags(const Args& a, const Data& d, Model& model, const std::string& description) {
   return memopt::dispatch<MoeTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
-    return train<typename T::recompute_type, typename T::precision_type>(a, d, model, description);
+    return train<typename T::recompute_type, typename T::precision_type, typename T::state_type>(a, d, model,
+                                                                                                  description);
   });
 }
 
@@ -323,6 +320,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   (void)model_config(a, /*vocab=*/2);  // checks the preset, the MoE flags and --attention
   const torch::Device device = examples::parse_device(a.device, "moe_lm");
   examples::check_precision(a.precision, "moe_lm", &device);  // fp16 too, on CUDA
+  examples::check_state(a.optimizer_state, "moe_lm", device);  // pinned-host: CUDA only
   if (a.plot) memopt::check_gnuplot();  // before training, not after it
 
   // ---- data ----
@@ -335,7 +333,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   fs::create_directories(a.output_dir);
   examples::join_world("moe_lm");  // torchrun: data parallel, rank 0 prints and writes the log
   if (memopt::dist::world().rank() == 0) fmt::print("{}", a.preset_line);  // what --preset turned on
-  a.precision_used = resolve_precision(a.precision, device);
+  a.precision_used = examples::resolve_precision(a.precision, device, "moe_lm");
   if (memopt::dist::world().rank() == 0)
     std::ofstream(a.output_dir + "/metrics.jsonl", a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
 
@@ -362,6 +360,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
       micro = chosen.micro_batch;
       a.recompute = policies.recompute.flag;
       a.precision_used = policies.precision.flag;
+      a.optimizer_state = policies.state.flag;
       a.batch_size = micro;
       a.grad_accum = policies.accum;
       torch::manual_seed(static_cast<int64_t>(a.seed));   // the run starts as it would have without the probes
@@ -405,6 +404,9 @@ int main(int argc, char** argv) {
   examples::add_precision_option(app, a.precision, "auto (bf16 autocast where this device's bf16 matmul measured "
                                  "faster than fp32) | fp32 | bf16 | fp16 (autocast with loss scaling; CUDA only)")
       ->capture_default_str();
+  examples::add_state_option(app, a.optimizer_state, "resident | pinned-host (AdamW's state in pinned host memory "
+                             "between steps; CUDA only, with --precision fp32 or bf16)")
+      ->check(CLI::IsMember({"resident", "pinned-host"}))->capture_default_str();
   app.add_option("--preset", a.preset, "none | memory_optimized: recompute every, --precision auto, --grad_accum 2 "
                  "(all memory optimizations; explicit flags override it)")
       ->check(CLI::IsMember({"none", "memory_optimized"}))

@@ -5,8 +5,10 @@
 // policies: --grad_cache_chunk N (accum::GradCache: the contrastive batch in chunks of N
 // rows, memory of a chunk instead of the batch), --split_emb (GradCache's GritLM variant),
 // --recompute every (recompute::EveryBlock; the seed's --gradient_checkpointing),
-// --precision bf16 (precision::Bf16Autocast; the seed's --mixed_precision) — or --policies auto --memory_budget 512MiB: the planner's fastest fitting
-// choice of those (planner.hpp); --attention math|blockwise|sdpa and --release_cache_every N
+// --precision bf16 (precision::Bf16Autocast; the seed's --mixed_precision) or fp16
+// (precision::Fp16Scaled, CUDA only), --optimizer_state pinned-host (state::PinnedHost: AdamW's
+// state in pinned host memory between steps, CUDA only) — or --policies auto --memory_budget
+// 512MiB: the planner's fastest fitting choice of those (planner.hpp); --attention math|blockwise|sdpa and --release_cache_every N
 // (common/memory_flags.hpp). Batches are built by --workers threads ahead of the step
 // (data/prefetch.hpp; auto, the default: 1 per 2000 train records, at most 8 and the hardware
 // threads), length-bucketed. Data parallel (torchrun, scripts/launch): each rank's queries are
@@ -74,6 +76,18 @@ using memopt::data::GritBatch;
 using memopt::data::GritFormat;
 using memopt::models::GritLM;
 
+/// What gritlm compiles: recompute none/every × fp32, bf16 autocast × whole micro-batches or
+/// GradCache chunks with AdamW's state resident (memopt::GradCacheTrainers), the same under fp16
+/// with loss scaling (CUDA only), and the same without fp16 with the state in pinned host memory
+/// (--optimizer_state pinned-host, CUDA only). The flags and --policies auto's plan go through it.
+using GritAccums = memopt::TypeList<memopt::accum::Runtime, memopt::accum::GradCache>;
+using GritTrainers = typename memopt::detail::Concat<
+    memopt::TypeList<>, memopt::GradCacheTrainers,
+    memopt::TrainerProductT<memopt::TypeList<memopt::recompute::None, memopt::recompute::EveryBlock>,
+                            memopt::TypeList<memopt::precision::Fp16Scaled>, memopt::TypeList<memopt::state::Resident>,
+                            GritAccums>,
+    examples::PinnedHostTrainers<GritAccums>>::type;
+
 struct Args {
   std::string data = "data/kjv";               // tokenizer.model
   std::string raw = "data/raw/kjv";            // the raw corpus: KJV text, or a Brown folder
@@ -92,8 +106,9 @@ struct Args {
   int64_t grad_cache_chunk = 0;
   bool split_emb = false;
   std::string recompute = "none";  // none | every (--gradient_checkpointing = every)
-  std::string precision = "auto";   // auto | fp32 | bf16 (--mixed_precision = bf16)
-  bool mixed_precision = false;     // --precision resolved: bf16 autocast
+  std::string precision = "auto";   // auto | fp32 | bf16 | fp16 (--mixed_precision = bf16)
+  std::string precision_used = "fp32";       // --precision resolved on the device: fp32 | bf16 | fp16
+  std::string optimizer_state = "resident";  // resident | pinned-host (CUDA)
   double temperature = 0.02;
   std::string gen_loss_type = "mixed";
   double gen_loss_factor = 1.0;
@@ -182,8 +197,9 @@ void check_args(const Args& a) {
     TORCH_CHECK(v >= 1, "gritlm: ", flag, " must be >= 1 (got ", v, "). HINT: ", hint);
   };
   positive(a.steps, "--steps", "try 60.");
-  (void)examples::parse_device(a.device, "gritlm");
-  examples::check_precision(a.precision, "gritlm");
+  const torch::Device device = examples::parse_device(a.device, "gritlm");
+  examples::check_precision(a.precision, "gritlm", &device);  // fp16 too, on CUDA
+  examples::check_state(a.optimizer_state, "gritlm", device);  // pinned-host: CUDA only
   positive(a.batch_size, "--batch_size", "queries per batch; try 16.");
   positive(a.gen_batch_size, "--gen_batch_size", "generative sequences per batch; try 4.");
   positive(a.group_size, "--group_size", "1 positive + group_size - 1 hard negatives; try 2.");
@@ -370,10 +386,10 @@ Accum make_accum(const Args& a) {
   }
 }
 
-template <class Recompute, class Precision, class Accum>
+template <class Recompute, class Precision, class Accum, class State>
 int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
           const memopt::data::GritBatcher& batcher, const nlohmann::json& data_stats) {
-  using TrainerT = memopt::Trainer<Recompute, Precision, Accum>;
+  using TrainerT = memopt::Trainer<Recompute, Precision, Accum, State>;
   const auto options =
       memopt::TrainerOptions().lr(a.lr).warmup_steps(a.warmup).max_steps(a.steps).log_interval(a.log_interval);
   TrainerT trainer(*model, a.memory.options(a.distributed.apply(a.checkpoints.apply(options, a.output_dir))),
@@ -463,18 +479,17 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
 // --grad_cache_chunk > 0: accum::GradCache), or with the given accumulation.
 memopt::memory::PolicyDesc policies_of(const Args& a, std::string_view split = "") {
   if (split.empty()) split = a.grad_cache_chunk > 0 ? "grad-cache" : "micro-batches";
-  return memopt::parse_policies<memopt::GradCacheTrainers>(a.recompute, a.mixed_precision ? "bf16" : "fp32", "resident",
+  return memopt::parse_policies<GritTrainers>(a.recompute, a.precision_used, a.optimizer_state,
                                                            a.grad_accum, split);
 }
 
-// One of the eight compiled recompute × precision × GradCache combinations
-// (memopt::GradCacheTrainers; --policies auto plans over the same list), reached through
-// memopt::dispatch.
+// One of GritTrainers' twenty combinations (--policies auto plans over the same list),
+// reached through memopt::dispatch.
 int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format, GritLM& model,
                      const memopt::data::GritBatcher& batcher, const nlohmann::json& stats) {
-  return memopt::dispatch<memopt::GradCacheTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
-    return train<typename T::recompute_type, typename T::precision_type, typename T::accum_type>(a, d, format, model,
-                                                                                                batcher, stats);
+  return memopt::dispatch<GritTrainers>(policies_of(a), [&]<class T>(std::type_identity<T>) {
+    return train<typename T::recompute_type, typename T::precision_type, typename T::accum_type,
+                 typename T::state_type>(a, d, format, model, batcher, stats);
   });
 }
 
@@ -495,7 +510,7 @@ void plan_step(Args& a, const memopt::models::LlamaConfig& config) {
   if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the chunk finder for these policies
     const auto candidates =
         a.policies == "auto"
-            ? memopt::candidates<memopt::GradCacheTrainers>(a.grad_accum)
+            ? memopt::candidates<GritTrainers>(a.grad_accum)
             : std::vector<memopt::memory::PolicyDesc>{policies_of(a, "micro-batches"), policies_of(a, "grad-cache")};
     const auto plan = memopt::plan_gritlm(
         desc, run, candidates,
@@ -506,7 +521,8 @@ void plan_step(Args& a, const memopt::models::LlamaConfig& config) {
     policies = plan.chosen.policies;
     a.grad_cache_chunk = plan.chosen.chunk;
     a.recompute = policies.recompute.flag;
-    a.mixed_precision = policies.precision.flag == "bf16";
+    a.precision_used = policies.precision.flag;
+    a.optimizer_state = policies.state.flag;
   }
   run.chunk = a.split_emb ? std::max(a.batch_size * a.group_size, a.gen_batch_size) : a.grad_cache_chunk;
   fmt::print("gritlm step at the maximum lengths ({}, {})\n{}", policies.name(),
@@ -582,8 +598,7 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   if (a.plot && !a.data_only) memopt::check_gnuplot();  // before training, not after it
 
   examples::join_world("gritlm");  // torchrun: data parallel, rank 0 prints and writes the log
-  a.mixed_precision =
-      examples::resolve_mixed_precision(a.precision, examples::parse_device(a.device, "gritlm"), "gritlm");
+  a.precision_used = examples::resolve_precision(a.precision, examples::parse_device(a.device, "gritlm"), "gritlm");
   // ---- tokenizer with GritLM's format symbols; the model's config (the vocab includes them) ----
   auto tokenizer = memopt::data::load_tokenizer(examples::tokenizer_path(a.tokenizer, a.init_model, a.data));
   const int64_t base_vocab = tokenizer->vocab_size();
@@ -701,7 +716,11 @@ int main(int argc, char** argv) {
   examples::add_recompute_option(app, a.recompute, "none | every (recompute every block in backward)")
       ->check(CLI::IsMember({"none", "every"}))->capture_default_str();
   examples::add_precision_option(app, a.precision, "auto (bf16 autocast where this device's bf16 matmul measured "
-                                 "faster than fp32) | fp32 | bf16")->capture_default_str();
+                                 "faster than fp32) | fp32 | bf16 | fp16 (autocast with loss scaling; CUDA only)")
+      ->capture_default_str();
+  examples::add_state_option(app, a.optimizer_state, "resident | pinned-host (AdamW's state in pinned host memory "
+                             "between steps; CUDA only, with --precision fp32 or bf16)")
+      ->check(CLI::IsMember({"resident", "pinned-host"}))->capture_default_str();
   app.add_option("--temperature", a.temperature, "contrastive temperature")->capture_default_str();
   app.add_option("--gen_loss_type", a.gen_loss_type, "mixed (mean over tokens) or token (sum / sequences)")
       ->capture_default_str();

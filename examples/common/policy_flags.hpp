@@ -12,6 +12,9 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+#include <memopt/dispatch.hpp>
 
 namespace examples {
 
@@ -49,6 +52,25 @@ inline CLI::Option* add_state_option(CLI::App& app, std::string& value, const st
   app.add_option("--offload", value, "= --optimizer_state (its earlier name)")->transform(to_resident)
       ->trigger_on_parse();
   return option;
+}
+
+/// What --optimizer_state pinned-host adds to an example's compiled list: recompute none/every ×
+/// fp32/bf16 autocast with AdamW's state in pinned host memory between steps
+/// (memopt::state::PinnedHost; CUDA runs), under each of `Accums`.
+template <class Accums = memopt::TypeList<memopt::accum::Runtime>>
+using PinnedHostTrainers =
+    memopt::TrainerProductT<memopt::TypeList<memopt::recompute::None, memopt::recompute::EveryBlock>,
+                            memopt::TypeList<memopt::precision::Fp32, memopt::precision::Bf16Autocast>,
+                            memopt::TypeList<memopt::state::PinnedHost>, Accums>;
+
+/// --optimizer_state pinned-host keeps AdamW's state in pinned host memory between the steps of a
+/// GPU run (memopt::state::PinnedHost); on the CPU the state is in host memory already, so it is
+/// refused there, naming `who` and the device, with the choices that remain.
+inline void check_state(const std::string& state, const char* who, const c10::Device& device,
+                        const std::string& cpu_choices = "resident") {
+  TORCH_CHECK(state != "pinned-host" || device.is_cuda(), who, ": --optimizer_state pinned-host keeps AdamW's state "
+              "in pinned host memory for training on a GPU (got --device ", device.str(), "). HINT: use --device "
+              "cuda; on the CPU the state is in host memory already: use ", cpu_choices);
 }
 
 /// --use_8bit_optimizer (TinyStories' spelling): = --optimizer_state int8, for the examples whose

@@ -1,5 +1,5 @@
-// examples/common/precision.hpp — `--precision auto|fp32|bf16` of moe_lm and gritlm (the seeds'
-// `--mixed_precision` is its alias for bf16: policy_flags.hpp): auto measures this device's
+// examples/common/precision.hpp — `--precision auto|fp32|bf16|fp16` of moe_lm and gritlm (the
+// seeds' `--mixed_precision` is its alias for bf16: policy_flags.hpp; fp16 on CUDA only): auto measures this device's
 // bf16 and fp32 matmul (memopt/machine.hpp) and takes bf16 only where it is faster; the choice
 // and why are printed at the top of the log.
 #pragma once
@@ -33,6 +33,16 @@ inline bool resolve_mixed_precision(const std::string& flag, const torch::Device
   const auto choice = memopt::machine::resolve_precision(flag, device);
   fmt::print("{:>13}: {} ({})\n", "precision", choice.precision, choice.reason);
   return choice.precision == "bf16";
+}
+
+/// `flag` (checked by check_precision with a device) resolved on `device`: fp16 as given, the
+/// others by resolve_mixed_precision (auto measures, and says what it chose): fp32 | bf16 | fp16.
+inline std::string resolve_precision(const std::string& flag, const torch::Device& device, const char* who) {
+  if (flag == "fp16") {
+    fmt::print("{:>13}: fp16 (as given: autocast with dynamic loss scaling)\n", "precision");
+    return "fp16";
+  }
+  return resolve_mixed_precision(flag, device, who) ? "bf16" : "fp32";
 }
 
 }  // namespace examples
