@@ -28,7 +28,7 @@ def distill(lines):
     by_impl = {r["impl"]: r for r in lines}
     print("| strategy | peak tracked tensors | peak RSS | tokens/s | tracked vs none | RSS vs none | speed vs none |")
     print("|---|---|---|---|---|---|---|")
-    for impl in ("none", "simple", "comprehensive", "comprehensive_fp32"):
+    for impl in ("none", "simple", "comprehensive", "comprehensive_fp32", "comprehensive_levers"):
         r, q = by_impl.get(impl), by_impl.get(f"ratio_{impl}_to_none")
         if not r:
             continue
@@ -39,13 +39,15 @@ def distill(lines):
 
 
 def distill_quality(lines):
-    print("| student | KD | masked CE @ 0.15 | @ 0.5 | @ 0.85 | teacher perplexity |")
-    print("|---|---|---|---|---|---|")
+    print("| student | KD | masked CE @ 0.15 | @ 0.5 | @ 0.85 | teacher perplexity | peak tracked |")
+    print("|---|---|---|---|---|---|---|")
     for r in lines:
         kd = "none (α = 0)" if r["alpha"] == 0 else (
-            f"α = {r['alpha']}, " + ("dense" if r["kd_top_k"] == 0 else f"top-{r['kd_top_k']} + tail"))
+            f"α = {r['alpha']}, " + ("dense" if r["kd_top_k"] == 0 else f"top-{r['kd_top_k']} + tail")
+            + (", bf16 teacher" if r.get("teacher_precision") == "bf16" else ""))
         print(f"| {r['impl']} | {kd} | {r['masked_ce_0.15']:.3f} | {r['masked_ce_0.5']:.3f} | "
-              f"{r['masked_ce_0.85']:.3f} | {r['teacher_perplexity']:.0f} |")
+              f"{r['masked_ce_0.85']:.3f} | {r['teacher_perplexity']:.0f} | "
+              f"{r.get('peak_tracked_mib', float('nan')):.0f} MiB |")
 
 
 def stack(lines):

@@ -60,9 +60,10 @@ def distill_ratio(a: Json, b: Json) -> dict:
 def distill_quality_line(impl: str, metrics: Path) -> dict:
     s = summary(metrics, '"summary"')
     return {"suite": "distill_quality", "name": "distill_quality", "impl": impl, "alpha": s["alpha"],
-            "kd_top_k": s["kd_top_k"], "steps": s["steps"],
+            "kd_top_k": s["kd_top_k"], "teacher_precision": s.get("teacher_precision", "fp32"), "steps": s["steps"],
             **{k: round(s[k], 4) for k in ("masked_ce_0.15", "masked_ce_0.5", "masked_ce_0.85")},
-            "teacher_perplexity": round(math.exp(s["teacher_loss"]), 1)}
+            "teacher_perplexity": round(math.exp(s["teacher_loss"]), 1),
+            "peak_tracked_mib": round(s["peak_tracked_mib"], 1), "peak_rss_mib": round(s["peak_rss_mib"], 1)}
 
 
 # ---- adamw8bit, attention, stack, allocator ----

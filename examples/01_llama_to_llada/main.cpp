@@ -722,7 +722,8 @@ int run(const Args& a, const CLI::App& app) {
                  {"masked_ce_0.85", a.eval_batches > 0 ? e.masked_ce.at(0.85) : 0.0},
                  {"teacher_loss", e.teacher_loss},
                  {"alpha", a.alpha},
-                 {"kd_top_k", plan.kd_top_k}});
+                 {"kd_top_k", plan.kd_top_k},
+                 {"teacher_precision", plan.teacher_precision}});
   print_samples(a, distill, data);
   fmt::print("\nsaved: {0}/student/model.safetensors, {0}/student/config.json, {0}/metrics.jsonl\n", a.output_dir);
   return 0;

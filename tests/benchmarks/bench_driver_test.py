@@ -114,9 +114,10 @@ steps = [s for s in SUITES["distill"](ctx) if not isinstance(s, (ST.Build, ST.Co
 with contextlib.redirect_stderr(io.StringIO()) as err:
     ST.run_steps(ctx, steps)
 got = [json.loads(l) for l in printed]
-assert [g["impl"] for g in got] == ["none", "comprehensive", "ratio_comprehensive_to_none"], got
+assert [g["impl"] for g in got] == ["none", "comprehensive", "comprehensive_levers", "ratio_comprehensive_to_none",
+                                   "ratio_comprehensive_levers_to_none"], got
 assert list(got[0]) == ["suite", "name", "impl", "peak_tracked_mib", "peak_rss_mib", "tokens_per_s", "steps", "load_avg_1m"]
-assert got[2]["tokens_per_s"] == 0.501 and ctx.failures == 2, (got, ctx.failures)
+assert got[3]["tokens_per_s"] == 0.501 and ctx.failures == 2, (got, ctx.failures)
 e = err.getvalue()
 assert "error: distill simple failed" in e and "error: distill comprehensive_fp32 failed" in e and "FileNotFoundError" in e, e
 

@@ -31,10 +31,13 @@ tiny=(--data "$tmp/data" --raw "$tmp/raw" --heldout_every 4 --hidden_size 32 --l
       --query_max_len 64 --passage_max_len 64 --gen_max_len 192 --eval_queries 8 --eval_gen 4 --threads 1
       --warmup 1 --log_interval 1 --steps 2 --precision fp32)
 
-expect_run() {  # expect_run NAME ARGS... : exit 0, before/after evaluation, a summary line
+expect_run() {  # expect_run NAME ARGS... : exit 0, before/after evaluation, a summary line (output: $last_out)
   local name="$1" out
   shift
-  if ! out=$("$bin" "${tiny[@]}" "$@" 2>&1); then
+  out=$("$bin" "${tiny[@]}" "$@" 2>&1)
+  local rc=$?
+  last_out="$out"
+  if [ "$rc" -ne 0 ]; then
     fail "$name: exit code != 0. Output: $out"
   elif ! grep -q "after 2 steps: held-out retrieval top-1" <<<"$out" || ! grep -q "padding" <<<"$out" ||
        ! grep -q "TF-IDF baseline" <<<"$out"; then
@@ -277,8 +280,15 @@ if has_gpu; then
   expect_run cuda_plain --output_dir "$tmp/cuda_plain" --device cuda
   expect_run cuda_ckpt_bf16_gradcache --output_dir "$tmp/cuda_ckpt" --device cuda:0 --grad_cache_chunk 3 \
     --gradient_checkpointing --mixed_precision
+  expect_run cuda_fp16_gradcache --output_dir "$tmp/cuda_fp16" --device cuda --grad_cache_chunk 3 --precision fp16
+  if grep -q "precision::Fp16Scaled" <<<"$last_out"; then ok "cuda: --precision fp16 trained with precision::Fp16Scaled"
+  else fail "cuda: --precision fp16 did not run precision::Fp16Scaled: $last_out"; fi
+  expect_run cuda_pinned_host --output_dir "$tmp/cuda_pinned" --device cuda --optimizer_state pinned-host \
+    --mixed_precision --gradient_checkpointing
+  if grep -q "state::PinnedHost" <<<"$last_out"; then ok "cuda: --optimizer_state pinned-host trained with state::PinnedHost"
+  else fail "cuda: --optimizer_state pinned-host did not run state::PinnedHost: $last_out"; fi
 else
-  skip_runs 2 "--device cuda runs"
+  skip_runs 6 "--device cuda runs"
 fi
 
 # ---- bad input ----
@@ -308,7 +318,11 @@ expect_error missing_raw "King James text '$tmp/no_raw' does not exist" --raw "$
 mkdir -p "$tmp/kjv_bad" && sed '3s/^Ge1:3 /Ge1-3 /' "$tmp/kjv_raw/kjv.txt" > "$tmp/kjv_bad/kjv.txt"
 expect_error kjv_bad_line "kjv_bad/kjv.txt:3: not a verse line \(got 'Ge1-3 " --raw "$tmp/kjv_bad"
 expect_error bad_device "device must be cpu or cuda\[:N\] \(got 'tpu'\)" --device tpu
-expect_error bad_precision "precision must be auto, fp32 or bf16 \(got 'fp16'\)" --precision fp16
+expect_error bad_precision "precision must be auto, fp32, bf16 or fp16 \(got 'fp8'\)" --precision fp8
+expect_error fp16_on_cpu "--precision fp16 needs a CUDA device \(got --precision fp16 with --device cpu\)" \
+  --precision fp16 --device cpu
+expect_error pinned_host_on_cpu "pinned-host keeps AdamW's state in pinned host memory for training on a GPU \(got --device cpu\)" \
+  --optimizer_state pinned-host --device cpu
 if ! nvidia-smi -L > /dev/null 2>&1; then  # no GPU here: a CUDA run must stop at start, saying why
   expect_error cuda_without_gpu "device cuda: (no CUDA GPU is visible|this build's LibTorch .* has no CUDA)" --device cuda
 fi

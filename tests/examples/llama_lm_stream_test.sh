@@ -89,9 +89,9 @@ if has_gpu; then
   for setting in "fp32 none resident" "bf16 every int8" "fp16 selective resident" "bf16-pure every resident" \
                  "bf16 every pinned-host"; do
     read -r precision recompute state <<<"$setting"
-    out=$("$bin" "${job[@]}" --dataset "$tmp/train.jsonl" --output_dir "$tmp/cuda_$precision" --device cuda \
+    out=$("$bin" "${job[@]}" --dataset "$tmp/train.jsonl" --output_dir "$tmp/cuda_${precision}_${state}" --device cuda \
           --precision "$precision" --recompute "$recompute" --optimizer_state "$state" 2>&1)
-    if [ $? -eq 0 ] && grep -q "held-out loss after" <<<"$out" && [ -s "$(final "$tmp/cuda_$precision")" ]; then
+    if [ $? -eq 0 ] && grep -q "held-out loss after" <<<"$out" && [ -s "$(final "$tmp/cuda_${precision}_${state}")" ]; then
       ok "cuda: $setting: $(grep -m1 'held-out loss after' <<<"$out" | cut -c1-60)"
     else
       fail "cuda: $setting: $(tail -5 <<<"$out")"

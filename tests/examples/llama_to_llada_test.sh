@@ -149,8 +149,10 @@ if has_gpu; then
     --strategy comprehensive --gradient_accumulation_steps 2 --kd_top_k 8 --mixed_precision
   expect_start cuda_comprehensive_tf32_cudnn_benchmark "$tmp/cuda_tf32" '"tf32":true "cudnn_benchmark":true' \
     '^cuda: tf32 true, cudnn benchmark true$' --device cuda --strategy comprehensive
+  expect_start cuda_pinned_host "$tmp/cuda_pinned" '"strategy":"simple"' '^student: .*optimizer state pinned-host' \
+    --device cuda --strategy simple --optimizer_state pinned-host
 else
-  skip_runs 4 "--device cuda runs"
+  skip_runs 5 "--device cuda runs"
 fi
 
 # ---- a Hugging Face teacher (transformers' save_pretrained, vocab_size padded past its tokenizer's)
@@ -192,6 +194,8 @@ expect_error() {  # expect_error NAME REGEX ARGS...
 }
 
 expect_error missing_teacher "$tmp/nowhere.*config.json" --teacher_model "$tmp/nowhere" --output_dir "$tmp/e1"
+expect_error pinned_host_on_cpu "pinned-host keeps AdamW's state in pinned host memory for training on a GPU \(got --device cpu\)" \
+  --teacher_model "$tmp/teacher" --output_dir "$tmp/e_pinned" --optimizer_state pinned-host
 
 mkdir -p "$tmp/wrongvocab"
 cp "$tmp/teacher/model.safetensors" "$tmp/wrongvocab/"

@@ -80,7 +80,7 @@ out=$("$bin" --data "$tmp/data" "${small[@]}" --output_dir "$tmp/preset" --steps
 rc=$?
 if [ "$rc" -eq 0 ] && grep -q "held-out loss after" <<<"$out" \
    && grep -q "preset memory_optimized: recompute every block, precision auto.*gradient accumulation 2; effective batch 8 x 2 = 16 sequences" <<<"$out" \
-   && grep -Eq "policies: recompute::EveryBlock, precision::(Fp32|Bf16Autocast), accum::Runtime\(2\)" <<<"$out"; then
+   && grep -Eq "policies: recompute::EveryBlock, precision::(Fp32|Bf16Autocast), state::Resident, accum::Runtime\(2\)" <<<"$out"; then
   ok "train_memory_optimized: $(grep -m1 "preset memory_optimized" <<<"$out")"
 else
   fail "train_memory_optimized (rc $rc): want the preset line, recompute::EveryBlock and accum::Runtime(2): $out"
@@ -160,8 +160,14 @@ if has_gpu; then
   else fail "cuda: --precision fp16 did not run precision::Fp16Scaled: $last_out"; fi
   if grep -q '"cuda_peak_mib"' "$tmp/cuda_levers/metrics.jsonl"; then ok "cuda: metrics.jsonl has the caching allocator's peak"
   else fail "cuda: no cuda_peak_mib in $tmp/cuda_levers/metrics.jsonl: $(tail -2 "$tmp/cuda_levers/metrics.jsonl")"; fi
+  expect_run cuda_pinned_host --output_dir "$tmp/cuda_pinned" --steps 2 --device cuda --optimizer_state pinned-host \
+    --mixed_precision --gradient_checkpointing
+  if grep -q "state::PinnedHost" <<<"$last_out"; then ok "cuda: --optimizer_state pinned-host trained with state::PinnedHost"
+  else fail "cuda: --optimizer_state pinned-host did not run state::PinnedHost: $last_out"; fi
+  expect_failure cuda_pinned_host_fp16 "no compiled Trainer has .*pinned-host" "$bin" --data "$tmp/data" "${tiny[@]}" \
+    --output_dir "$tmp/err" --steps 1 --device cuda --optimizer_state pinned-host --precision fp16
 else
-  skip_runs 4 "--device cuda runs"
+  skip_runs 7 "--device cuda runs"
 fi
 
 # ---- bad input ----
@@ -186,6 +192,8 @@ expect_error bad_device "device must be cpu or cuda\[:N\] \(got 'tpu'\)" --devic
 expect_error bad_precision "precision must be auto, fp32, bf16 or fp16 \(got 'fp8'\)" --precision fp8
 expect_error fp16_on_cpu "--precision fp16 needs a CUDA device \(got --precision fp16 with --device cpu\).*HINT: fp16 needs a CUDA device; on CPU use bf16 or auto" \
   --precision fp16 --device cpu
+expect_error pinned_host_on_cpu "pinned-host keeps AdamW's state in pinned host memory for training on a GPU \(got --device cpu\)" \
+  --optimizer_state pinned-host --device cpu
 expect_error bad_attention "attention must be math, blockwise or sdpa \(got 'flash'\)" --attention flash
 expect_error negative_release "release_cache_every must be >= 0 \(got -1\)" --release_cache_every -1
 if ! nvidia-smi -L > /dev/null 2>&1; then  # no GPU here: a CUDA run must stop at start, saying why

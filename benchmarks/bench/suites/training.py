@@ -70,15 +70,19 @@ def trainer(ctx: Context) -> list[Step]:
 # teacher and student, the same effective batch (16 x 128 tokens; comprehensive takes it as
 # 4 micro-batches of 4), one process each so peak RSS is its own. The teacher is a random
 # init saved once (memory and speed do not depend on its weights). One line per strategy
-# (impl: none | simple | comprehensive | comprehensive_fp32) from the run's metrics.jsonl
-# summary, then the ratios of the others to none.
+# (impl: none | simple | comprehensive | comprehensive_fp32 | comprehensive_levers) from the
+# run's metrics.jsonl summary, then the ratios of the others to none.
 DISTILL_STRATEGIES = {
     "none": "--strategy none --batch_size 16 --gradient_accumulation_steps 1",
     "simple": "--strategy simple --batch_size 16 --gradient_accumulation_steps 1",
     "comprehensive": "--strategy comprehensive --batch_size 4 --gradient_accumulation_steps 4",
     # comprehensive_fp32: the same with fp32 compute, for CPUs without bf16 matmul hardware.
     "comprehensive_fp32": "--strategy comprehensive --batch_size 4 --gradient_accumulation_steps 4"
-                          " --precision fp32 --teacher_dtype fp32",
+                          " --precision fp32",
+    # comprehensive_levers: + memopt's opt-in levers the original lacks (sparse top-64 KD, a
+    # bf16 teacher); distill_quality measures what they cost in held-out masked CE.
+    "comprehensive_levers": "--strategy comprehensive --batch_size 4 --gradient_accumulation_steps 4"
+                            " --kd_top_k 64 --teacher_precision bf16",
 }
 
 
@@ -104,12 +108,14 @@ def distill(ctx: Context) -> list[Step]:
 
 # ---- suite: distill_quality ----
 # The main job's student (comprehensive, alpha 0.5) with sparse KD from the teacher's top 64
-# (the opt-in --kd_top_k 64) against dense KD (the preset's) and no KD (alpha 0: diffusion loss only), all
-# from one teacher trained here with the default flags: held-out masked-token
-# cross-entropy at mask ratios 0.15 / 0.5 / 0.85, and the teacher's own held-out
-# perplexity. One line per student (impl: kd_top64 | kd_dense | no_kd). ~14 min.
+# (the opt-in --kd_top_k 64), dense KD from a bf16 copy of the teacher (the opt-in
+# --teacher_precision bf16), dense KD (the preset's) and no KD (alpha 0: diffusion loss only),
+# all from one teacher trained here with the default flags: held-out masked-token
+# cross-entropy at mask ratios 0.15 / 0.5 / 0.85, and the teacher's own held-out perplexity.
+# One line per student (impl: kd_top64 | kd_dense_bf16_teacher | kd_dense | no_kd). ~19 min.
 DISTILL_QUALITY_STUDENTS = {
     "kd_top64": "--train_teacher --alpha 0.5 --kd_top_k 64",  # the first run trains the teacher, the others reuse it
+    "kd_dense_bf16_teacher": "--alpha 0.5 --kd_top_k 0 --teacher_precision bf16",
     "kd_dense": "--alpha 0.5 --kd_top_k 0",
     "no_kd": "--alpha 0",
 }
