@@ -7,10 +7,12 @@
 // PEFT loads. merge() folds scale · B·A into W for inference; unmerge() takes it out again.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -78,6 +80,54 @@ inline torch::Dtype lora_adapter_dtype(torch::Dtype base) {
   return base == torch::kHalf || base == torch::kBFloat16 ? torch::kFloat : base;
 }
 
+/// Checks a LoRA layer's base Linear and options (`who` starts each message): a 2-d weight,
+/// valid options, a rank of at most min(in, out).
+inline void check_lora_base(const torch::nn::Linear& base, const LoraOptions& options, const char* who) {
+  TORCH_CHECK(!base.is_empty() && base->weight.defined() && base->weight.dim() == 2, who,
+              ": the base Linear is empty or has no 2-d weight. HINT: pass a constructed torch::nn::Linear, "
+              "e.g. torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false))");
+  options.check(who);
+  const int64_t out = base->weight.size(0), in = base->weight.size(1);
+  TORCH_CHECK(options.rank() <= std::min(in, out), who, ": LoRA rank ", options.rank(), " exceeds min(in ", in,
+              ", out ", out, ") = ", std::min(in, out),
+              ". HINT: B·A of a larger rank is no longer low-rank: rank min(in, out) already reaches every "
+              "(out, in) update, with more parameters than the weight itself past that; use a rank <= ",
+              std::min(in, out), " (PEFT accepts larger ranks; memopt refuses them)");
+}
+
+/// A (rank, in) Kaiming-uniform with a = √5 (bound 1/√in, as nn.Linear's reset_parameters), B
+/// (out, rank) zeros: PEFT's init_lora_weights=True.
+inline void reset_lora(const torch::nn::Linear& lora_A, const torch::nn::Linear& lora_B) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
+  torch::nn::init::zeros_(lora_B->weight);
+}
+
+/// Registers `lora_A` (in -> rank) and `lora_B` (rank -> out), bias-free, on `owner`, on `base`'s
+/// device in lora_adapter_dtype(base's dtype), initialised by reset_lora.
+inline std::pair<torch::nn::Linear, torch::nn::Linear> register_lora(torch::nn::Module& owner,
+                                                                     const torch::Tensor& base, int64_t rank) {
+  const int64_t out = base.size(0), in = base.size(1);
+  auto lora_A = owner.register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in, rank).bias(false)));
+  auto lora_B = owner.register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(rank, out).bias(false)));
+  lora_A->to(base.device(), lora_adapter_dtype(base.scalar_type()));
+  lora_B->to(base.device(), lora_adapter_dtype(base.scalar_type()));
+  reset_lora(lora_A, lora_B);
+  return {lora_A, lora_B};
+}
+
+/// result + B(A(dropout(x))) · scale in result's dtype, as PEFT's lora.Linear.forward: the
+/// adapter's input is x cast to A's dtype; dropout only in training.
+inline torch::Tensor add_lora(const torch::Tensor& result, const torch::Tensor& x, torch::nn::Linear lora_A,
+                              torch::nn::Linear lora_B, const LoraOptions& options, bool training) {
+  torch::Tensor input = x.to(lora_A->weight.scalar_type());  // (..., in)
+  if (options.dropout() > 0 && training) {
+    namespace F = torch::nn::functional;
+    input = F::dropout(input, F::DropoutFuncOptions().p(options.dropout()).training(true));
+  }
+  return (result + lora_B(lora_A(input)) * options.scale()).to(result.scalar_type());  // (..., out)
+}
+
 }  // namespace detail
 
 /// A Linear layer with a LoRA adapter: parameters `weight` (out, in) and `bias` (out,), if the
@@ -94,26 +144,11 @@ inline torch::Dtype lora_adapter_dtype(torch::Dtype base) {
 class LoraLinearImpl : public torch::nn::Module {
  public:
   LoraLinearImpl(const torch::nn::Linear& base, LoraOptions options) : options_(std::move(options)) {
-    const char* who = "memopt::nn::LoraLinear";
-    TORCH_CHECK(!base.is_empty() && base->weight.defined() && base->weight.dim() == 2, who,
-                ": the base Linear is empty or has no 2-d weight. HINT: pass a constructed torch::nn::Linear, "
-                "e.g. torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false))");
-    options_.check(who);
-    const int64_t out = base->weight.size(0), in = base->weight.size(1);
-    TORCH_CHECK(options_.rank() <= std::min(in, out), who, ": LoRA rank ", options_.rank(), " exceeds min(in ", in,
-                ", out ", out, ") = ", std::min(in, out),
-                ". HINT: B·A of a larger rank is no longer low-rank: rank min(in, out) already reaches every "
-                "(out, in) update, with more parameters than the weight itself past that; use a rank <= ",
-                std::min(in, out), " (PEFT accepts larger ranks; memopt refuses them)");
+    detail::check_lora_base(base, options_, "memopt::nn::LoraLinear");
     weight = register_parameter("weight", base->weight, /*requires_grad=*/false);  // (out, in), shared
     if (base->bias.defined()) bias = register_parameter("bias", base->bias, /*requires_grad=*/false);  // (out,)
 
-    const torch::Dtype dtype = detail::lora_adapter_dtype(weight.scalar_type());
-    lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in, options_.rank()).bias(false)));
-    lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(options_.rank(), out).bias(false)));
-    lora_A->to(weight.device(), dtype);
-    lora_B->to(weight.device(), dtype);
-    reset_adapter();
+    std::tie(lora_A, lora_B) = detail::register_lora(*this, weight, options_.rank());
   }
 
   /// The same around a new Linear of `base`'s shape (nn.Linear's initialisation).
@@ -122,11 +157,7 @@ class LoraLinearImpl : public torch::nn::Module {
       : LoraLinearImpl(torch::nn::Linear(base), std::move(options)) {}
 
   /// A Kaiming-uniform with a = √5 (bound 1/√in, as nn.Linear's reset_parameters), B zeros.
-  void reset_adapter() {
-    torch::NoGradGuard no_grad;
-    torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
-    torch::nn::init::zeros_(lora_B->weight);
-  }
+  void reset_adapter() { detail::reset_lora(lora_A, lora_B); }
 
   /// x·Wᵀ + b + B(A(dropout(x))) · scale, the adapter skipped while merged. As PEFT's
   /// lora.Linear.forward: the adapter's input is x cast to A's dtype, the sum is returned in the
@@ -134,12 +165,7 @@ class LoraLinearImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {  // (..., in) -> (..., out)
     torch::Tensor result = torch::linear(x, weight, bias);  // (..., out), as F.linear
     if (merged_) return result;
-    torch::Tensor input = x.to(lora_A->weight.scalar_type());  // (..., in)
-    if (options_.dropout() > 0 && is_training()) {
-      namespace F = torch::nn::functional;
-      input = F::dropout(input, F::DropoutFuncOptions().p(options_.dropout()).training(true));
-    }
-    return (result + lora_B(lora_A(input)) * options_.scale()).to(result.scalar_type());  // (..., out)
+    return detail::add_lora(result, x, lora_A, lora_B, options_, is_training());  // (..., out)
   }
 
   /// scale · B·A (out, in), the update merge() adds to the weight, in the adapter's dtype,
