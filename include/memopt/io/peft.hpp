@@ -6,13 +6,11 @@
 // layers, checking every name and shape before it copies anything.
 #pragma once
 
-#include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -23,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "memopt/io/json.hpp"
 #include "memopt/io/safetensors.hpp"
 #include "memopt/nn/lora.hpp"
 
@@ -198,18 +197,8 @@ inline nn::LoraOptions load_adapter(const std::string& dir, torch::nn::Module& m
                                                     : folder_hint);
 
   // ---- adapter_config.json ----
-  std::ifstream in(config_path);
-  TORCH_CHECK(in.good(), "memopt::io: cannot open adapter config '", config_path, "' (", std::strerror(errno),
-              "). HINT: check the file's permissions");
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    TORCH_CHECK(false, "memopt::io: adapter config '", config_path, "' is not valid JSON (", e.what(),
-                "). HINT: rewrite it with PEFT's save_pretrained or memopt::io::save_adapter");
-  }
-  TORCH_CHECK(json.is_object(), "memopt::io: adapter config '", config_path, "' must be a JSON object (got ",
-              detail::snippet(json), "). HINT: rewrite it with PEFT's save_pretrained or memopt::io::save_adapter");
+  const nlohmann::json json = detail::read_json_object(
+      config_path, "adapter config", "rewrite it with PEFT's save_pretrained or memopt::io::save_adapter");
   const detail::AdapterConfigFields fields{config_path, json};
   const auto& type = fields.required("peft_type");
   fields.expect("peft_type", type == "LORA", type, "\"LORA\" (memopt reads LoRA adapters only)");
