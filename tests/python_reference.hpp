@@ -26,7 +26,8 @@ inline bool python_imports(const std::string& modules) {
 /// Runs tests/baselines/SCRIPT DIR/in.safetensors DIR/out.safetensors with MEMOPT_TEST_PYTHON
 /// (its output in DIR/reference.log, shown on failure) and opens what it wrote; fails the case,
 /// naming `package` (which scripts/deps installs), unless the script exits 0.
-inline std::shared_ptr<const io::SafetensorsFile> run_reference_script(const TempDir& dir, const std::string& script,
+inline std::shared_ptr<const memopt::io::SafetensorsFile> run_reference_script(const TempDir& dir,
+                                                                               const std::string& script,
                                                                        const std::string& package) {
   const std::string path = std::string(MEMOPT_TEST_BASELINES) + "/" + script;
   const std::string log = dir.file("reference.log");
@@ -37,7 +38,7 @@ inline std::shared_ptr<const io::SafetensorsFile> run_reference_script(const Tem
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     FAIL(MEMOPT_TEST_PYTHON << " could not run tests/baselines/" << script << ". HINT: run scripts/deps "
                             << "(requirements.txt installs " << package << " into .venv)");
-  return io::SafetensorsFile::open(dir.file("out.safetensors"));
+  return memopt::io::SafetensorsFile::open(dir.file("out.safetensors"));
 }
 
 }  // namespace memopt::test

@@ -17,7 +17,13 @@ in shards with model.safetensors.index.json. The variants (VARIANTS below):
   linear   rope_type linear, factor 4; config.json rewritten in transformers 4's spelling
            ("rope_scaling": {"type": "linear", …} and a top-level rope_theta); 20 tokens
   dynamic  rope_type dynamic, factor 2, max_position_embeddings 16; 32 tokens, past it
-Exit 2 with a HINT when transformers is missing.
+With --lora (the gqa variant): PEFT's get_peft_model puts LoRA adapters on every Linear but lm_head
+(r 4, lora_alpha 8, lora_dropout 0.25, target_modules "all-linear"), lora_B drawn N(0, 0.1²) so that
+every gradient is non-zero, and saves them (save_pretrained) in OUT_DIR/adapter; reference.safetensors
+then holds inputs, targets and, for MODE "off" (eval: no dropout) and "on" (train: dropout, after
+torch.manual_seed(99)), MODE.loss and MODE.grad.NAME for every adapter parameter under memopt's
+names (model.layers.0.self_attn.q_proj.lora_A.weight: PEFT's without base_model.model. and .default).
+Exit 2 with a HINT when transformers (or, with --lora, peft) is missing.
 
 tests/models/hf_llama_reference.py --load MODEL_DIR IN OUT: transformers' from_pretrained of a folder
 memopt wrote; its logits on IN's "inputs" go to OUT as "logits", and "tied" (1 when lm_head.weight
@@ -103,7 +109,40 @@ def to_transformers4_spelling(config_path):
         json.dump(config, f, indent=2)
 
 
-def main(out, max_shard_size, variant):
+def lora_reference(model, out, inputs, targets):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        sys.stderr.write(f"hf_llama_reference.py: {e}. HINT: run scripts/deps (requirements.txt: peft)\n")
+        sys.exit(2)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.25, target_modules="all-linear"))
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    peft_model.save_pretrained(os.path.join(out, "adapter"))
+    tensors = {"inputs": inputs, "targets": targets}
+    for mode in ("off", "on"):
+        peft_model.train(mode == "on")
+        peft_model.zero_grad()
+        torch.manual_seed(99)
+        logits = peft_model(input_ids=inputs).logits  # (B, T, V)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
+        loss.backward()
+        tensors[mode + ".loss"] = loss.detach().reshape(1)
+        for name, p in peft_model.named_parameters():
+            if p.requires_grad:
+                memopt_name = name.removeprefix("base_model.model.").replace(".default.", ".")
+                tensors[mode + ".grad." + memopt_name] = p.grad.detach().clone()
+    save_file(tensors, os.path.join(out, "reference.safetensors"))
+    import peft
+    print(f"peft {peft.__version__}, torch {torch.__version__}: LoRA loss off {tensors['off.loss'].item():.6f}, "
+          f"on {tensors['on.loss'].item():.6f}")
+
+
+def main(out, max_shard_size, variant, lora=False):
     torch.manual_seed(1234)
     overrides, T = VARIANTS[variant]
     config = LlamaConfig(**{**COMMON, **overrides})
@@ -120,6 +159,8 @@ def main(out, max_shard_size, variant):
     tokens = torch.randint(0, config.vocab_size, (2, T + 1), generator=torch.Generator().manual_seed(7))
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].clone()
     targets[1, :3] = IGNORE_INDEX
+    if lora:
+        return lora_reference(model, out, inputs, targets)
     logits = model(input_ids=inputs).logits  # (B, T, V)
     loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), targets.reshape(-1), ignore_index=IGNORE_INDEX,
                            reduction="sum")
@@ -146,5 +187,6 @@ if __name__ == "__main__":
         parser.add_argument("out")
         parser.add_argument("--max-shard-size", default=None)
         parser.add_argument("--variant", choices=sorted(VARIANTS), default="gqa")
+        parser.add_argument("--lora", action="store_true")
         args = parser.parse_args()
-        main(args.out, args.max_shard_size, args.variant)
+        main(args.out, args.max_shard_size, args.variant, args.lora)

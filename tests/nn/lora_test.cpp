@@ -1,6 +1,6 @@
-// tests/nn/lora_test.cpp — memopt/nn/lora.hpp and memopt/io/peft.hpp: a LoraLinear starts as its
-// base Linear (B zero, A within Kaiming-uniform's bound, the base weight shared and frozen); on a
-// toy model its output, loss, adapter gradients and delta weights equal PEFT 0.21.2's in fp32,
+// tests/nn/lora_test.cpp — memopt/nn/lora.hpp, memopt/nn/linear.hpp's adapter and memopt/io/peft.hpp:
+// a memopt::nn::Linear with an adapter starts as its base Linear (B zero, A within
+// Kaiming-uniform's bound, the base weight shared and frozen); on a toy model its output, loss, adapter gradients and delta weights equal PEFT 0.21.2's in fp32,
 // with rsLoRA and without (tests/baselines/lora_reference.py, run with the tests' Python; skipped
 // without peft); adapters round-trip both ways between save_adapter/load_adapter and PEFT's
 // save_pretrained/PeftModel.from_pretrained; merge/unmerge; dropout in training only; and each
@@ -30,8 +30,8 @@
 #include "python_reference.hpp"
 #include "support.hpp"
 
-using memopt::nn::LoraLinear;
-using memopt::nn::LoraLinearImpl;
+using memopt::nn::Linear;
+using memopt::nn::LinearImpl;
 using memopt::nn::LoraOptions;
 using memopt::test::max_abs_diff;
 
@@ -49,10 +49,10 @@ bool is_adapter(const std::string& name) {
 // (H -> C, bias) adapted, head (C -> O, bias) not; x = x + v_proj(tanh(q_proj(x))), then head(x).
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(const LoraOptions& options) {
-    q_proj = register_module("q_proj", LoraLinear(torch::nn::LinearOptions(kC, kH).bias(false), options));
-    v_proj = register_module("v_proj", LoraLinear(torch::nn::LinearOptions(kH, kC), options));
+    q_proj = register_module("q_proj", Linear(torch::nn::LinearOptions(kC, kH).bias(false), options));
+    v_proj = register_module("v_proj", Linear(torch::nn::LinearOptions(kH, kC), options));
   }
-  LoraLinear q_proj{nullptr}, v_proj{nullptr};
+  Linear q_proj{nullptr}, v_proj{nullptr};
 };
 TORCH_MODULE(Block);
 
@@ -98,11 +98,11 @@ torch::Tensor input(uint64_t seed) {  // (2, 5, C)
   return torch::randn({2, 5, kC}, gen) * 0.5;
 }
 
-// Every LoraLinear of `model` with its path ("layers.0.q_proj").
-std::vector<std::pair<std::string, LoraLinearImpl*>> lora_layers(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, LoraLinearImpl*>> out;
+// Every Linear of `model` with its path ("layers.0.q_proj").
+std::vector<std::pair<std::string, LinearImpl*>> lora_layers(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, LinearImpl*>> out;
   for (const auto& item : model.named_modules("", /*include_self=*/false))
-    if (auto* layer = dynamic_cast<LoraLinearImpl*>(item.value().get())) out.emplace_back(item.key(), layer);
+    if (auto* layer = dynamic_cast<LinearImpl*>(item.value().get())) out.emplace_back(item.key(), layer);
   return out;
 }
 
@@ -142,11 +142,11 @@ void copy_adapter(const std::string& from, const std::string& to) {
 
 }  // namespace
 
-TEST_CASE("LoraLinear starts as its base Linear: B zero, A within Kaiming-uniform's bound, the weight shared, frozen",
+TEST_CASE("A LoRA Linear starts as its base Linear: B zero, A within Kaiming-uniform's bound, the weight shared, frozen",
           "[nn][lora]") {
   torch::manual_seed(28);
   torch::nn::Linear base(torch::nn::LinearOptions(kC, kH));
-  LoraLinear lora(base, LoraOptions().rank(kRank));
+  Linear lora(base, LoraOptions().rank(kRank));
 
   // PEFT's names without base_model.model. and .default: the base's own, then the adapter's.
   const auto params = lora->named_parameters();
@@ -170,7 +170,7 @@ TEST_CASE("LoraLinear starts as its base Linear: B zero, A within Kaiming-unifor
   const double bound = 1 / std::sqrt(static_cast<double>(kC));
   CHECK(lora->lora_A->weight.abs().max().item<double>() <= bound);
   CHECK(lora->lora_A->weight.abs().max().item<double>() > bound / 2);
-  LoraLinear wide(torch::nn::LinearOptions(256, 512).bias(false), LoraOptions().rank(16));
+  Linear wide(torch::nn::LinearOptions(256, 512).bias(false), LoraOptions().rank(16));
   const torch::Tensor a = wide->lora_A->weight.to(torch::kDouble);  // 4096 draws from U(-1/16, 1/16)
   CHECK(a.abs().max().item<double>() <= 1.0 / 16);
   CHECK(a.abs().max().item<double>() > 0.99 / 16);
@@ -195,7 +195,7 @@ TEST_CASE("LoraLinear starts as its base Linear: B zero, A within Kaiming-unifor
   // A bf16 base keeps its dtype; the adapter is fp32 (PEFT's autocast_adapter_dtype) and the output bf16.
   torch::nn::Linear half(torch::nn::LinearOptions(kC, kH));
   half->to(torch::kBFloat16);
-  LoraLinear lora16(half, LoraOptions().rank(kRank));
+  Linear lora16(half, LoraOptions().rank(kRank));
   CHECK(lora16->weight.scalar_type() == torch::kBFloat16);
   CHECK(lora16->lora_A->weight.scalar_type() == torch::kFloat);
   CHECK(lora16(x.to(torch::kBFloat16)).scalar_type() == torch::kBFloat16);
@@ -209,7 +209,7 @@ TEST_CASE("LoraLinear starts as its base Linear: B zero, A within Kaiming-unifor
   CHECK(LoraOptions().targets({"all-linear"}).targets_module("model.layers.0.mlp.down_proj"));
 }
 
-TEST_CASE("LoraLinear's output, loss and adapter gradients equal PEFT 0.21.2's in fp32, with rsLoRA and without",
+TEST_CASE("A LoRA Linear's output, loss and adapter gradients equal PEFT 0.21.2's in fp32, with rsLoRA and without",
           "[nn][lora][peft]") {
   if (skipped_without_peft()) return;
   memopt::test::TempDir dir("memopt_lora_test");
@@ -330,7 +330,7 @@ TEST_CASE("save_adapter writes what PEFT loads, and load_adapter reads what PEFT
   for (const auto& [path, layer] : lora_layers(*from_peft)) {
     INFO(path);
     CHECK(layer->scale() == 2.5);  // the config's 10 / 4, not the 16 / 4 it was built with
-    CHECK(layer->options().dropout() == Approx(0.1));
+    CHECK(layer->lora_options().dropout() == Approx(0.1));
   }
   for (const auto& item : from_peft->named_parameters())
     if (is_adapter(item.key())) CHECK(torch::equal(item.value(), ref->get("save/lora/" + item.key())));
@@ -346,10 +346,10 @@ TEST_CASE("save_adapter writes what PEFT loads, and load_adapter reads what PEFT
   CHECK(torch::equal(again(x), mine(x)));
 }
 
-TEST_CASE("LoraLinear merge folds scale times B·A into the weight, unmerge takes it out, each once", "[nn][lora]") {
+TEST_CASE("A LoRA Linear merge folds scale times B·A into the weight, unmerge takes it out, each once", "[nn][lora]") {
   torch::manual_seed(29);
   torch::nn::Linear base(torch::nn::LinearOptions(kC, kH));
-  LoraLinear lora(base, LoraOptions().rank(kRank).alpha(6));
+  Linear lora(base, LoraOptions().rank(kRank).alpha(6));
   {
     torch::NoGradGuard no_grad;
     lora->lora_B->weight.normal_(0, 0.1);
@@ -368,20 +368,20 @@ TEST_CASE("LoraLinear merge folds scale times B·A into the weight, unmerge take
   CHECK(torch::equal(lora->weight, w0 + delta));                 // fp32 weight: the fp32 sum
   CHECK(torch::equal(lora(x), torch::linear(x, lora->weight, lora->bias)));  // the adapter skipped
   CHECK(max_abs_diff(lora(x), y) <= 1e-5);
-  memopt::test::require_error([&] { lora->merge(); }, "memopt::nn::LoraLinear", {"already merged", "unmerge()"});
-  memopt::test::require_error([&] { lora->set_options(LoraOptions().rank(kRank).alpha(8)); },
-                              "memopt::nn::LoraLinear::set_options", {"merged", "unmerge()"});
+  memopt::test::require_error([&] { lora->merge(); }, "memopt::nn::Linear", {"already merged", "unmerge()"});
+  memopt::test::require_error([&] { lora->set_lora_options(LoraOptions().rank(kRank).alpha(8)); },
+                              "memopt::nn::Linear::set_lora_options", {"merged", "unmerge()"});
 
   lora->unmerge();
   CHECK_FALSE(lora->merged());
   CHECK(max_abs_diff(lora->weight, w0) <= 1e-6);
   CHECK(max_abs_diff(lora(x), y) <= 1e-6);
-  memopt::test::require_error([&] { lora->unmerge(); }, "memopt::nn::LoraLinear", {"not merged", "merge() first"});
+  memopt::test::require_error([&] { lora->unmerge(); }, "memopt::nn::Linear", {"not merged", "merge() first"});
 
   // A bf16 weight: the sum in fp32, rounded once to bf16.
   torch::nn::Linear half(torch::nn::LinearOptions(kC, kH).bias(false));
   half->to(torch::kBFloat16);
-  LoraLinear lora16(half, LoraOptions().rank(kRank).alpha(6));
+  Linear lora16(half, LoraOptions().rank(kRank).alpha(6));
   {
     torch::NoGradGuard no_grad;
     lora16->lora_B->weight.normal_(0, 0.1);
@@ -392,10 +392,10 @@ TEST_CASE("LoraLinear merge folds scale times B·A into the weight, unmerge take
   CHECK(torch::equal(lora16->weight, (h0.to(torch::kFloat) + lora16->delta_weight()).to(torch::kBFloat16)));
 }
 
-TEST_CASE("LoraLinear drops the adapter's input in training only, never the base path", "[nn][lora]") {
+TEST_CASE("A LoRA Linear drops the adapter's input in training only, never the base path", "[nn][lora]") {
   torch::manual_seed(30);
   torch::nn::Linear base(torch::nn::LinearOptions(kC, kH));
-  LoraLinear lora(base, LoraOptions().rank(kRank).alpha(8).dropout(0.5));
+  Linear lora(base, LoraOptions().rank(kRank).alpha(8).dropout(0.5));
   const torch::Tensor x = torch::randn({4, 16, kC});
   const torch::Tensor plain = torch::linear(x, lora->weight, lora->bias);
   CHECK(torch::equal(lora(x), plain));  // B = 0: dropout or not, the base output
@@ -413,7 +413,7 @@ TEST_CASE("LoraLinear drops the adapter's input in training only, never the base
 TEST_CASE("LoRA options, layers and adapter folders are refused with the value or file and a HINT", "[nn][lora]") {
   torch::nn::Linear base(torch::nn::LinearOptions(kC, kH));
   auto rejects = [&](const LoraOptions& options, const std::vector<std::string>& parts) {
-    memopt::test::require_error([&] { (void)LoraLinear(base, options); }, "memopt::nn::LoraLinear", parts);
+    memopt::test::require_error([&] { (void)Linear(base, options); }, "memopt::nn::Linear", parts);
   };
   rejects(LoraOptions().rank(0), {"rank must be >= 1", "(got 0)"});
   rejects(LoraOptions().rank(-3), {"rank must be >= 1", "(got -3)"});
@@ -425,8 +425,8 @@ TEST_CASE("LoRA options, layers and adapter folders are refused with the value o
   rejects(LoraOptions().targets({}), {"targets are empty", "all-linear"});
   memopt::test::require_error([] { LoraOptions().rank(0).check("memopt::models::Llama"); }, "memopt::models::Llama",
                               {"rank must be >= 1"});
-  memopt::test::require_error([] { (void)LoraLinear(torch::nn::Linear(nullptr), LoraOptions()); },
-                              "memopt::nn::LoraLinear", {"empty"});
+  memopt::test::require_error([] { (void)Linear(torch::nn::Linear(nullptr), LoraOptions()); },
+                              "memopt::nn::Linear", {"empty"});
 
   // ---- save_adapter ----
   memopt::test::TempDir dir("memopt_lora_test");
@@ -436,12 +436,12 @@ TEST_CASE("LoRA options, layers and adapter folders are refused with the value o
   memopt::io::save_adapter(good, *toy, options);
   memopt::test::require_error(
       [&] { memopt::io::save_adapter(dir.file("x"), *toy, LoraOptions().rank(kRank).alpha(32)); },
-      "memopt::io: save_adapter", {"layer 'layers.0.q_proj' has rank 4, alpha 6", "alpha 32", "layer->options()"});
+      "memopt::io: save_adapter", {"layer 'layers.0.q_proj' has rank 4, alpha 6", "alpha 32", "layer->lora_options()"});
   memopt::test::require_error([&] { memopt::io::save_adapter(dir.file("x"), *toy, LoraOptions().rank(0)); },
                               "memopt::io: save_adapter", {"rank must be >= 1"});
   memopt::test::require_error([&] { memopt::io::save_adapter(dir.file("x"), *base, options); },
-                              "memopt::io: save_adapter", {"no LoRA parameters", "LoraLinear"});
-  LoraLinear root(torch::nn::LinearOptions(kC, kH), options);
+                              "memopt::io: save_adapter", {"no LoRA parameters", "memopt::lora::apply"});
+  Linear root(torch::nn::LinearOptions(kC, kH), options);
   memopt::test::require_error([&] { memopt::io::save_adapter(dir.file("x"), *root, options); },
                               "memopt::io: save_adapter", {"'lora_A.weight'", "root", "register_module"});
 

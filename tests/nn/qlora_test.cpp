@@ -1,8 +1,8 @@
 // tests/nn/qlora_test.cpp — memopt/nn/qlora.hpp: nf4_linear's forward equals torch::linear with
 // the dequantised weight bit for bit in fp32 and its dX the dense path's, with no gradient for the
-// weight or bias; QLoraLinear equals a LoraLinear over a Linear holding the dequantised weight
-// (output, dX, lora_A and lora_B gradients) in fp32, and within twice the dense path's own error
-// against fp64 in bf16 and under bf16 autocast; the graph keeps the NF4 buffers themselves and
+// weight or bias; a quantised memopt::nn::Linear with an adapter equals one over a dense Linear
+// holding the dequantised weight (output, dX, lora_A and lora_B gradients) in fp32, and within
+// twice the dense path's own error against fp64 in bf16 and under bf16 autocast; the graph keeps the NF4 buffers themselves and
 // nothing of the dense weight's size between forward and backward (memopt's tracker); the NF4
 // state is buffers a state dict saves and loads; and each bad input's error carries a HINT.
 #include <catch2/catch.hpp>
@@ -18,17 +18,17 @@
 
 #include <memopt/detail/autocast.hpp>
 #include <memopt/memory/tracker.hpp>
+#include <memopt/nn/linear.hpp>
 #include <memopt/nn/lora.hpp>
 #include <memopt/nn/nf4.hpp>
 #include <memopt/nn/qlora.hpp>
 
 #include "support.hpp"
 
-using memopt::nn::LoraLinear;
+using memopt::nn::Linear;
 using memopt::nn::LoraOptions;
 using memopt::nn::Nf4Options;
 using memopt::nn::Nf4Tensor;
-using memopt::nn::QLoraLinear;
 using memopt::nn::nf4_linear;
 using memopt::nn::quantize_nf4;
 using memopt::test::max_abs_diff;
@@ -49,7 +49,7 @@ torch::nn::Linear make_linear(int64_t in, int64_t out, bool bias, uint64_t seed,
 }
 
 /// The dense path QLoRA stands for: a Linear in `dtype` holding q's dequantised weight and its bias.
-torch::nn::Linear dense_of(const QLoraLinear& q, torch::Dtype dtype) {
+torch::nn::Linear dense_of(const Linear& q, torch::Dtype dtype) {
   torch::nn::Linear linear(torch::nn::LinearOptions(q->in_features(), q->out_features()).bias(q->bias.defined()));
   linear->to(dtype);
   torch::NoGradGuard no_grad;
@@ -59,7 +59,7 @@ torch::nn::Linear dense_of(const QLoraLinear& q, torch::Dtype dtype) {
 }
 
 /// B = N(0, 0.1²) from `seed` in q (non-zero, so A's gradient is too), and q's A and B in lora.
-void share_adapter(QLoraLinear& q, LoraLinear& lora, uint64_t seed) {
+void share_adapter(Linear& q, Linear& lora, uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
   torch::NoGradGuard no_grad;
   q->lora_B->weight.copy_(torch::randn(q->lora_B->weight.sizes(), gen) * 0.1);
@@ -150,14 +150,14 @@ TEST_CASE("nf4_linear equals torch::linear with the dequantized weight and its d
   CHECK_FALSE(nf4_linear(x0, quantize_nf4(linear->weight), linear->bias).requires_grad());
 }
 
-TEST_CASE("QLoraLinear equals LoraLinear over the dequantized weight in fp32, with and without dropout",
+TEST_CASE("A QLoRA Linear equals a LoRA Linear over the dequantized weight in fp32, with and without dropout",
           "[qlora][nn]") {
   for (const double dropout : {0.0, 0.25}) {
     INFO("dropout " << dropout);
     const auto options = LoraOptions().rank(4).alpha(8).dropout(dropout);
     torch::nn::Linear base = make_linear(96, 40, /*bias=*/true, 3);
-    QLoraLinear q(base, options);
-    LoraLinear lora(dense_of(q, torch::kFloat), options);
+    Linear q(base, options, Nf4Options());
+    Linear lora(dense_of(q, torch::kFloat), options);
     share_adapter(q, lora, 4);
     CHECK(q->lora_A->weight.scalar_type() == torch::kFloat);
     CHECK(q->scale() == 2.0);
@@ -177,18 +177,18 @@ TEST_CASE("QLoraLinear equals LoraLinear over the dequantized weight in fp32, wi
   }
 }
 
-TEST_CASE("QLoraLinear in bf16 and under bf16 autocast stays within twice the dense bf16 error against fp64",
+TEST_CASE("A QLoRA Linear in bf16 and under bf16 autocast stays within twice the dense bf16 error against fp64",
           "[qlora][nn]") {
   const auto options = LoraOptions().rank(8).alpha(16);
   auto gen = at::detail::createCPUGenerator(7);
   const torch::Tensor x = torch::randn({4, 6, 128}, gen), g = torch::randn({4, 6, 64}, gen);
 
   SECTION("a bf16 base and bf16 input: fp32 adapter, bf16 output") {
-    QLoraLinear q(make_linear(128, 64, /*bias=*/true, 8, torch::kBFloat16), options);
-    LoraLinear lora(dense_of(q, torch::kBFloat16), options);
+    Linear q(make_linear(128, 64, /*bias=*/true, 8, torch::kBFloat16), options, Nf4Options());
+    Linear lora(dense_of(q, torch::kBFloat16), options);
     share_adapter(q, lora, 9);
-    CHECK(q->lora_A->weight.scalar_type() == torch::kFloat);  // lora_adapter_dtype, as LoraLinear
-    CHECK(q->base().dtype == torch::kBFloat16);
+    CHECK(q->lora_A->weight.scalar_type() == torch::kFloat);  // lora_adapter_dtype, as a LoRA Linear
+    CHECK(q->nf4().dtype == torch::kBFloat16);
     const torch::Tensor xb = x.to(torch::kBFloat16);
     const Run mine = run(q, xb, g), dense = run(lora, xb, g);
     CHECK(mine.y.scalar_type() == torch::kBFloat16);
@@ -198,8 +198,8 @@ TEST_CASE("QLoraLinear in bf16 and under bf16 autocast stays within twice the de
     check_within_dense_error(mine, dense, ref);
   }
   SECTION("an fp32 base under CPU bf16 autocast: the weight dequantized to bf16, dX in fp32") {
-    QLoraLinear q(make_linear(128, 64, /*bias=*/true, 10), options);
-    LoraLinear lora(dense_of(q, torch::kFloat), options);
+    Linear q(make_linear(128, 64, /*bias=*/true, 10), options, Nf4Options());
+    Linear lora(dense_of(q, torch::kFloat), options);
     share_adapter(q, lora, 11);
     const Run mine = run(q, x, g, /*autocast=*/true), dense = run(lora, x, g, /*autocast=*/true);
     CHECK(mine.y.scalar_type() == torch::kBFloat16);
@@ -217,7 +217,7 @@ TEST_CASE("nf4_linear keeps only the NF4 buffers between forward and backward, n
   REQUIRE(tracker.installed());
   constexpr int64_t kOut = 1024, kIn = 1024, kDense = kOut * kIn * 4;  // the fp32 weight: 4 MiB
   torch::nn::Linear base(torch::nn::LinearOptions(kIn, kOut));
-  QLoraLinear q(base, LoraOptions().rank(8));
+  Linear q(base, LoraOptions().rank(8), Nf4Options());
 
   // 0.5159 B/param: n/2 codes + 1 B per block of 64 + 4 B per 256 blocks + 4 B of offset.
   constexpr int64_t n = kOut * kIn, blocks = n / 64;
@@ -228,7 +228,7 @@ TEST_CASE("nf4_linear keeps only the NF4 buffers between forward and backward, n
   const torch::Tensor x = torch::randn({4, kIn}).requires_grad_(true);  // (4, in): 16 KiB
   const int64_t before = tracker.live_bytes();
   {
-    const torch::Tensor y = nf4_linear(x, q->base(), q->bias);  // (4, out)
+    const torch::Tensor y = nf4_linear(x, q->nf4(), q->bias);  // (4, out)
     const int64_t kept = tracker.live_bytes() - before;
     INFO("kept after forward " << kept << " B, y " << y.nbytes() << " B");
     CHECK(kept - static_cast<int64_t>(y.nbytes()) < kDense / 64);
@@ -255,26 +255,26 @@ TEST_CASE("nf4_linear keeps only the NF4 buffers between forward and backward, n
     const torch::Tensor y = torch::linear(x, q->dequantized_weight(torch::kFloat), q->bias);
     CHECK(tracker.live_bytes() - start >= kDense);
   }
-  // QLoraLinear's forward: the adapter's activations (of x's and y's size), no dense weight.
+  // the QLoRA Linear's forward: the adapter's activations (of x's and y's size), no dense weight.
   {
     const int64_t start = tracker.live_bytes();
     const torch::Tensor y = q(x);
-    INFO("kept after QLoraLinear's forward " << tracker.live_bytes() - start << " B");
+    INFO("kept after the QLoRA Linear's forward " << tracker.live_bytes() - start << " B");
     CHECK(tracker.live_bytes() - start < kDense / 16);
     y.sum().backward();
   }
 }
 
-TEST_CASE("QLoraLinear's NF4 base is buffers a state dict saves and loads, and to(dtype) leaves them as they are",
+TEST_CASE("A QLoRA Linear's NF4 base is buffers a state dict saves and loads, and to(dtype) leaves them as they are",
           "[qlora][nn]") {
-  QLoraLinear q(make_linear(40, 24, /*bias=*/true, 12), LoraOptions().rank(4));
+  Linear q(make_linear(40, 24, /*bias=*/true, 12), LoraOptions().rank(4), Nf4Options());
   CHECK(q->named_parameters().keys() == std::vector<std::string>({"bias", "lora_A.weight", "lora_B.weight"}));
   CHECK(q->named_buffers().keys() ==
         std::vector<std::string>({"weight_nf4", "weight_absmax", "weight_nested_absmax", "weight_nested_offset"}));
-  CHECK(q->weight_nf4.is_same(q->base().packed));
-  CHECK(q->weight_absmax.is_same(q->base().absmax_quant.codes));
-  CHECK(q->weight_nested_absmax.is_same(q->base().absmax_quant.absmax));
-  CHECK(q->weight_nested_offset.is_same(q->base().absmax_offset));
+  CHECK(q->weight_nf4.is_same(q->nf4().packed));
+  CHECK(q->weight_absmax.is_same(q->nf4().absmax_quant.codes));
+  CHECK(q->weight_nested_absmax.is_same(q->nf4().absmax_quant.absmax));
+  CHECK(q->weight_nested_offset.is_same(q->nf4().absmax_offset));
   CHECK(q->weight_nf4.sizes() == torch::IntArrayRef({480}));  // 960 weights, two a byte
   CHECK(q->weight_absmax.scalar_type() == torch::kByte);
   CHECK(q->weight_absmax.numel() == 15);
@@ -284,7 +284,7 @@ TEST_CASE("QLoraLinear's NF4 base is buffers a state dict saves and loads, and t
   CHECK(q->in_features() == 40);
   CHECK(q->out_features() == 24);
 
-  QLoraLinear plain(make_linear(40, 24, /*bias=*/false, 12), LoraOptions().rank(4), Nf4Options().double_quant(false));
+  Linear plain(make_linear(40, 24, /*bias=*/false, 12), LoraOptions().rank(4), Nf4Options().double_quant(false));
   CHECK(plain->named_buffers().keys() == std::vector<std::string>({"weight_nf4", "weight_absmax"}));
   CHECK(plain->weight_absmax.scalar_type() == torch::kFloat);
   CHECK(plain->named_parameters().size() == 2);
@@ -297,56 +297,56 @@ TEST_CASE("QLoraLinear's NF4 base is buffers a state dict saves and loads, and t
   }
   std::stringstream stream;
   torch::save(q, stream);
-  QLoraLinear other(make_linear(40, 24, /*bias=*/true, 13), LoraOptions().rank(4));
+  Linear other(make_linear(40, 24, /*bias=*/true, 13), LoraOptions().rank(4), Nf4Options());
   const torch::Tensor x = torch::randn({3, 40});
   CHECK_FALSE(torch::equal(other(x), q(x)));
   torch::load(other, stream);
-  CHECK(torch::equal(other->base().packed, q->base().packed));
-  CHECK(other->weight_nf4.is_same(other->base().packed));  // base() follows the loaded buffers
+  CHECK(torch::equal(other->nf4().packed, q->nf4().packed));
+  CHECK(other->weight_nf4.is_same(other->nf4().packed));  // nf4() follows the loaded buffers
   CHECK(torch::equal(other(x), q(x)));
 
-  // to(bf16): the adapter and bias convert; codes and scales keep their dtypes; base() follows.
+  // to(bf16): the adapter and bias convert; codes and scales keep their dtypes; nf4() follows.
   q->to(torch::kBFloat16);
   CHECK(q->lora_A->weight.scalar_type() == torch::kBFloat16);
   CHECK(q->bias.scalar_type() == torch::kBFloat16);
   CHECK(q->weight_nf4.scalar_type() == torch::kByte);
   CHECK(q->weight_nested_absmax.scalar_type() == torch::kFloat);
-  CHECK(q->base().dtype == torch::kBFloat16);
-  CHECK(q->base().packed.is_same(q->weight_nf4));
+  CHECK(q->nf4().dtype == torch::kBFloat16);
+  CHECK(q->nf4().packed.is_same(q->weight_nf4));
   CHECK(q(x.to(torch::kBFloat16)).scalar_type() == torch::kBFloat16);
   q->to(torch::kCPU);  // a device move keeps every tensor's identity too
-  CHECK(q->base().absmax_quant.absmax.is_same(q->weight_nested_absmax));
+  CHECK(q->nf4().absmax_quant.absmax.is_same(q->weight_nested_absmax));
   CHECK(torch::equal(q->dequantized_weight(torch::kFloat), other->dequantized_weight(torch::kFloat)));
 }
 
-TEST_CASE("QLoraLinear takes any in_features and refuses bad input with a HINT", "[qlora][nn]") {
+TEST_CASE("A QLoRA Linear takes any in_features and refuses bad input with a HINT", "[qlora][nn]") {
   // An odd in_features: NF4 pads the last byte with the code of 0 and scales a short last block;
   // no shape is refused (231 weights: 3 blocks of 64 and one of 39, 116 bytes).
-  QLoraLinear odd(make_linear(33, 7, /*bias=*/true, 14), LoraOptions().rank(4));
-  CHECK(odd->base().packed.numel() == 116);
-  CHECK(odd->base().num_blocks() == 4);
+  Linear odd(make_linear(33, 7, /*bias=*/true, 14), LoraOptions().rank(4), Nf4Options());
+  CHECK(odd->nf4().packed.numel() == 116);
+  CHECK(odd->nf4().num_blocks() == 4);
   const torch::Tensor x = torch::randn({5, 33});
   CHECK(torch::equal(odd(x), torch::linear(x, odd->dequantized_weight(torch::kFloat), odd->bias)));  // B = 0
 
-  require_error([] { QLoraLinear layer(make_linear(8, 4, false, 15), LoraOptions().rank(5)); },
-                "memopt::nn::QLoraLinear", {"rank 5", "min(in 8, out 4) = 4"});
-  require_error([] { QLoraLinear layer(make_linear(8, 4, false, 15), LoraOptions().rank(2).alpha(0)); },
-                "memopt::nn::QLoraLinear", {"alpha"});
-  require_error([] { QLoraLinear layer(torch::nn::Linear(nullptr), LoraOptions()); }, "memopt::nn::QLoraLinear",
+  require_error([] { Linear layer(make_linear(8, 4, false, 15), LoraOptions().rank(5), Nf4Options()); },
+                "memopt::nn::Linear", {"rank 5", "min(in 8, out 4) = 4"});
+  require_error([] { Linear layer(make_linear(8, 4, false, 15), LoraOptions().rank(2).alpha(0), Nf4Options()); },
+                "memopt::nn::Linear", {"alpha"});
+  require_error([] { Linear layer(torch::nn::Linear(nullptr), LoraOptions(), Nf4Options()); }, "memopt::nn::Linear",
                 {"empty"});
   require_error(
-      [] { QLoraLinear layer(make_linear(8, 8, false, 16), LoraOptions().rank(2), Nf4Options().blocksize(48)); },
-      "memopt::nn::quantize_nf4", {"blocksize", "48"});
-  require_error([&] { odd->dequantized_weight(torch::kInt); }, "memopt::nn::QLoraLinear::dequantized_weight",
+      [] { Linear layer(make_linear(8, 8, false, 16), LoraOptions().rank(2), Nf4Options().blocksize(48)); },
+      "memopt::nn::Linear::quantize", {"blocksize", "48"});
+  require_error([&] { odd->dequantized_weight(torch::kInt); }, "memopt::nn::Linear::dequantized_weight",
                 {"Int", "floating"});
 
-  require_error([&] { nf4_linear(torch::ones({2, 33}, torch::kLong), odd->base()); }, "memopt::nn::nf4_linear",
+  require_error([&] { nf4_linear(torch::ones({2, 33}, torch::kLong), odd->nf4()); }, "memopt::nn::nf4_linear",
                 {"floating-point", "Long"});
-  require_error([&] { nf4_linear(torch::randn({2, 32}), odd->base()); }, "memopt::nn::nf4_linear",
+  require_error([&] { nf4_linear(torch::randn({2, 32}), odd->nf4()); }, "memopt::nn::nf4_linear",
                 {"in = 33", "[2, 32]"});
-  require_error([&] { nf4_linear(x, odd->base(), torch::zeros({7}, torch::requires_grad())); },
+  require_error([&] { nf4_linear(x, odd->nf4(), torch::zeros({7}, torch::requires_grad())); },
                 "memopt::nn::nf4_linear", {"bias requires grad"});
-  require_error([&] { nf4_linear(x, odd->base(), torch::zeros({6})); }, "memopt::nn::nf4_linear", {"out = 7", "[6]"});
+  require_error([&] { nf4_linear(x, odd->nf4(), torch::zeros({6})); }, "memopt::nn::nf4_linear", {"out = 7", "[6]"});
   require_error([] { nf4_linear(torch::randn({4, 16}), quantize_nf4(torch::randn({16}))); },
                 "memopt::nn::nf4_linear", {"2-d", "[16]"});
 }

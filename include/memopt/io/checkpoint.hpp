@@ -1,8 +1,10 @@
 // memopt/io/checkpoint.hpp — training-state checkpoints: everything a run needs to go on as
 // if it had never stopped, written so that a crash at any moment leaves the previous one
-// loadable. One checkpoint is a directory step-NNNNNNNN/ holding model.safetensors (every
-// parameter and buffer), trainer.pt (Trainer::save_state: optimizer state of any offload
-// policy, step, loss scale, fp32 masters; the CPU/CUDA random states), state.json (the
+// loadable. One checkpoint is a directory step-NNNNNNNN/ holding model.safetensors (the
+// parameters that train, the buffers but NF4 base weights; the frozen rest is fingerprinted
+// in state.json, so a resume onto another base is refused), trainer.pt (Trainer::save_state:
+// optimizer state of any offload policy, step, loss scale, fp32 masters; the CPU/CUDA random
+// states), state.json (the
 // options and run settings a resume must match, the data loader's position, the caller's
 // fields) and manifest.json (size and XXH3-64 checksum of each file, written last).
 // CheckpointManager writes each one in step-N.tmp/, fsyncs it, renames it into place, keeps
@@ -36,6 +38,7 @@
 
 #include "memopt/detail/checkpoint_function.hpp"
 #include "memopt/io/safetensors.hpp"
+#include "memopt/nn/linear.hpp"
 
 namespace memopt::io {
 
@@ -72,12 +75,44 @@ inline void fsync_path(const std::string& path, const std::string& who) {
               "). HINT: check free disk space");
 }
 
-/// The model's parameters then its buffers, by LibTorch's names.
-inline std::vector<std::pair<std::string, torch::Tensor>> named_state(torch::nn::Module& model) {
+/// Whether a buffer of `module` is frozen state: a quantised memopt::nn::Linear's NF4 codes and
+/// scales (its frozen base weight). Other buffers (a user model's running statistics) train.
+inline bool frozen_buffers(const torch::nn::Module& module) {
+  const auto* linear = dynamic_cast<const nn::LinearImpl*>(&module);
+  return linear != nullptr && linear->quantized();
+}
+
+/// The model's state a checkpoint holds, by LibTorch's names: the parameters that require grad,
+/// then the buffers that are not frozen (`frozen` false); or the rest (`frozen` true): the
+/// parameters that train not (a LoRA model's base) and the NF4 base weights, which training
+/// leaves as it found them and the run rebuilds from its pretrained model.
+inline std::vector<std::pair<std::string, torch::Tensor>> named_state(torch::nn::Module& model, bool frozen = false) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value());
-  for (const auto& item : model.named_buffers()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_parameters())
+    if (item.value().requires_grad() != frozen) tensors.emplace_back(item.key(), item.value());
+  for (const auto& module : model.named_modules()) {
+    if (frozen_buffers(*module.value()) != frozen) continue;
+    const std::string prefix = module.key().empty() ? "" : module.key() + ".";
+    for (const auto& item : module.value()->named_buffers(/*recurse=*/false))
+      tensors.emplace_back(prefix + item.key(), item.value());
+  }
   return tensors;
+}
+
+/// A fingerprint of the frozen state (named_state(model, true)): each tensor's shape, dtype and
+/// the XXH3-64 of up to 4096 of its elements, evenly spaced. A checkpoint records it, and a
+/// resume onto another base (another --init_model, another quantisation) is refused by it.
+inline nlohmann::json frozen_fingerprint(torch::nn::Module& model) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, tensor] : named_state(model, /*frozen=*/true)) {
+    const torch::Tensor flat = tensor.detach().reshape({-1});
+    const int64_t step = std::max<int64_t>(1, flat.numel() / 4096);
+    const torch::Tensor sample = flat.slice(0, 0, flat.numel(), step).contiguous().cpu();
+    const uint64_t hash = XXH3_64bits(sample.data_ptr(), sample.numel() * sample.element_size());
+    out[name] = {{"shape", tensor.sizes().vec()}, {"dtype", c10::toString(tensor.scalar_type())},
+                 {"sample_xxh3", fmt::format("{:016x}", hash)}};
+  }
+  return out;
 }
 
 inline void write_text(const std::string& path, const std::string& text, const std::string& who) {
@@ -246,6 +281,7 @@ void write_checkpoint(const std::string& dir, torch::nn::Module& model, const Tr
   write_trainer_file((root / "trainer.pt").string(), trainer);
 
   state["step"] = trainer.steps_taken();
+  state["frozen"] = detail::frozen_fingerprint(model);
   detail::write_text((root / "state.json").string(), state.dump(2) + "\n", who);
 
   Manifest manifest;
@@ -307,6 +343,20 @@ nlohmann::json read_checkpoint(const std::string& dir, torch::nn::Module& model,
   for (const auto& name : file->names())
     TORCH_CHECK(known.count(name), who, ": '", file->path(), "' holds tensor '", name,
                 "', which the model lacks. HINT: build the model with the configuration of the run that saved it");
+
+  // ---- the frozen state: the same base as the run that saved it ----
+  if (state.contains("frozen")) {
+    const nlohmann::json mine = detail::frozen_fingerprint(model);
+    for (const auto& [name, print] : state["frozen"].items())
+      TORCH_CHECK(mine.contains(name) && mine[name] == print, who, ": the frozen tensor '", name, "' ",
+                  mine.contains(name) ? "differs from" : "is missing in the model but was in",
+                  " the run that saved it (", print.dump(), mine.contains(name) ? " there, " + mine[name].dump() +
+                  " here" : "", "). HINT: a checkpoint holds what trains; rebuild the frozen base as that run did "
+                  "(the same --init_model, LoRA targets and quantisation) before resuming");
+    for (const auto& [name, print] : mine.items())
+      TORCH_CHECK(state["frozen"].contains(name), who, ": the model's frozen tensor '", name, "' was not frozen in "
+                  "the run that saved it. HINT: resume with that run's LoRA / QLoRA settings");
+  }
 
   // ---- trainer.pt: read whole before any copy ----
   const std::string trainer_path = (root / trainer_file).string();

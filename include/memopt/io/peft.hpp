@@ -2,8 +2,8 @@
 // with adapter_model.safetensors, the adapter tensors under "base_model.model." + their module
 // path (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), and adapter_config.json,
 // LoraConfig's fields. save_adapter() writes one PEFT's PeftModel.from_pretrained loads onto the
-// same base model; load_adapter() reads one PEFT wrote into a model of memopt::nn::LoraLinear
-// layers, checking every name and shape before it copies anything.
+// same base model; load_adapter() reads one PEFT wrote into a model whose memopt::nn::Linear
+// layers carry adapters, checking every name and shape before it copies anything.
 #pragma once
 
 #include <algorithm>
@@ -23,7 +23,7 @@
 
 #include "memopt/io/json.hpp"
 #include "memopt/io/safetensors.hpp"
-#include "memopt/nn/lora.hpp"
+#include "memopt/nn/linear.hpp"
 
 namespace memopt::io {
 
@@ -49,14 +49,15 @@ inline std::vector<std::pair<std::string, torch::Tensor>> lora_parameters(const 
   return out;
 }
 
-/// Every LoraLinear of `model` (itself included, path "") with its path.
+/// Every memopt::nn::Linear of `model` with a LoRA adapter (itself included, path "") with its path.
 template <class ModuleT>
 auto lora_layers(ModuleT& model) {
-  using Layer = std::conditional_t<std::is_const_v<ModuleT>, const nn::LoraLinearImpl, nn::LoraLinearImpl>;
+  using Layer = std::conditional_t<std::is_const_v<ModuleT>, const nn::LinearImpl, nn::LinearImpl>;
   std::vector<std::pair<std::string, Layer*>> out;
-  if (auto* self = dynamic_cast<Layer*>(&model)) out.emplace_back("", self);
+  if (auto* self = dynamic_cast<Layer*>(&model); self && self->has_adapter()) out.emplace_back("", self);
   for (const auto& item : model.named_modules("", /*include_self=*/false))
-    if (auto* layer = dynamic_cast<Layer*>(item.value().get())) out.emplace_back(item.key(), layer);
+    if (auto* layer = dynamic_cast<Layer*>(item.value().get()); layer && layer->has_adapter())
+      out.emplace_back(item.key(), layer);
   return out;
 }
 
@@ -100,7 +101,7 @@ struct AdapterConfigFields {
 /// `dir`/adapter_config.json (PEFT 0.21.2's LoraConfig fields: r, lora_alpha, lora_dropout and
 /// use_rslora from `options`; target_modules the sorted last names of the adapted modules, "all-linear"
 /// resolved as PEFT does before saving; base_model_name_or_path `base_model`, or null when empty;
-/// task_type null). Creates `dir`. Every LoraLinear must have been built with `options`' rank,
+/// task_type null). Creates `dir`. Every adapter must have been built with `options`' rank,
 /// alpha and use_rslora, or the config would misdescribe it.
 ///   memopt::io::save_adapter("runs/lora", *model, lora_options, "meta-llama/Llama-3.2-1B");
 inline void save_adapter(const std::string& dir, const torch::nn::Module& model, const nn::LoraOptions& options,
@@ -108,13 +109,13 @@ inline void save_adapter(const std::string& dir, const torch::nn::Module& model,
   const std::string who = "memopt::io: save_adapter('" + dir + "')";
   options.check(who.c_str());
   for (const auto& [path, layer] : detail::lora_layers(model)) {
-    const nn::LoraOptions& own = layer->options();
+    const nn::LoraOptions& own = layer->lora_options();
     TORCH_CHECK(own.rank() == options.rank() && own.alpha() == options.alpha() &&
                     own.use_rslora() == options.use_rslora(),
                 who, ": layer '", path, "' has rank ", own.rank(), ", alpha ", own.alpha(), ", use_rslora ",
                 own.use_rslora() ? "true" : "false", " but the options say rank ", options.rank(), ", alpha ",
                 options.alpha(), ", use_rslora ", options.use_rslora() ? "true" : "false",
-                ". HINT: pass the options the layers were built with (layer->options()); PEFT keeps one r and "
+                ". HINT: pass the options the layers were built with (layer->lora_options()); PEFT keeps one r and "
                 "lora_alpha per adapter");
   }
 
@@ -124,17 +125,17 @@ inline void save_adapter(const std::string& dir, const torch::nn::Module& model,
   for (const auto& [name, tensor] : detail::lora_parameters(model)) {
     const size_t at = detail::lora_part(name);
     TORCH_CHECK(at > 0, who, ": '", name, "' is an adapter at the model's root, which PEFT cannot name. HINT: "
-                "save the model that holds the LoraLinear (e.g. register_module(\"q_proj\", layer))");
+                "save the model that holds the adapted Linear (e.g. register_module(\"q_proj\", layer))");
     const std::string module = name.substr(0, at - 1);  // "layers.0.q_proj"
     targets.insert(module.substr(module.rfind('.') + 1));
     const bool is_a = name.compare(at, 7, "lora_A.") == 0;
     const int64_t rank = tensor.dim() == 2 ? tensor.size(is_a ? 0 : 1) : -1;
     TORCH_CHECK(rank == options.rank(), who, ": '", name, "' has shape ", tensor.sizes(), ", not rank ",
-                options.rank(), ". HINT: pass the options the layers were built with (layer->options())");
+                options.rank(), ". HINT: pass the options the layers were built with (layer->lora_options())");
     tensors.emplace_back(kPeftPrefix + name, tensor.detach());
   }
   TORCH_CHECK(!tensors.empty(), who, ": the model has no LoRA parameters (no name holds lora_A. or lora_B.). "
-              "HINT: wrap its Linear layers in memopt::nn::LoraLinear first");
+              "HINT: add adapters first: memopt::lora::apply(model, LoraOptions()), or layer->add_adapter()");
 
   // ---- adapter_config.json: LoraConfig.to_dict() of a plain LoRA (keys sorted, as PEFT writes them) ----
   const double alpha = options.alpha();
@@ -177,8 +178,8 @@ inline void save_adapter(const std::string& dir, const torch::nn::Module& model,
 /// Reads `dir`/adapter_config.json and copies every tensor of `dir`/adapter_model.safetensors into
 /// the model's parameter of the same name (kPeftPrefix stripped; converted to its dtype and
 /// device), strictly: every file tensor needs a parameter and every adapter parameter (lora_A.,
-/// lora_B.) a tensor, of the same shape, all checked before anything is copied. Each LoraLinear
-/// then takes the config's alpha, lora_dropout, use_rslora and target_modules (set_options), so
+/// lora_B.) a tensor, of the same shape, all checked before anything is copied. Each adapted layer
+/// then takes the config's alpha, lora_dropout, use_rslora and target_modules (set_lora_options), so
 /// the model computes what PEFT does with this adapter. Returns those options (targets: the
 /// config's list, or its one string, e.g. a regular expression, as a single entry). Refuses
 /// configs using PEFT features memopt lacks (DoRA, rank_pattern, bias, modules_to_save, …).
@@ -266,7 +267,7 @@ inline nn::LoraOptions load_adapter(const std::string& dir, torch::nn::Module& m
   TORCH_CHECK(unexpected.empty(), who, ": ", unexpected.size(), " of the file's ", file->names().size(),
               " tensors have no adapter parameter in the model: ", detail::name_list(unexpected),
               ". HINT: the adapter was trained on another base model or other target_modules (",
-              detail::snippet(target_json), "); wrap those layers in memopt::nn::LoraLinear (a file name is "
+              detail::snippet(target_json), "); adapt those layers with memopt::lora::apply (a file name is "
               "\"base_model.model.\" + the model's parameter name)");
   TORCH_CHECK(missing.empty(), who, ": the file lacks ", missing.size(), " of the model's ", params.size(),
               " adapter parameters: ", detail::name_list(missing), ". HINT: the adapter was trained on another "
@@ -281,7 +282,7 @@ inline nn::LoraOptions load_adapter(const std::string& dir, torch::nn::Module& m
     for (const auto& name : file->names()) params.at(name.substr(prefix.size())).copy_(file->get(name));
   }
   for (auto& [path, layer] : layers)
-    layer->set_options(nn::LoraOptions(options).rank(layer->options().rank()));
+    layer->set_lora_options(nn::LoraOptions(options).rank(layer->lora_options().rank()));
   return options;
 }
 

@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/autocast.hpp"
+#include "memopt/nn/linear.hpp"
 #include "memopt/nn/rope.hpp"
 #include "memopt/policies/recompute.hpp"
 
@@ -396,10 +397,10 @@ inline torch::Tensor attention_blockwise(const torch::Tensor& q, const torch::Te
               "memopt::nn::attention_blockwise: q_block and kv_block must be >= 1 (got ", options.q_block(), " and ",
               options.kv_block(), "). HINT: the defaults are ", kAttentionQBlock, " and ", kAttentionKvBlock, ".");
   const auto& mask = options.key_padding_mask();
-  if (mask.defined()) detail::check_key_padding_mask(mask, k, "memopt::nn::attention_blockwise");
-  const auto dtype = detail::matmul_dtype(q);
+  if (mask.defined()) memopt::detail::check_key_padding_mask(mask, k, "memopt::nn::attention_blockwise");
+  const auto dtype = memopt::detail::matmul_dtype(q);
   const auto maybe_mask = mask.defined() ? c10::optional<torch::Tensor>(mask) : c10::nullopt;
-  auto y = detail::BlockwiseAttentionFunction::apply(q.transpose(1, 2).to(dtype), k.to(dtype), v.to(dtype),
+  auto y = memopt::detail::BlockwiseAttentionFunction::apply(q.transpose(1, 2).to(dtype), k.to(dtype), v.to(dtype),
                                                      maybe_mask, options.causal(), options.q_block(),
                                                      options.kv_block());
   return y.transpose(1, 2);  // (B, H, Tq, D)
@@ -424,7 +425,7 @@ inline torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor&
                 "dropout with padding, or set dropout 0.");
     return attention_blockwise(q, k, v, BlockwiseAttentionOptions().causal(true).key_padding_mask(key_padding_mask));
   }
-  detail::check_key_padding_mask(key_padding_mask, k, "memopt::nn::attention_sdpa");
+  memopt::detail::check_key_padding_mask(key_padding_mask, k, "memopt::nn::attention_sdpa");
   const int64_t B = k.size(0), Tk = k.size(2);
   // A row with no real key would be all -inf (NaN in SDPA): let it see every key, then zero it.
   const auto alive = key_padding_mask.any(-1).view({B, 1, 1, 1});                    // (B, 1, 1, 1)
@@ -489,10 +490,10 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
                 "memopt::nn::Attention: q_block and kv_block must be >= 1 (got ", options.q_block(), " and ",
                 options.kv_block(), "). HINT: the defaults are ", kAttentionQBlock, " and ", kAttentionKvBlock, ".");
     const int64_t D = head_dim();
-    q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(C, H * D).bias(false)));
-    k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(C, KV * D).bias(false)));
-    v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(C, KV * D).bias(false)));
-    o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(H * D, C).bias(false)));
+    q_proj = register_module("q_proj", nn::Linear(torch::nn::LinearOptions(C, H * D).bias(false)));
+    k_proj = register_module("k_proj", nn::Linear(torch::nn::LinearOptions(C, KV * D).bias(false)));
+    v_proj = register_module("v_proj", nn::Linear(torch::nn::LinearOptions(C, KV * D).bias(false)));
+    o_proj = register_module("o_proj", nn::Linear(torch::nn::LinearOptions(H * D, C).bias(false)));
   }
 
   int64_t kv_heads() const { return options.num_kv_heads() > 0 ? options.num_kv_heads() : options.num_heads(); }
@@ -538,7 +539,7 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   }
 
   AttentionOptions options;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
 TORCH_MODULE(Attention);
 

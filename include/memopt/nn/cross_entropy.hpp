@@ -171,9 +171,9 @@ inline torch::Tensor chunked_cross_entropy_sum(const torch::Tensor& hidden, cons
                 ") and is not ignore_index ", options.ignore_index(),
                 ". HINT: check vocab_size, or mark padding with ignore_index.");
   }
-  const auto autocast = detail::AutocastState::current(hidden.device().type());
+  const auto autocast = memopt::detail::AutocastState::current(hidden.device().type());
   const auto dtype = autocast.enabled ? autocast.dtype : at::promote_types(hidden.scalar_type(), weight.scalar_type());
-  return detail::ChunkedCrossEntropyFunction::apply(hidden, weight, targets, static_cast<int64_t>(dtype),
+  return memopt::detail::ChunkedCrossEntropyFunction::apply(hidden, weight, targets, static_cast<int64_t>(dtype),
                                                     options.chunk_size(), options.ignore_index());
 }
 

@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include "memopt/nn/linear.hpp"
+
 #include "memopt/policies/recompute.hpp"
 
 namespace memopt::nn {
@@ -23,9 +25,9 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
   explicit SwiGLUImpl(SwiGLUOptions options) : options(options) { reset(); }
   void reset() override {
     const int64_t C = options.hidden_size(), F = options.intermediate_size();
-    gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(C, F).bias(false)));
-    up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(C, F).bias(false)));
-    down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(F, C).bias(false)));
+    gate_proj = register_module("gate_proj", nn::Linear(torch::nn::LinearOptions(C, F).bias(false)));
+    up_proj = register_module("up_proj", nn::Linear(torch::nn::LinearOptions(C, F).bias(false)));
+    down_proj = register_module("down_proj", nn::Linear(torch::nn::LinearOptions(F, C).bias(false)));
   }
   torch::Tensor forward(const torch::Tensor& x) {  // (B, T, C) -> (B, T, C)
     return forward(x, recompute::None{});
@@ -39,7 +41,7 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
   }
 
   SwiGLUOptions options;
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(SwiGLU);
 
