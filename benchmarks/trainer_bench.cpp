@@ -4,6 +4,10 @@
 // same keys as the PyTorch eager peer (benchmarks/peer/trainer_peer.py), which draws the
 // same tokens from the same LCG. `--impl hand` trains the same model in a hand-written
 // LibTorch loop instead (fp32, no checkpoint): the baseline of the Trainer's overhead.
+// --finetune lora puts rank --lora_rank adapters on --lora_targets (memopt::lora::apply, the
+// base frozen); --finetune qlora builds the model under memopt::nn::QuantizeOnInit first (each
+// Linear weight NF4 as soon as it exists: a 7B shape never exists in fp32) — the peers are
+// PEFT and PEFT + bitsandbytes (trainer_peer.py --finetune).
 //
 //   memopt_bench_trainer --layers 4 --dim 256 --seq 256 --precision bf16 --recompute every
 //   scripts/bench trainer            # the whole suite, peer and ratios included
@@ -11,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,11 +44,15 @@ struct BenchConfig {
   std::string precision = "fp32";
   std::string recompute = "none";
   std::string impl = "memopt";
+  int64_t ffn = 0;  // SwiGLU width; 0: LlamaConfig's 8/3 rule
+  std::string finetune = "full";
+  int64_t lora_rank = 16;
+  std::vector<std::string> lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
   int64_t tokens_per_step() const { return micro * accum * seq; }
   std::string name() const {
     return "l" + std::to_string(layers) + "-d" + std::to_string(dim) + "-s" + std::to_string(seq) + "-" + precision +
-           (recompute == "every" ? "-ckpt" : "");
+           (recompute == "every" ? "-ckpt" : "") + (finetune == "full" ? "" : "-" + finetune);
   }
 };
 
@@ -163,17 +172,37 @@ int main(int argc, char** argv) {
   memopt::bench::add_policy_options(app, cfg);
   app.add_option("--impl", cfg.impl, "memopt: the Trainer; hand: a hand-written LibTorch loop (fp32, no checkpoint)")
       ->check(CLI::IsMember({"memopt", "hand"}));
+  app.add_option("--ffn", cfg.ffn, "SwiGLU width (0: 8/3 x dim rounded up to 64)")->check(CLI::NonNegativeNumber);
+  app.add_option("--finetune", cfg.finetune, "full | lora | qlora (adapters over an NF4 base)")
+      ->check(CLI::IsMember({"full", "lora", "qlora"}));
+  app.add_option("--lora_rank", cfg.lora_rank, "LoRA rank (alpha 2 x rank, no dropout)")->check(CLI::PositiveNumber);
+  app.add_option("--lora_targets", cfg.lora_targets, "Linear layers to adapt, comma-separated, or all-linear")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   // Tracker and threads before any tensor or parallel work, for every --impl (the peer
   // sets its threads first too).
   memopt::init(memopt::RuntimeOptions().threads(cfg.threads));
 
   return memopt::bench::print_line([&] {
+    TORCH_CHECK(cfg.impl != "hand" || cfg.finetune == "full", "memopt_bench_trainer: --impl hand trains every "
+                "weight (got --finetune ", cfg.finetune, "). HINT: drop --finetune.");
     TORCH_CHECK(cfg.impl != "hand" || (cfg.precision == "fp32" && cfg.recompute == "none"),
                 "memopt_bench_trainer: --impl hand runs fp32 without checkpointing only (got --precision ",
                 cfg.precision, " --recompute ", cfg.recompute, "). HINT: drop --precision/--recompute.");
     torch::manual_seed(static_cast<int64_t>(cfg.seed));
-    memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
+    auto config = memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq);
+    if (cfg.ffn > 0) config.intermediate_size(cfg.ffn);
+    memopt::models::Llama model{nullptr};
+    {
+      std::optional<memopt::nn::QuantizeOnInit> nf4;  // qlora: each Linear weight NF4 once it exists
+      if (cfg.finetune == "qlora") nf4.emplace();
+      model = memopt::models::Llama(config);
+    }
+    const auto setup_rss = memopt::memory::peak_rss_bytes();  // the model built: the step's memory comes after
+    if (cfg.finetune != "full")
+      memopt::lora::apply(*model, memopt::nn::LoraOptions().rank(cfg.lora_rank).alpha(2.0 * cfg.lora_rank)
+                                      .dropout(0).targets(cfg.lora_targets));
+    const auto counts = memopt::lora::count_parameters(*model);
     model->train();
 
     // The policies are types: the only runtime branch is this one, outside every step.
@@ -195,7 +224,9 @@ int main(int argc, char** argv) {
         {"peak_rss_mib", memopt::memory::mib(memopt::memory::peak_rss_bytes())},
         {"loss_first", r.loss_first},
         {"loss_last", r.loss_last},
-        {"params_m", memopt::bench::params_m(*model)},
+        {"params_m", static_cast<double>(counts.total) / 1e6},
+        {"trainable_m", static_cast<double>(counts.trainable) / 1e6},
+        {"setup_peak_rss_mib", memopt::memory::mib(setup_rss)},
         {"layers", cfg.layers},
         {"dim", cfg.dim},
         {"heads", cfg.heads},
@@ -208,6 +239,9 @@ int main(int argc, char** argv) {
         {"precision", cfg.precision},
         {"recompute", cfg.recompute},
         {"threads", at::get_num_threads()},
+        {"finetune", cfg.finetune},
+        {"lora_rank", cfg.finetune == "full" ? 0 : cfg.lora_rank},
+        {"ffn", config.ffn_size()},
     };
   });
 }

@@ -40,6 +40,13 @@ def trainer_ratio(a: Json, b: Json) -> dict:  # memopt's line over a peer's
             "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
 
 
+# ---- lora ----
+def lora_ratio(name: str, a: Json, b: Json) -> dict:  # memopt's line over a peer's, or QLoRA's over full's
+    keys = [k for k in ("peak_tracked_mib", "peak_rss_mib", "tokens_per_s") if a.get(k) and b.get(k)]
+    return {"suite": "lora", "name": name, "impl": "ratio", "shape": a.get("name"),
+            **{k: round(a[k] / b[k], 3) for k in keys}}
+
+
 def overhead_ratio(a: Json, b: Json) -> dict:  # the Trainer's step time over the hand-written loop's
     return {"name": "overhead", "impl": "ratio", "step_time": a["step_ms"] / b["step_ms"]}
 

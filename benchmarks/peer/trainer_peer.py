@@ -18,6 +18,12 @@ summed over the ranks; rank 0 prints the line.
 Attention is F.scaled_dot_product_attention(is_causal=True): what a PyTorch 2.x user writes (its
 CPU flash kernel never materialises the T x T scores).
 
+--finetune lora: PEFT's get_peft_model(LoraConfig(r=--lora_rank, lora_alpha=2r, lora_dropout=0,
+target_modules=--lora_targets)) over the frozen model, the optimizer on the adapters alone (the
+peer of memopt::lora::apply). --finetune qlora: first every Linear of the blocks becomes
+bitsandbytes' Linear4bit (NF4, blocksize 64, double quantisation, compute dtype the run's), its
+weight quantised and the fp32 one dropped, layer by layer: PEFT's QLoRA recipe on the CPU.
+
     .venv/bin/python3 benchmarks/peer/trainer_peer.py --precision bf16 --recompute every [--compile]
 """
 import argparse
@@ -129,10 +135,10 @@ class SwiGLU(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, ffn):
         super().__init__()
         self.self_attn = Attention(dim, heads)
-        self.mlp = SwiGLU(dim, ffn_size(dim))
+        self.mlp = SwiGLU(dim, ffn)
         self.input_layernorm = RMSNorm(dim)
         self.post_attention_layernorm = RMSNorm(dim)
 
@@ -142,12 +148,12 @@ class DecoderLayer(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, vocab, dim, layers, heads):
+    def __init__(self, vocab, dim, layers, heads, ffn=0):
         super().__init__()
         self.heads = heads
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(vocab, dim)
-        self.model.layers = nn.ModuleList([DecoderLayer(dim, heads) for _ in range(layers)])
+        self.model.layers = nn.ModuleList([DecoderLayer(dim, heads, ffn or ffn_size(dim)) for _ in range(layers)])
         self.model.norm = RMSNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         with torch.no_grad():
@@ -172,6 +178,39 @@ class Llama(nn.Module):
                                ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_blocks(model, compute_dtype):
+    """Every Linear of the blocks as bitsandbytes' Linear4bit (NF4, blocksize 64, double quantisation),
+    one at a time: its fp32 weight goes as soon as its codes exist."""
+    import bitsandbytes as bnb
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if not isinstance(child, nn.Linear):
+                    continue
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=False, compute_dtype=compute_dtype,
+                                      compress_statistics=True, quant_type="nf4")
+                q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
+                                             compress_statistics=True, blocksize=64)
+                setattr(parent, name, q.to("cpu"))  # quantises on the move
+                del child
+    return f"bitsandbytes {bnb.__version__} Linear4bit nf4"
+
+
+def logical_numel(p):
+    """A parameter's element count; a Linear4bit weight's is its unquantised shape's, not its packed bytes'."""
+    state = getattr(p, "quant_state", None)
+    return state.shape.numel() if state is not None else p.numel()
+
+
+def add_adapters(model, rank, targets):
+    import peft
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(targets))
+    return peft.get_peft_model(model, config), f"peft {peft.__version__} LoRA"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4)
@@ -192,6 +231,11 @@ def main():
                          "(and the only one torch.compile traces)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
     ap.add_argument("--impl", choices=["pytorch"], default="pytorch")
+    ap.add_argument("--ffn", type=int, default=0, help="SwiGLU width (0: memopt's 8/3 rule)")
+    ap.add_argument("--finetune", choices=["full", "lora", "qlora"], default="full")
+    ap.add_argument("--lora_rank", type=int, default=16)
+    ap.add_argument("--lora_targets", default=",".join(LINEAR_NAMES),
+                    help="comma-separated Linear names, or all-linear (the 7 of each block)")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -209,14 +253,22 @@ def main():
     checkpoint = args.recompute == "every"
     reentrant = args.reentrant == "true"
 
-    model = Llama(args.vocab, args.dim, args.layers, args.heads)
+    model = Llama(args.vocab, args.dim, args.layers, args.heads, args.ffn)
+    peer_finetune = []
+    if args.finetune == "qlora":
+        peer_finetune.append(quantize_blocks(model, torch.bfloat16 if bf16 else torch.float32))
+    if args.finetune != "full":
+        targets = LINEAR_NAMES if args.lora_targets == "all-linear" else args.lora_targets.split(",")
+        model, what = add_adapters(model, args.lora_rank, targets)
+        peer_finetune.append(what)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trainable if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in trainable if not (p.dim() >= 2 and "embed" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
-    params = list(model.parameters())
+    params = [p for _, p in trainable]
     loader = LcgTokenLoader(args.micro, args.seq, args.vocab, args.seed)
     rows = slice(rank * args.micro // world, (rank + 1) * args.micro // world)  # this rank's rows
     trained = DistributedDataParallel(model, bucket_cap_mb=25) if world > 1 else model
@@ -224,6 +276,8 @@ def main():
         trained = torch.compile(trained)  # compiles during the warm-up step(s)
     impl = "pytorch_compile" if args.compile else "pytorch"
     name = f"l{args.layers}-d{args.dim}-s{args.seq}-{args.precision}" + ("-ckpt" if checkpoint else "")
+    if args.finetune != "full":
+        name += f"-{args.finetune}"
 
     def step():
         micro_batches = [tuple(t[rows] for t in loader.next()) for _ in range(args.accum)]
@@ -279,7 +333,8 @@ def main():
         "loss_first": loss_first,
         "loss_last": loss_last,
         "losses": losses,
-        "params_m": sum(p.numel() for p in params) / 1e6,
+        "params_m": sum(logical_numel(p) for p in model.parameters()) / 1e6,
+        "trainable_m": sum(p.numel() for p in params) / 1e6,
         "layers": args.layers,
         "dim": args.dim,
         "heads": args.heads,
@@ -295,6 +350,9 @@ def main():
         "ranks": world,
         "load_avg_1m": os.getloadavg()[0],  # other work on the machine skews the timings
     }
+    if args.finetune != "full":
+        line.update(finetune=args.finetune, lora_rank=args.lora_rank, lora_targets=args.lora_targets,
+                    peer_finetune=", ".join(peer_finetune))
     if checkpoint:
         line["peer_checkpoint"] = "use_reentrant=True" if reentrant else "use_reentrant=False"
     if world > 1:

@@ -23,6 +23,9 @@
 // tokenizer.model) unless --tokenizer names another. DATA's shards hold DATA/tokenizer.model's ids,
 // so with any other tokenizer the training text comes from --dataset and the held-out text from
 // DATA/val.txt, both tokenized at start.
+// --lora RANK fine-tunes low-rank adapters on --lora_targets (PEFT's q_proj,v_proj by default, or
+// all-linear) with every other weight frozen, --qlora over NF4 base weights; the adapter is saved
+// to OUTPUT_DIR/adapter in PEFT's format (examples/common/lora_flags.hpp).
 //   Run: scripts/demo   (or build/examples/00_llama_lm/llama_lm --help)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -48,6 +51,7 @@
 #include "common/checkpoint_flags.hpp"
 #include "common/device.hpp"
 #include "common/eval.hpp"
+#include "common/lora_flags.hpp"
 #include "common/cli.hpp"
 #include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
@@ -101,6 +105,7 @@ struct Args {
   examples::CheckpointFlags checkpoints;
   examples::DistributedFlags distributed;
   examples::MemoryFlags memory;
+  examples::LoraFlags lora;
   bool steps_given = false;      // --steps given: it bounds --epochs and sets the schedule
   bool streaming_given = false;  // --use_streaming given (true or false)
   // other data, streamed or loaded whole
@@ -246,6 +251,7 @@ int run(const Args& a) {
   TORCH_CHECK(a.seq_len >= 1, "llama_lm: --seq_len must be >= 1 (got ", a.seq_len, "). HINT: try 256.");
   const torch::Device device = examples::parse_device(a.device, "llama_lm");
   a.memory.check("llama_lm");  // --attention, --release_cache_every
+  a.lora.check("llama_lm");    // --lora, --qlora
   // --init_model: the checkpoint's config.json is the model's shape (its weights load later).
   std::optional<memopt::models::LlamaConfig> pretrained;
   if (!a.init_model.empty()) {
@@ -367,10 +373,14 @@ int run(const Args& a) {
   config.validate();
 
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
-  const auto desc = memopt::models::describe(config);
+  const auto desc = a.lora.describe(memopt::models::describe(config));  // --lora / --qlora: the adapters train
   int64_t micro_batch = a.micro_batch;
   const auto measure = memopt::probe_steps<LlamaLmTrainers>(  // --calibrate's real steps
-      options, [&] { return memopt::models::Llama(config); },
+      options, [&] {
+        memopt::models::Llama probe(config);
+        a.lora.apply(*probe);
+        return probe;
+      },
       [&](int64_t micro) {  // the probe's data only needs the right shape: held-out windows when streaming
         return memopt::data::RandomWindowLoader(train ? train : val, memopt::data::LoaderOptions(micro, a.seq_len));
       },
@@ -399,12 +409,12 @@ int run(const Args& a) {
     fmt::print("llama_lm: initialised from {} ({})\n", a.init_model,
                config.tie_word_embeddings() ? "tied embeddings" : "untied embeddings");
   }
+  a.lora.apply(*model, "llama_lm");  // --lora / --qlora: adapters on a frozen (NF4) base
   model->to(device);  // the Trainer follows the parameters: batches go where they are
   if (train) train->check_vocab(config.vocab_size());
   val->check_vocab(config.vocab_size());
 
-  int64_t params = 0;
-  for (const auto& p : model->parameters()) params += p.numel();
+  const int64_t params = memopt::lora::count_parameters(*model).total;
   fmt::print("llama_lm: {:.2f} M parameters ({} layers, d{}, {} heads), vocab {}, {} held-out tokens, training on {}\n",
              params / 1e6, config.num_hidden_layers(), config.hidden_size(), config.num_attention_heads(),
              config.vocab_size(), val->size(),
@@ -425,6 +435,7 @@ int run(const Args& a) {
                             {"seed", a.seed}, {"dataset", a.dataset}, {"streaming", streaming},
                             {"global_micro_batch", micro_batch * world.size()}};
       if (pretrained) run["init_model"] = a.init_model;
+      if (a.lora.enabled()) run["lora"] = a.lora.record();
       if (!data_tokenizer) run["tokenizer"] = tokenizer->path();
       trainer.set_run_config(std::move(run));
       a.checkpoints.resume_if_asked(trainer, loader, "llama_lm");
@@ -482,6 +493,7 @@ int run(const Args& a) {
   const double after = heldout_loss(model, val, a, device, eval_autocast);
   fmt::print("held-out loss after {} steps {:.5f} (perplexity {:.1f}); {:.0f} tokens/s over {:.0f} s\n",
              result.steps, after, std::exp(after), result.tokens_per_s, result.seconds);
+  a.lora.save(*model, a.output_dir + "/adapter", a.init_model, "llama_lm");
   fmt::print("{}", result.memory.table());
   fmt::print("estimated peak {:.1f} MiB, measured {:.1f} MiB ({:+.1f}%)\n", memopt::memory::mib(estimate.peak),
              memopt::memory::mib(result.memory.tensors.peak_bytes),
@@ -541,6 +553,7 @@ int main(int argc, char** argv) {
                              "none or every and --precision fp32 or bf16)")->capture_default_str();
   examples::add_8bit_optimizer_alias(app, a.optimizer_state);
   a.memory.add_to(app);
+  a.lora.add_to(app);
   app.add_option("--policies", a.policies, "fixed: the flags above; auto: the planner picks for --memory_budget")
       ->capture_default_str();
   app.add_option("--memory_budget", a.memory_budget,

@@ -23,6 +23,8 @@
 // embedding has no rows for them, get new rows set to the mean of its rows. --plot draws OUT/metrics.png
 // (loss and memory over steps; scripts/plot does the same). Checkpoints go to OUT/checkpoints
 // (--save_every; SIGTERM/SIGINT save and exit 0); --resume latest continues bit for bit.
+// --lora RANK [--lora_targets ...] [--qlora] fine-tunes adapters on a frozen (NF4) base instead
+// (common/lora_flags.hpp) and saves them to OUT/adapter in PEFT's format instead of OUT/model.
 //   build/examples/03_gritlm/gritlm --steps 60 --batch_size 32 --grad_cache_chunk 8
 //   build/examples/03_gritlm/gritlm --embed_jsonl my_pairs.jsonl --gen_jsonl my_sft.jsonl
 //   build/examples/03_gritlm/gritlm --data_only --workers 2    # the data path's speed alone
@@ -64,6 +66,7 @@
 #include "common/policy_flags.hpp"
 #include "common/distributed.hpp"
 #include "common/memory_flags.hpp"
+#include "common/lora_flags.hpp"
 #include "common/tokenizer.hpp"
 #include <memopt/plot.hpp>
 
@@ -133,6 +136,7 @@ struct Args {
   examples::CheckpointFlags checkpoints;
   examples::DistributedFlags distributed;
   examples::MemoryFlags memory;  // --attention, --release_cache_every
+  examples::LoraFlags lora;      // --lora, --qlora
   double lr = 1e-3;
   int64_t warmup = 6;
   int64_t log_interval = 5;
@@ -214,6 +218,7 @@ void check_args(const Args& a) {
               "HINT: pass --grad_cache_chunk N (it also chunks the generative part).");
   (void)workers_number(a.workers_flag);
   a.memory.check("gritlm");  // --attention, --release_cache_every
+  a.lora.check("gritlm");    // --lora, --qlora
   TORCH_CHECK(a.gen_loss_type == "mixed" || a.gen_loss_type == "token", "gritlm: --gen_loss_type must be mixed or "
               "token (got '", a.gen_loss_type, "'). HINT: mixed averages over the batch's tokens (GritLM's default).");
   TORCH_CHECK(a.eval_queries >= 0 && a.eval_gen >= 0, "gritlm: --eval_queries and --eval_gen must be >= 0 (got ",
@@ -402,7 +407,8 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
                           {"grad_cache_chunk", a.grad_cache_chunk}, {"split_emb", a.split_emb},
                           {"temperature", a.temperature}, {"gen_loss", a.gen_loss_type},
                           {"gen_loss_factor", a.gen_loss_factor}, {"query_max_len", a.query_max_len},
-                          {"passage_max_len", a.passage_max_len}, {"gen_max_len", a.gen_max_len}});
+                          {"passage_max_len", a.passage_max_len}, {"gen_max_len", a.gen_max_len},
+                          {"lora", a.lora.record()}});
   memopt::log_performance_info<TrainerT>();
   auto log = std::make_shared<memopt::callbacks::JsonlMetrics>(a.output_dir + "/metrics.jsonl",
                                                                  /*append=*/!a.checkpoints.resume.empty());
@@ -443,12 +449,16 @@ int train(const Args& a, const Data& d, std::shared_ptr<const GritFormat> format
              trainer.steps_taken(), after.retrieval_top1, before.retrieval_top1, after.retrieval_mrr,
              before.retrieval_mrr, after.perplexity, before.perplexity, result.tokens_per_s);
   fmt::print("{}", result.memory.table());
-  if (memopt::dist::world().rank() == 0) {
-    memopt::io::save_pretrained(*model, model->config, a.output_dir + "/model");
-    format->tokenizer().save(a.output_dir + "/model");  // without the format symbols: GritFormat adds them
+  if (a.lora.enabled()) {  // the adapter alone: the base is --init_model's (or the seed's)
+    if (memopt::dist::world().rank() == 0) a.lora.save(*model, a.output_dir + "/adapter", a.init_model, "gritlm");
+  } else {
+    if (memopt::dist::world().rank() == 0) {
+      memopt::io::save_pretrained(*model, model->config, a.output_dir + "/model");
+      format->tokenizer().save(a.output_dir + "/model");  // without the format symbols: GritFormat adds them
+    }
+    fmt::print("saved to {}/model (config.json + model.safetensors + its tokenizer; --init_model continues from "
+               "it)\n", a.output_dir);
   }
-  fmt::print("saved to {}/model (config.json + model.safetensors + its tokenizer; --init_model continues from it)\n",
-             a.output_dir);
   auto json_number = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
   log->write({{"event", "summary"},
               {"steps", result.steps},
@@ -498,7 +508,7 @@ int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFor
 // × GradCache chunk; the batch is the contrastive loss, so it is never split) for the model's
 // `config`. The plan's choice rewrites a's policy flags.
 void plan_step(Args& a, const memopt::models::LlamaConfig& config) {
-  const auto desc = memopt::models::describe(config);
+  const auto desc = a.lora.describe(memopt::models::describe(config));  // --lora / --qlora: the adapters train
   memopt::memory::GritRunDesc run;
   run.queries = a.batch_size;
   run.query_len = a.query_max_len;
@@ -660,8 +670,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
   GritLM model = a.init_model.empty() ? GritLM(config, grit_options(a)) : pretrained(a, config);
-  int64_t params = 0;
-  for (const auto& p : model->parameters()) params += p.numel();
+  a.lora.apply(*model, "gritlm");  // --lora / --qlora: adapters on a frozen (NF4) base
+  const int64_t params = memopt::lora::count_parameters(*model).total;
   fmt::print("gritlm: {}LLaMA {} layers, d{}, {} heads, vocab {} — {:.2f} M parameters; batch {} queries x {} passages "
              "+ {} generative{}; attention {}\n",
              a.init_model.empty() ? "" : fmt::format("pretrained ({}) ", a.init_model),
@@ -702,6 +712,7 @@ int main(int argc, char** argv) {
   a.checkpoints.add_to(app);
   a.distributed.add_to(app);
   a.memory.add_to(app, 0);  // --attention, --release_cache_every (0: never, by default)
+  a.lora.add_to(app);
   app.add_option("--init_model", a.init_model, "start from this Hugging Face Llama folder (config.json + "
                  "model.safetensors or shards; its tokenizer.json or tokenizer.model is the default tokenizer); its "
                  "shape replaces --hidden_size/--layers/--heads (ignored), its embedding grows by the format symbols' "

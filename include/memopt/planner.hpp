@@ -162,7 +162,8 @@ inline double matmul_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_
 // The optimizer step: the optimizer-state policy's memory traffic (AdamW 28 B/param, 8-bit AdamW 40
 // with its (de)quantisation), plus what it moves to and from disk or over the host link.
 inline double optimizer_seconds(const memory::ModelDesc& m, const memory::PolicyDesc& p, const MachineModel& machine) {
-  const double P = static_cast<double>(m.num_parameters());
+  double P = 0;  // what the optimizer steps (LoRA: the adapters)
+  for (int64_t n : m.trainable_numels()) P += static_cast<double>(n);
   const auto& o = p.state;
   return P * (o.step_bytes_per_param / machine.memory_bytes_per_s() + o.disk_bytes_per_param / machine.disk_bytes_per_s() +
               o.host_bytes_per_param / machine.host_bytes_per_s());
@@ -218,11 +219,12 @@ inline void check_plan_options(const std::vector<memory::PolicyDesc>& candidates
 /// micro-batches (efficiency rows / (rows + half_speed_rows): matmuls of few rows run below
 /// peak), plus the
 /// optimizer step's memory traffic (AdamW 28 B/param, 8-bit AdamW 40 B/param with its
-/// (de)quantisation, disk: AdamW plus 16 B/param read and written).
+/// (de)quantisation, disk: AdamW plus 16 B/param read and written). A LoRA model's frozen
+/// weights take no weight gradient: its backward is one forward's FLOPs, not two.
 inline double step_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t micro_batch,
                            const memory::PolicyDesc& p, const MachineModel& machine) {
   const double tokens = static_cast<double>(micro_batch * p.accum * seq_len);
-  return detail::matmul_seconds(m, seq_len, micro_batch, tokens, 3, true, p, machine) +
+  return detail::matmul_seconds(m, seq_len, micro_batch, tokens, m.lora() ? 2 : 3, true, p, machine) +
          detail::optimizer_seconds(m, p, machine);
 }
 

@@ -6,13 +6,14 @@ from typing import Callable
 
 from ..core import Context
 from ..steps import Step
-from . import data, dist, gritlm, kernels, load, moe, training
+from . import data, dist, gritlm, kernels, load, lora, moe, training
 
 SUITES: dict[str, Callable[[Context], list[Step]]] = {
     "trainer": training.trainer,
     "distill": training.distill,
     "distill_quality": training.distill_quality,
     "adamw8bit": training.adamw8bit,
+    "lora": lora.lora,
     "attention": kernels.attention,
     "stack": training.stack,
     "allocator": training.allocator,

@@ -12,6 +12,12 @@
 // detail::block_saved(); tests/memory/estimator_test.cpp checks them against the
 // tracker).
 //
+// A LoRA fine-tune (ModelDesc::with_lora) holds its frozen base as it is stored (dense, or the
+// blocks' Linears in NF4 with their dequantisation transients), and only the adapters have
+// gradients and optimizer state; the activations are full fine-tuning's less the inputs only a
+// frozen weight's gradient needs (dX still flows through every frozen layer). It errs high, by
+// up to 16% on the tests' configurations: the backward's transients are still full fine-tuning's.
+//
 // The policies come as their descriptions (memory/policy_desc.hpp), so the estimator knows
 // no policy by name: a new policy that describes itself is estimated like the built-in ones.
 //
@@ -22,6 +28,7 @@
 #pragma once
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -149,7 +156,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
               m.hidden_size, "). HINT: build it with models::describe(config).");
   TORCH_CHECK(run.micro_batch >= 1 && run.seq_len >= 1, "memopt::memory::estimate: micro_batch and seq_len must be "
               ">= 1 (got ", run.micro_batch, " and ", run.seq_len, ").");
-  const auto numels = m.parameter_numels();
+  const auto numels = m.trainable_numels();  // what the optimizer steps (LoRA: the adapters alone)
   double P = 0, largest = 0;
   for (int64_t n : numels) P += static_cast<double>(n), largest = std::max(largest, static_cast<double>(n));
   const double B = static_cast<double>(run.micro_batch), T = static_cast<double>(run.seq_len);
@@ -165,9 +172,27 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double block_params = 2 * C * Q + 2 * C * KV + experts * 3 * C * F + static_cast<double>(m.num_experts) * C +
                               2 * C;
   const double embed_params = V * C;
+  // What trains: every parameter, or with LoRA a block's adapters and nothing of the head.
+  const double block_trainable = m.lora() ? P / static_cast<double>(m.num_layers) : block_params;
+  const double head_trainable = m.lora() ? 0 : embed_params + C;
+  double mlp_trainable = experts * 3 * C * F;  // the feed-forward's gradients
+  double largest_linear = 0;                   // QLoRA: the largest weight dequantised at once
+  if (m.lora()) {
+    mlp_trainable = 0;
+    const auto linears = m.block_linears();
+    for (size_t i = 0; i < linears.size(); ++i) {
+      const double out = static_cast<double>(linears[i].first), in = static_cast<double>(linears[i].second);
+      largest_linear = std::max(largest_linear, out * in);
+      if (i >= 4 && (m.lora_targets & (1u << i)))
+        mlp_trainable += static_cast<double>(m.lora_rank * m.experts_per_linear(i)) * (out + in);
+    }
+  }
+  // nf4_linear's transients: the packed bytes as int32 look-up indices (2 B), the fp32 values
+  // (4 B) and their cast to the compute dtype (2 B), per weight of the largest Linear.
+  const double dequant = m.nf4_base ? largest_linear * (6 + (autocast || pure ? 2 : 0)) : 0;
 
   Estimate e;
-  e.parameters = static_cast<int64_t>((pure ? 2 : 4) * P);
+  e.parameters = m.frozen_bytes(pure ? 2 : 4) + static_cast<int64_t>((pure ? 2 : 4) * P);
   e.master_weights = pure ? static_cast<int64_t>(4 * P) : 0;
   e.gradients = in_backward ? 0 : static_cast<int64_t>(4 * P);
   e.optimizer_state = pol.state.resident(numels);
@@ -181,6 +206,20 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   auto per_block = detail::block_saved(pol.precision, pol.recompute.cheap_parts, m);
   if (run.key_padding && per_block.bhtt > 0 && !pol.precision.half_matmuls)
     per_block.bhtt += 4;  // the probabilities with fully padded rows zeroed feed the PV matmul
+  double outside_btc = detail::outside_blocks_btc(pol.precision);
+  if (m.lora()) {  // a frozen weight needs no saved input for its gradient (an adapter on it saves the same one)
+    const double norm = pure ? 2 : 4;                    // a norm's x·rsqrt: fp32 (bf16 when pure)
+    const double input = autocast || pure ? 2 : 4;      // a matmul's saved input: autocast's bf16 cast
+    const auto adapted = [&](std::initializer_list<size_t> slots) {
+      return std::any_of(slots.begin(), slots.end(), [&](size_t i) { return (m.lora_targets >> i) & 1u; });
+    };
+    per_block.btc -= 2 * norm;                           // the two norms' x·rsqrt, for their weights
+    if (!adapted({0, 1, 2})) per_block.btc -= input;     // the attention norm's output, for q, k, v
+    if (!adapted({3})) per_block.btc -= input;           // the attention output, for o_proj
+    if (!adapted({4, 5})) per_block.btc -= input;        // the MLP norm's output, for gate and up
+    if (!adapted({6})) per_block.btf -= input;           // silu(gate)·up, for down_proj
+    outside_btc -= norm + input;                         // the final norm's x·rsqrt and output, for lm_head
+  }
   const double full = per_block.bytes(B, T, m);
   const double input = btc * (pure ? 2 : 4);  // a checkpointed block keeps its input only
   std::vector<bool> recomputed(static_cast<size_t>(m.num_layers), false);
@@ -189,12 +228,12 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   std::vector<double> kept(recomputed.size());
   double stack = 0;
   for (size_t i = 0; i < kept.size(); ++i) stack += kept[i] = recomputed[i] ? input : full;
-  // Autocast's bf16 copies of the linear weights, saved for backward; a recomputed block's
-  // copies are made again in its backward instead.
-  const double block_cast = autocast ? 2 * block_params : 0;
+  // Autocast's bf16 copies of the linear weights (and adapters), saved for backward; a recomputed
+  // block's copies are made again in its backward instead. nf4_linear saves none: it dequantises again.
+  const double block_cast = autocast ? 2 * ((m.nf4_base ? 0 : block_params) + (m.lora() ? block_trainable : 0)) : 0;
   double casts = autocast ? 2 * embed_params : 0;  // lm_head
   for (bool r : recomputed) casts += r ? 0 : block_cast;
-  const double outside = btc * detail::outside_blocks_btc(pol.precision);
+  const double outside = btc * outside_btc;
   const bool chunked = m.loss_chunk_size > 0;
   const double chunk_rows = chunked ? std::min<double>(static_cast<double>(m.loss_chunk_size), rows) : rows;
   // Saved by the loss: the fp32 log-probabilities (+ the KD term's, and the fp32 copy it slices).
@@ -208,7 +247,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double scores = math ? 2 * B * m.num_heads * T * T * (autocast || pure ? 2 : 4) : 0;
   const double attn_in = 7 * btc * 4;  // normed input, q, k, v, RoPE temporaries
   const double before_last = statics + grads_held + casts + stack - kept.back() + btc * 4;
-  const double fwd_block = before_last + attn_in + scores;
+  const double fwd_block = before_last + attn_in + scores + dequant;
   const double logits = run.lm_head ? chunk_rows * V * (autocast || pure ? 6 : 4) : 0;  // (bf16 +) fp32 logits
   const double fwd_end = statics + grads_held + casts + stack + outside + logprobs;
   // A teacher first runs without a graph: its logits exist while its targets are made.
@@ -222,10 +261,10 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double head_bwd = fwd_end + (run.lm_head ? chunk_rows * V * (m.kd ? 12 : 8) : 0);  // 2 (3 with KD) fp32 grads
   // lm_head and final norm first; stepped in backward: one block parameter's gradient and AdamW's
   // temporaries at a time
-  const double block_largest = std::max({C * Q, C * KV, C * F});
+  const double block_largest = m.lora() ? largest : std::max({C * Q, C * KV, C * F});
   double grads = in_backward ? (grad_e + 2 * 4) * block_largest
                  : grads_held > 0 ? grads_held
-                                  : grad_e * (embed_params + C);
+                                  : grad_e * head_trainable;
   double live = statics + casts + stack + btc * 4 * 2;  // + the gradient flowing down, the embedding output
   double bwd_peak = head_bwd;
   // The feed-forward's part of a block's saved tensors, freed before the attention's backward:
@@ -237,14 +276,14 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   for (int64_t i = m.num_layers - 1; i >= 0; --i) {
     const auto u = static_cast<size_t>(i);
     const double recompute = recomputed[u] ? full + block_cast : 0;
-    const double at_top = live + recompute + grads;
+    const double at_top = live + recompute + grads + dequant;
     const double mlp_moment =
         at_top + 2 * B * T * F * static_cast<double>(m.ffn_rows()) * (pure || autocast ? 2 : 4) + 2 * btc * 4;
     const double attn_moment = at_top - mlp_saved + (math ? B * m.num_heads * T * T * (autocast || pure ? 6 : 8) : 0) +
-                               (grads_held > 0 || in_backward ? 0 : grad_e * experts * 3 * C * F);
+                               (grads_held > 0 || in_backward ? 0 : grad_e * mlp_trainable);
     bwd_peak = std::max({bwd_peak, mlp_moment, attn_moment});
     live -= kept[u];
-    if (grads_held == 0 && !in_backward) grads += grad_e * block_params;
+    if (grads_held == 0 && !in_backward) grads += grad_e * block_trainable;
   }
   e.backward_peak = static_cast<int64_t>(bwd_peak);
   e.head = static_cast<int64_t>(logprobs + (run.lm_head ? chunk_rows * V * 8 : 0));

@@ -4,10 +4,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "memopt/nn/attention.hpp"  // AttentionKind
+#include "memopt/nn/lora.hpp"       // LoraOptions
 
 namespace memopt::memory {
 
@@ -30,6 +34,37 @@ struct ModelDesc {
   int64_t num_experts = 0;      // > 0: a mixture of experts (sorted dispatch) replaces the SwiGLU
   int64_t top_k = 0;            //   experts per token; ffn_size is each expert's width
   bool checkpoint_experts = false;
+  int64_t lora_rank = 0;       // > 0: LoRA (with_lora): adapters of this rank, every other weight frozen
+  unsigned lora_targets = 0;   //   the blocks' Linears adapted: bit i = kLinearNames[i]
+  bool nf4_base = false;       //   QLoRA: the blocks' Linear weights held in NF4
+
+  /// The names of a block's Linear layers, in block_linears() order (a target's last name).
+  static constexpr std::array<const char*, 7> kLinearNames = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                              "gate_proj", "up_proj", "down_proj"};
+
+  /// The description of the same model fine-tuned with LoRA `options` (memopt::lora::apply),
+  /// over NF4 base weights if `nf4` (memopt::lora::quantize). A target names a block Linear by its
+  /// last name ("q_proj", "self_attn.q_proj") or is "all-linear"; others (a user module) adapt nothing here.
+  ///   auto desc = memopt::models::describe(cfg).with_lora(LoraOptions().rank(16).targets({"all-linear"}), true);
+  ModelDesc with_lora(const nn::LoraOptions& options, bool nf4) const {
+    ModelDesc d = *this;
+    d.lora_rank = options.rank();
+    d.nf4_base = nf4;
+    d.lora_targets = 0;
+    for (size_t i = 0; i < kLinearNames.size(); ++i)
+      if (options.targets_module(std::string("model.layers.0.") + (i < 4 ? "self_attn." : "mlp.") + kLinearNames[i]))
+        d.lora_targets |= 1u << i;
+    return d;
+  }
+  bool lora() const { return lora_rank > 0; }
+
+  /// A block's Linear weights as (out, in), in kLinearNames' order; a mixture of experts' gate, up
+  /// and down once per expert (their count: experts_per_linear(i)).
+  std::array<std::pair<int64_t, int64_t>, 7> block_linears() const {
+    const int64_t C = hidden_size, Q = q_dim(), KV = kv_dim(), F = ffn_size;
+    return {{{Q, C}, {KV, C}, {KV, C}, {C, Q}, {F, C}, {F, C}, {C, F}}};
+  }
+  int64_t experts_per_linear(size_t i) const { return i >= 4 ? std::max<int64_t>(num_experts, 1) : 1; }
 
   /// Rows each token sends through the feed-forward: 1, or top_k for a mixture of experts.
   int64_t ffn_rows() const { return num_experts > 0 ? top_k : 1; }
@@ -58,6 +93,38 @@ struct ModelDesc {
     int64_t s = 0;
     for (int64_t x : parameter_numels()) s += x;
     return s;
+  }
+
+  /// What the optimizer steps: parameter_numels(), or with LoRA each adapter's lora_A (rank, in)
+  /// and lora_B (out, rank), block by block.
+  std::vector<int64_t> trainable_numels() const {
+    if (!lora()) return parameter_numels();
+    std::vector<int64_t> n;
+    const auto linears = block_linears();
+    for (int64_t l = 0; l < num_layers; ++l)
+      for (size_t i = 0; i < linears.size(); ++i)
+        if (lora_targets & (1u << i))
+          for (int64_t e = 0; e < experts_per_linear(i); ++e) {
+            n.push_back(lora_rank * linears[i].second);
+            n.push_back(linears[i].first * lora_rank);
+          }
+    return n;
+  }
+
+  /// Bytes of the frozen weights as LoRA holds them: every parameter at `dense_bytes` each (4
+  /// fp32, 2 bf16), the blocks' Linear weights in NF4 instead with nf4_base (codes, one-byte
+  /// absmax codes per 64, fp32 per 256 of those, one offset: memopt::nn::Nf4Tensor::nbytes). 0
+  /// without LoRA (then every parameter trains).
+  int64_t frozen_bytes(int64_t dense_bytes) const {
+    if (!lora()) return 0;
+    int64_t linear = 0, nf4 = 0;
+    for (size_t i = 0; i < block_linears().size(); ++i) {
+      const int64_t n = block_linears()[i].first * block_linears()[i].second, blocks = (n + 63) / 64;
+      linear += n * experts_per_linear(i);
+      nf4 += ((n + 1) / 2 + blocks + 4 * ((blocks + 255) / 256) + 4) * experts_per_linear(i);
+    }
+    const int64_t dense = num_parameters() - (nf4_base ? linear * num_layers : 0);
+    return dense * dense_bytes + (nf4_base ? nf4 * num_layers : 0);
   }
   /// Forward FLOPs of one token through the model (matmuls; attention at sequence length T).
   /// A tied head still multiplies by the (V, C) weight.

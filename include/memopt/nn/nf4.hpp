@@ -121,6 +121,16 @@ inline torch::Tensor nested_map(torch::Device device = torch::kCPU) {
   return std::get<0>(torch::cat(parts).sort()).to(device);  // (256,)
 }
 
+/// The NF4 values of every byte's two codes, the high nibble first: (256, 2) fp32, row b =
+/// (code[b >> 4], code[b & 15]).
+inline torch::Tensor nf4_pair_map(torch::Device device) {
+  const torch::Tensor byte = torch::arange(256, torch::kLong);
+  const torch::Tensor codes = nf4_map();
+  const torch::Tensor high = codes.index_select(0, byte.bitwise_right_shift(4));  // (256,)
+  const torch::Tensor low = codes.index_select(0, byte.bitwise_and(15));          // (256,)
+  return torch::stack({high, low}, 1).to(device);                                 // (256, 2)
+}
+
 inline void check_blocksize(int64_t blocksize, const char* who) {
   TORCH_CHECK(blocksize >= 32 && blocksize <= 4096 && (blocksize & (blocksize - 1)) == 0, who,
               ": blocksize must be a power of two from 32 to 4096, as bitsandbytes' quantize_4bit accepts (got ",
@@ -213,10 +223,11 @@ inline torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype)
   const int64_t n = q.numel, bs = q.blocksize, full = n / bs * bs, blocks = q.num_blocks();
   TORCH_CHECK(scale.numel() == blocks, who, ": ", n, " elements in blocks of ", bs, " need ", blocks,
               " absmax (got ", scale.numel(), "). HINT: pass the Nf4Tensor that quantize_nf4 returned.");
-  const torch::Tensor idx = torch::stack({q.packed.bitwise_right_shift(4), q.packed.bitwise_and(15)}, 1)
-                                .view({-1})
-                                .slice(0, 0, n);  // (n,) uint8
-  torch::Tensor values = nf4_map(q.packed.device()).index_select(0, idx.to(torch::kLong));  // (n,) fp32
+  // A byte holds two codes: one look-up in the (256, 2) table of code pairs, indexed by the
+  // packed bytes as int32 (index_select's narrowest index type): 2 B of index a weight, not 8.
+  const torch::Tensor pairs = detail::nf4_pair_map(q.packed.device());  // (256, 2) fp32
+  torch::Tensor values =
+      pairs.index_select(0, q.packed.to(torch::kInt)).view({-1}).slice(0, 0, n);  // (n,) fp32
   if (full > 0) values.slice(0, 0, full).view({-1, bs}).mul_(scale.slice(0, 0, full / bs).unsqueeze(1));
   if (full < n) values.slice(0, full).mul_(scale.slice(0, blocks - 1));
   return values.to(dtype).view(q.shape);
