@@ -197,4 +197,13 @@ struct AllocatorOptions {
   }
 };
 
+/// Gives the host heap's free pages back to the system (glibc's malloc_trim(0): also whole free
+/// pages inside the heap, not only at its top). Under preset:training freed blocks stay in the
+/// heap, so a large tensor freed for good (a dense weight once quantised) would stay resident.
+inline void release_free_host_memory() {
+#if MEMOPT_GLIBC_MALLOC
+  ::malloc_trim(0);
+#endif
+}
+
 }  // namespace memopt::memory

@@ -18,6 +18,7 @@
 
 #include <torch/torch.h>
 
+#include "memopt/memory/allocator.hpp"
 #include "memopt/nn/lora.hpp"
 #include "memopt/nn/nf4.hpp"
 #include "memopt/nn/qlora.hpp"
@@ -105,8 +106,10 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   /// A fresh layer in this one's state (Cloneable::clone copies the tensors in after): a dense
   /// weight with nn.Linear's initialisation, then the adapter and NF4 storage it has.
   void reset() override {
-    torch::nn::Linear init(options);  // nn.Linear's parameters and initialisation, draw for draw
-    register_dense(init->weight, init->bias);
+    {
+      torch::nn::Linear init(options);  // nn.Linear's parameters and initialisation, draw for draw
+      register_dense(init->weight, init->bias);
+    }  // `init` gone: only this module holds the weight (quantize frees it)
     if (lora_) register_adapter();
     if (!nf4_options_ && detail::quantize_on_init()) nf4_options_ = detail::quantize_on_init();
     if (nf4_options_) register_nf4();
@@ -295,6 +298,9 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
     } else {
       weight_absmax = register_buffer("weight_absmax", nf4_.absmax);
     }
+    // The dense weight's pages go back to the system now (when nothing else holds it): the
+    // heap would keep them, and a model quantised layer by layer, every layer's (7B: 20 GB).
+    memory::release_free_host_memory();
   }
 
   static torch::Dtype compute_dtype(torch::Dtype dtype) { return torch::promote_types(dtype, torch::kFloat); }
