@@ -4,7 +4,6 @@
 // metrics.jsonl writer and a memory timeline written as a Chrome trace.
 #pragma once
 
-#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "memopt/detail/version.hpp"
 #include "memopt/dist/env.hpp"
 #include "memopt/loop_types.hpp"
+#include "memopt/memory/allocator.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/timeline.hpp"
 
@@ -207,7 +207,7 @@ class ReleaseCache : public Callback {
   void on_step_end(const StepStats& s) override {
     if (s.step % every_ != 0) return;
     if (barrier_) barrier_();
-    malloc_trim(0);
+    memory::release_free_host_memory();  // malloc_trim(0)
 #if MEMOPT_HAS_CUDA
     c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
