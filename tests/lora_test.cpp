@@ -5,7 +5,8 @@
 // without peft) the loss and every adapter gradient match within 1e-6, with dropout off and with
 // dropout on under the same masks; the Trainer steps the adapters alone; a checkpoint holds them
 // alone and a resume is bit for bit, LoRA and QLoRA, and refuses another base; bad targets and
-// ranks are refused naming the value and the candidates with a HINT.
+// ranks are refused naming the value and the candidates with a HINT; on a GPU (CUDA:) LoRA and
+// QLoRA give the CPU's loss and adapter gradients and NF4 codes quantise as on the CPU.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -294,4 +295,58 @@ TEST_CASE("a LoRA or QLoRA run steps the adapters alone, checkpoints them alone 
     require_error([&] { other_trainer.resume("latest", other_loader); }, "memopt::io: checkpoint",
                   {"frozen tensor", "differs", "--init_model"});
   }
+}
+
+TEST_CASE("CUDA: LoRA and QLoRA on the GPU give the CPU's loss and adapter gradients, NF4 codes unchanged",
+          "[lora][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  // fp32 on both devices (TF32 off, LibTorch's default); the GPU sums in other orders.
+  constexpr double kTolerance = 1e-5;
+  for (const bool qlora : {false, true}) {
+    INFO((qlora ? "QLoRA" : "LoRA"));
+    auto make = [&] {
+      torch::manual_seed(283);
+      memopt::models::Llama model(small_llama());
+      if (qlora) memopt::lora::quantize(*model);
+      memopt::lora::apply(*model, LoraOptions().rank(4).targets({"all-linear"}));
+      torch::NoGradGuard no_grad;
+      for (auto& item : model->named_parameters())
+        if (item.key().find("lora_B") != std::string::npos) item.value().normal_(0, 0.05);
+      return model;
+    };
+    memopt::models::Llama cpu = make();
+    memopt::models::Llama gpu = make();
+    gpu->to(cuda);
+    for (const auto& item : gpu->named_buffers()) {
+      INFO(item.key());
+      CHECK(item.value().device() == cuda);
+      if (item.key().ends_with("weight_nf4")) CHECK(item.value().scalar_type() == torch::kByte);
+    }
+    for (const auto& item : gpu->named_parameters()) CHECK(item.value().device() == cuda);
+
+    const torch::Tensor x = tokens(4), y = tokens(5);
+    const torch::Tensor cpu_loss = cpu->loss_sum({x, y}, memopt::recompute::EveryBlock{});
+    const torch::Tensor gpu_loss = gpu->loss_sum({x.to(cuda), y.to(cuda)}, memopt::recompute::EveryBlock{});
+    CHECK(relative_diff(gpu_loss.cpu(), cpu_loss) <= kTolerance);
+    cpu_loss.backward();
+    gpu_loss.backward();
+    const auto cpu_params = cpu->named_parameters();
+    for (const auto& item : gpu->named_parameters()) {
+      INFO(item.key());
+      REQUIRE(item.value().grad().defined() == (item.key().find(".lora_") != std::string::npos));
+      if (item.value().grad().defined())
+        CHECK(relative_diff(item.value().grad().cpu(), cpu_params[item.key()].grad()) <= kTolerance);
+    }
+  }
+
+  // Quantised on the GPU: the CPU's codes bit for bit; the scales within fp32 rounding (the
+  // double quantisation's mean sums in another order).
+  torch::manual_seed(284);
+  const torch::Tensor w = torch::randn({96, 80});
+  const auto on_cpu = memopt::nn::quantize_nf4(w);
+  const auto on_gpu = memopt::nn::quantize_nf4(w.to(cuda));
+  REQUIRE(on_gpu.packed.device() == cuda);
+  CHECK(torch::equal(on_gpu.packed.cpu(), on_cpu.packed));
+  CHECK(relative_diff(on_gpu.dequantize(torch::kFloat).cpu(), on_cpu.dequantize(torch::kFloat)) <= 1e-6);
 }
