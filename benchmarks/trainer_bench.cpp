@@ -7,7 +7,8 @@
 // --finetune lora puts rank --lora_rank adapters on --lora_targets (memopt::lora::apply, the
 // base frozen); --finetune qlora builds the model under memopt::nn::QuantizeOnInit first (each
 // Linear weight NF4 as soon as it exists: a 7B shape never exists in fp32) — the peers are
-// PEFT and PEFT + bitsandbytes (trainer_peer.py --finetune).
+// PEFT and PEFT + bitsandbytes (trainer_peer.py --finetune). A Trainer run's line carries
+// estimated_peak_mib: memory::estimate's peak for its model and policies, next to the tracker's.
 //
 //   memopt_bench_trainer --layers 4 --dim 256 --seq 256 --precision bf16 --recompute every
 //   scripts/bench trainer            # the whole suite, peer and ratios included
@@ -25,6 +26,7 @@
 
 #include "bench_main.hpp"
 #include "memopt/memopt.hpp"
+#include "memopt/memory/estimator.hpp"
 
 namespace {
 
@@ -85,6 +87,7 @@ struct BenchResult {
   std::vector<double> step_seconds;  // timed steps only
   double loss_first = 0;             // the very first (warm-up) step's loss
   double loss_last = 0;
+  int64_t estimated_peak = 0;        // memory::estimate's peak for the Trainer's policies (0: --impl hand)
 };
 
 /// Runs warmup + steps calls of `step` (which returns the step's loss), timing the last `steps`.
@@ -106,15 +109,19 @@ BenchResult time_steps(const BenchConfig& cfg, StepFn&& step) {
 
 /// memopt's Trainer with the policy types picked in main().
 template <memopt::RecomputePolicy Recompute, memopt::PrecisionPolicy Precision>
-BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model) {
+BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model, const memopt::memory::ModelDesc& desc) {
+  using Trainer = memopt::Trainer<Recompute, Precision, memopt::accum::Runtime>;
   auto options = memopt::TrainerOptions()
                      .accum_steps(cfg.accum)
                      .decay(memopt::optim::Decay::kConstant)  // lr 3e-4 throughout, as the peer
                      .max_steps(cfg.warmup + cfg.steps);
-  memopt::Trainer<Recompute, Precision, memopt::accum::Runtime> trainer(*model, options);
+  Trainer trainer(*model, options);
   LcgTokenLoader loader(cfg.micro, cfg.seq, cfg.vocab, cfg.seed);
   auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
-  return time_steps(cfg, [&] { return trainer.step(loader, loss_fn).loss.template item<double>(); });
+  BenchResult r = time_steps(cfg, [&] { return trainer.step(loader, loss_fn).loss.template item<double>(); });
+  r.estimated_peak =
+      memopt::memory::estimate(desc, {cfg.micro, cfg.seq}, memopt::memory::describe<Trainer>(cfg.accum)).peak;
+  return r;
 }
 
 /// The same training written by hand against LibTorch: no memopt Trainer, policies or
@@ -199,14 +206,16 @@ int main(int argc, char** argv) {
       model = memopt::models::Llama(config);
     }
     const auto setup_rss = memopt::memory::peak_rss_bytes();  // the model built: the step's memory comes after
-    if (cfg.finetune != "full")
-      memopt::lora::apply(*model, memopt::nn::LoraOptions().rank(cfg.lora_rank).alpha(2.0 * cfg.lora_rank)
-                                      .dropout(0).targets(cfg.lora_targets));
+    const auto lora = memopt::nn::LoraOptions().rank(cfg.lora_rank).alpha(2.0 * cfg.lora_rank).dropout(0)
+                          .targets(cfg.lora_targets);
+    if (cfg.finetune != "full") memopt::lora::apply(*model, lora);
+    const auto full = memopt::models::describe(config);  // what the estimator predicts for this run
+    const auto desc = cfg.finetune == "full" ? full : full.with_lora(lora, cfg.finetune == "qlora");
     const auto counts = memopt::lora::count_parameters(*model);
     model->train();
 
     // The policies are types: the only runtime branch is this one, outside every step.
-    auto trainer_run = [&]<class C, class P>() { return run_trainer<C, P>(cfg, model); };
+    auto trainer_run = [&]<class C, class P>() { return run_trainer<C, P>(cfg, model, desc); };
     const BenchResult r = cfg.impl == "hand" ? run_hand(cfg, model)
                                              : memopt::bench::with_policies(cfg.precision, cfg.recompute, trainer_run);
 
@@ -214,7 +223,7 @@ int main(int argc, char** argv) {
     for (double s : r.step_seconds) total += s;
     const double step_s = total / static_cast<double>(r.step_seconds.size());
     const double min_s = *std::min_element(r.step_seconds.begin(), r.step_seconds.end());
-    return nlohmann::ordered_json{
+    auto line = nlohmann::ordered_json{
         {"name", cfg.name()},
         {"impl", cfg.impl},
         {"tokens_per_s", static_cast<double>(cfg.tokens_per_step()) / step_s},
@@ -243,5 +252,7 @@ int main(int argc, char** argv) {
         {"lora_rank", cfg.finetune == "full" ? 0 : cfg.lora_rank},
         {"ffn", config.ffn_size()},
     };
+    if (r.estimated_peak > 0) line["estimated_peak_mib"] = memopt::memory::mib(r.estimated_peak);
+    return line;
   });
 }

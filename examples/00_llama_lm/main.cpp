@@ -25,7 +25,8 @@
 // DATA/val.txt, both tokenized at start.
 // --lora RANK fine-tunes low-rank adapters on --lora_targets (PEFT's q_proj,v_proj by default, or
 // all-linear) with every other weight frozen, --qlora over NF4 base weights; the adapter is saved
-// to OUTPUT_DIR/adapter in PEFT's format (examples/common/lora_flags.hpp).
+// to OUTPUT_DIR/adapter in PEFT's format (examples/common/lora_flags.hpp); --finetune auto with
+// --memory_budget takes the first of full fine-tuning, LoRA and QLoRA that fits (plan_finetune).
 //   Run: scripts/demo   (or build/examples/00_llama_lm/llama_lm --help)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -244,14 +245,14 @@ int64_t count_stream_steps(const std::vector<memopt::data::SourceFile>& files,
   return steps.item<int64_t>();
 }
 
-int run(const Args& a) {
+int run(Args& a) {  // non-const: --finetune resolves a.lora
   // ---- options first: a bad flag fails before any data is read ----
   TORCH_CHECK(a.micro_batch >= 1, "llama_lm: --micro_batch must be >= 1 (got ", a.micro_batch,
               "). HINT: 8 fits in a few hundred MiB at the default size.");
   TORCH_CHECK(a.seq_len >= 1, "llama_lm: --seq_len must be >= 1 (got ", a.seq_len, "). HINT: try 256.");
   const torch::Device device = examples::parse_device(a.device, "llama_lm");
   a.memory.check("llama_lm");  // --attention, --release_cache_every
-  a.lora.check("llama_lm");    // --lora, --qlora
+  a.lora.resolve("llama_lm");  // --lora, --qlora, --finetune
   // --init_model: the checkpoint's config.json is the model's shape (its weights load later).
   std::optional<memopt::models::LlamaConfig> pretrained;
   if (!a.init_model.empty()) {
@@ -282,6 +283,8 @@ int run(const Args& a) {
               a.policies, "'). HINT: auto picks the fastest combination that fits --memory_budget.");
   TORCH_CHECK(!a.calibrate || budget > 0, "llama_lm: --calibrate measures the plan for a budget (got no "
               "--memory_budget). HINT: add --memory_budget 1GiB (with --policies auto or your flags).");
+  TORCH_CHECK(!a.lora.automatic() || budget > 0, "llama_lm: --finetune auto picks full, LoRA or QLoRA for a "
+              "budget (got no --memory_budget). HINT: add --memory_budget 2GiB, or name the way: --finetune lora");
   auto options = memopt::TrainerOptions()
                            .lr(a.lr)
                            .warmup_steps(a.warmup)
@@ -373,6 +376,15 @@ int run(const Args& a) {
   config.validate();
 
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
+  const auto plan_options = memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
+                                .machine(memopt::MachineModel::from_device(device));
+  if (a.lora.automatic()) {  // --finetune auto: full, LoRA or QLoRA, the first that fits the budget
+    const auto way = memopt::plan_finetune(a.lora.ways(memopt::models::describe(config)), a.seq_len,
+                                           a.policies == "auto" ? plannable(device) : std::vector{policies},
+                                           plan_options);
+    fmt::print("{}", way.explain());
+    a.lora.adopt(way.chosen);
+  }
   const auto desc = a.lora.describe(memopt::models::describe(config));  // --lora / --qlora: the adapters train
   int64_t micro_batch = a.micro_batch;
   const auto measure = memopt::probe_steps<LlamaLmTrainers>(  // --calibrate's real steps
@@ -386,11 +398,8 @@ int run(const Args& a) {
       },
       [](memopt::models::Llama& probe) { return memopt::LossSum<memopt::models::Llama>{&probe}; });
   if (a.policies == "auto" || budget > 0) {  // fixed + budget: the micro-batch finder for these policies
-    const auto chosen = memopt::choose_policies(
-        desc, a.seq_len, policies, a.policies == "auto", plannable(device),
-        memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
-            .machine(memopt::MachineModel::from_device(device)),
-        a.calibrate ? measure : memopt::MeasureStep());
+    const auto chosen = memopt::choose_policies(desc, a.seq_len, policies, a.policies == "auto", plannable(device),
+                                                plan_options, a.calibrate ? measure : memopt::MeasureStep());
     policies = chosen.policies;
     micro_batch = chosen.micro_batch;
     torch::manual_seed(static_cast<int64_t>(a.seed));   // the run starts as it would have without the probes

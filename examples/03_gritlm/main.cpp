@@ -24,7 +24,8 @@
 // (loss and memory over steps; scripts/plot does the same). Checkpoints go to OUT/checkpoints
 // (--save_every; SIGTERM/SIGINT save and exit 0); --resume latest continues bit for bit.
 // --lora RANK [--lora_targets ...] [--qlora] fine-tunes adapters on a frozen (NF4) base instead
-// (common/lora_flags.hpp) and saves them to OUT/adapter in PEFT's format instead of OUT/model.
+// (common/lora_flags.hpp) and saves them to OUT/adapter in PEFT's format instead of OUT/model;
+// --finetune auto with --memory_budget takes the first of full, LoRA and QLoRA that fits.
 //   build/examples/03_gritlm/gritlm --steps 60 --batch_size 32 --grad_cache_chunk 8
 //   build/examples/03_gritlm/gritlm --embed_jsonl my_pairs.jsonl --gen_jsonl my_sft.jsonl
 //   build/examples/03_gritlm/gritlm --data_only --workers 2    # the data path's speed alone
@@ -218,7 +219,7 @@ void check_args(const Args& a) {
               "HINT: pass --grad_cache_chunk N (it also chunks the generative part).");
   (void)workers_number(a.workers_flag);
   a.memory.check("gritlm");  // --attention, --release_cache_every
-  a.lora.check("gritlm");    // --lora, --qlora
+  a.lora.resolve("gritlm");  // --lora, --qlora, --finetune
   TORCH_CHECK(a.gen_loss_type == "mixed" || a.gen_loss_type == "token", "gritlm: --gen_loss_type must be mixed or "
               "token (got '", a.gen_loss_type, "'). HINT: mixed averages over the batch's tokens (GritLM's default).");
   TORCH_CHECK(a.eval_queries >= 0 && a.eval_gen >= 0, "gritlm: --eval_queries and --eval_gen must be >= 0 (got ",
@@ -230,6 +231,8 @@ void check_args(const Args& a) {
               a.memory_budget.empty() ? "" : " --memory_budget " + a.memory_budget, "). HINT: drop --split_emb to "
               "let the planner pick --grad_cache_chunk, or drop --policies auto/--memory_budget.");
   if (!a.memory_budget.empty()) (void)memopt::parse_bytes(a.memory_budget);
+  TORCH_CHECK(!a.lora.automatic() || !a.memory_budget.empty(), "gritlm: --finetune auto picks full, LoRA or QLoRA "
+              "for a budget (got no --memory_budget). HINT: add --memory_budget 2GiB, or name the way: --finetune lora");
   (void)on_bad_line(a);
   grit_options(a).validate();
 }
@@ -508,7 +511,6 @@ int train_with_flags(const Args& a, const Data& d, std::shared_ptr<const GritFor
 // × GradCache chunk; the batch is the contrastive loss, so it is never split) for the model's
 // `config`. The plan's choice rewrites a's policy flags.
 void plan_step(Args& a, const memopt::models::LlamaConfig& config) {
-  const auto desc = a.lora.describe(memopt::models::describe(config));  // --lora / --qlora: the adapters train
   memopt::memory::GritRunDesc run;
   run.queries = a.batch_size;
   run.query_len = a.query_max_len;
@@ -517,16 +519,21 @@ void plan_step(Args& a, const memopt::models::LlamaConfig& config) {
   run.gen_rows = a.gen_batch_size;
   run.gen_len = a.gen_max_len;
   auto policies = policies_of(a);
+  const auto candidates =
+      a.policies == "auto"
+          ? memopt::candidates<GritTrainers>(a.grad_accum)
+          : std::vector<memopt::memory::PolicyDesc>{policies_of(a, "micro-batches"), policies_of(a, "grad-cache")};
+  const auto options = memopt::PlanOptions()
+                           .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
+                           .machine(memopt::MachineModel::from_device(examples::parse_device(a.device, "gritlm")));
+  if (a.lora.automatic()) {  // --finetune auto: full, LoRA or QLoRA, the first that fits the budget
+    const auto way = memopt::plan_finetune(a.lora.ways(memopt::models::describe(config)), run, candidates, options);
+    fmt::print("{}", way.explain());
+    a.lora.adopt(way.chosen);
+  }
+  const auto desc = a.lora.describe(memopt::models::describe(config));  // --lora / --qlora: the adapters train
   if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the chunk finder for these policies
-    const auto candidates =
-        a.policies == "auto"
-            ? memopt::candidates<GritTrainers>(a.grad_accum)
-            : std::vector<memopt::memory::PolicyDesc>{policies_of(a, "micro-batches"), policies_of(a, "grad-cache")};
-    const auto plan = memopt::plan_gritlm(
-        desc, run, candidates,
-        memopt::PlanOptions()
-            .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
-            .machine(memopt::MachineModel::from_device(examples::parse_device(a.device, "gritlm"))));
+    const auto plan = memopt::plan_gritlm(desc, run, candidates, options);
     fmt::print("{}", plan.explain());
     policies = plan.chosen.policies;
     a.grad_cache_chunk = plan.chosen.chunk;

@@ -3,6 +3,8 @@
 // adapters alone), --lora_targets names the layers (PEFT's q_proj,v_proj by default, or
 // all-linear), --lora_alpha / --lora_dropout / --rslora set the rest as PEFT's LoraConfig does,
 // and --qlora holds the frozen Linear weights in NF4 first (memopt::lora::quantize: QLoRA).
+// --finetune full|lora|qlora says the same in one flag; --finetune auto lets the planner take
+// the first of full fine-tuning, LoRA and QLoRA that fits --memory_budget (memopt::plan_finetune).
 // The adapter is saved in PEFT's format (adapter_model.safetensors + adapter_config.json).
 #pragma once
 
@@ -18,6 +20,7 @@
 #include <memopt/io/peft.hpp>
 #include <memopt/lora.hpp>
 #include <memopt/memory/model_desc.hpp>
+#include <memopt/planner.hpp>
 
 namespace examples {
 
@@ -28,6 +31,7 @@ struct LoraFlags {
   std::vector<std::string> targets = {"q_proj", "v_proj"};
   bool rslora = false;
   bool qlora = false;
+  std::string finetune;  // "": as --lora / --qlora say; full | lora | qlora | auto
 
   void add_to(CLI::App& app) {
     auto* group = app.add_option_group("LoRA / QLoRA", "fine-tune low-rank adapters on a frozen base");
@@ -42,9 +46,13 @@ struct LoraFlags {
     group->add_flag("--rslora", rslora, "rank-stabilised LoRA: scale alpha / sqrt(rank)");
     group->add_flag("--qlora", qlora, "with --lora: hold the frozen Linear weights in NF4 (4-bit, blocksize 64, "
                     "double quantisation), dequantised a layer at a time");
+    group->add_option("--finetune", finetune, "full | lora | qlora (--lora RANK, 16 if not given; qlora: --qlora) "
+                      "| auto: with --memory_budget, the first of full, LoRA and QLoRA that fits")
+        ->check(CLI::IsMember({"full", "lora", "qlora", "auto"}));
   }
 
   bool enabled() const { return rank > 0; }
+  bool automatic() const { return finetune == "auto"; }
 
   memopt::nn::LoraOptions options() const {
     return memopt::nn::LoraOptions()
@@ -55,10 +63,20 @@ struct LoraFlags {
         .use_rslora(rslora);
   }
 
-  /// Refuses --qlora without --lora and a bad rank, alpha or dropout, before any data is read.
-  void check(const std::string& program) const {
+  /// Refuses --qlora without --lora, a --finetune the other flags contradict and a bad rank,
+  /// alpha or dropout, before any data is read. --finetune lora, qlora or auto without --lora
+  /// take rank 16; --finetune qlora sets --qlora.
+  void resolve(const std::string& program) {
     TORCH_CHECK(rank >= 0, program, ": --lora must be >= 0 (got ", rank, "). HINT: 0 trains every weight; 8 or 16 "
                 "is a usual LoRA rank");
+    TORCH_CHECK(finetune != "full" || (!enabled() && !qlora), program, ": --finetune full trains every weight, but "
+                "--lora is ", rank, qlora ? " with --qlora" : "", ". HINT: drop --lora/--qlora, or use --finetune lora");
+    TORCH_CHECK(finetune != "lora" || !qlora, program, ": --finetune lora keeps the base dense, but --qlora asks for "
+                "NF4. HINT: use --finetune qlora");
+    TORCH_CHECK(finetune != "auto" || !qlora, program, ": --finetune auto chooses between full, LoRA and QLoRA "
+                "itself, but --qlora fixes QLoRA. HINT: drop --qlora (or --finetune auto)");
+    if ((finetune == "lora" || finetune == "qlora" || automatic()) && !enabled()) rank = 16;
+    if (finetune == "qlora") qlora = true;
     TORCH_CHECK(!qlora || enabled(), program, ": --qlora quantises the frozen base of a LoRA fine-tune, but --lora "
                 "is 0. HINT: add --lora 16 (QLoRA trains adapters over NF4 weights)");
     TORCH_CHECK(alpha >= 0, program, ": --lora_alpha must be >= 0 (got ", alpha, "). HINT: 0 means 2 x rank");
@@ -71,6 +89,19 @@ struct LoraFlags {
     const auto o = options();
     return {{"rank", o.rank()}, {"alpha", o.alpha()}, {"dropout", o.dropout()}, {"targets", o.targets()},
             {"rslora", o.use_rslora()}, {"qlora", qlora}};
+  }
+
+  /// --finetune auto: the ways memopt::plan_finetune weighs, in order of preference (each
+  /// trains less than the one before): full, LoRA and QLoRA at --lora's rank.
+  std::vector<memopt::FinetuneWay> ways(const memopt::memory::ModelDesc& full) const {
+    return {{"full", full}, {"lora", full.with_lora(options(), false)}, {"qlora", full.with_lora(options(), true)}};
+  }
+
+  /// Takes the way memopt::plan_finetune chose: "full" drops the adapters, "qlora" adds NF4.
+  void adopt(const std::string& way) {
+    finetune = way;
+    if (way == "full") rank = 0;
+    qlora = way == "qlora";
   }
 
   /// The estimator's description of the model as these flags fine-tune it.

@@ -228,21 +228,17 @@ inline double step_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t 
          detail::optimizer_seconds(m, p, machine);
 }
 
-/// Picks, among `candidates` (their policy types; accum is chosen here), the fastest
-/// combination whose predicted peak (× options.calibration()) fits options.budget_bytes(),
-/// each at the largest micro-batch that divides the effective batch and fits (accum =
-/// effective / micro). Throws, naming the budget and the smallest need, when none fits.
-///   auto p = memopt::plan(desc, 256, candidates<memopt::StandardTrainers>(),
-///                         memopt::PlanOptions().budget_bytes(4LL << 30).effective_batch(32));
-inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<memory::PolicyDesc>& candidates,
-                 const PlanOptions& options) {
-  detail::check_plan_options(candidates, options);
+namespace detail {
+// plan()'s rows, unsorted: each candidate at the largest micro-batch that fits, or why not.
+inline std::vector<PlanRow> plan_rows(const memory::ModelDesc& m, int64_t seq_len,
+                                      const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options) {
+  check_plan_options(candidates, options);
   const int64_t E = options.effective_batch();
   std::vector<PlanRow> rows;
   for (auto policies : candidates) {
     PlanRow row;
     row.policies = policies;
-    row.verdict = detail::cannot_run(policies, options);
+    row.verdict = cannot_run(policies, options);
     if (!row.verdict.empty()) {
       rows.push_back(row);
       continue;
@@ -268,7 +264,19 @@ inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<
                                                "batch {}", fixed, E);
     rows.push_back(row);
   }
-  return detail::choose_fastest(std::move(rows), options, "micro-batch 1");
+  return rows;
+}
+}  // namespace detail
+
+/// Picks, among `candidates` (their policy types; accum is chosen here), the fastest
+/// combination whose predicted peak (× options.calibration()) fits options.budget_bytes(),
+/// each at the largest micro-batch that divides the effective batch and fits (accum =
+/// effective / micro). Throws, naming the budget and the smallest need, when none fits.
+///   auto p = memopt::plan(desc, 256, candidates<memopt::StandardTrainers>(),
+///                         memopt::PlanOptions().budget_bytes(4LL << 30).effective_batch(32));
+inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<memory::PolicyDesc>& candidates,
+                 const PlanOptions& options) {
+  return detail::choose_fastest(detail::plan_rows(m, seq_len, candidates, options), options, "micro-batch 1");
 }
 
 /// GritLM's plan: the batch is the loss (in-batch negatives), so it is never split into
@@ -280,8 +288,14 @@ inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<
 /// are the step's (maximum) shape.
 inline Plan plan_gritlm(const memory::ModelDesc& m, const memory::GritRunDesc& run,
                         const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options,
-                        std::vector<int64_t> chunks = {1, 2, 4, 8, 16, 32, 64, 128}) {
-  detail::check_plan_options(candidates, options);
+                        std::vector<int64_t> chunks = {1, 2, 4, 8, 16, 32, 64, 128});
+
+namespace detail {
+// plan_gritlm()'s rows, unsorted.
+inline std::vector<PlanRow> plan_gritlm_rows(const memory::ModelDesc& m, const memory::GritRunDesc& run,
+                                             const std::vector<memory::PolicyDesc>& candidates,
+                                             const PlanOptions& options, std::vector<int64_t> chunks) {
+  check_plan_options(candidates, options);
   const int64_t embed_rows = run.queries * run.group_size;
   chunks.erase(std::remove_if(chunks.begin(), chunks.end(), [&](int64_t c) { return c < 1 || c >= embed_rows; }),
                chunks.end());
@@ -291,7 +305,7 @@ inline Plan plan_gritlm(const memory::ModelDesc& m, const memory::GritRunDesc& r
       PlanRow row;
       row.policies = policies;
       row.chunk = chunk;
-      row.verdict = detail::cannot_run(policies, options);
+      row.verdict = cannot_run(policies, options);
       if (row.verdict.empty()) {
         auto r = run;
         r.chunk = chunk;
@@ -303,19 +317,27 @@ inline Plan plan_gritlm(const memory::ModelDesc& m, const memory::GritRunDesc& r
         const double passes = chunk > 0 ? 4 : 3;  // GradCache: a forward without a graph first
         auto part = [&](int64_t part_rows, int64_t len, double p, bool head) {
           const int64_t graph_rows = chunk > 0 ? std::min(chunk, part_rows) : part_rows;
-          return detail::matmul_seconds(m, len, graph_rows, static_cast<double>(part_rows * len), p, head, policies,
-                                        options.machine());
+          return matmul_seconds(m, len, graph_rows, static_cast<double>(part_rows * len), p, head, policies,
+                                options.machine());
         };
         row.seconds = part(run.queries, run.query_len, passes, false) +
                       part(embed_rows, run.passage_len, passes, false) +
                       (run.gen_rows > 0 ? part(run.gen_rows, run.gen_len, 3, true) : 0);
         row.seconds = static_cast<double>(policies.accum) * row.seconds +
-                      detail::optimizer_seconds(m, policies, options.machine());
+                      optimizer_seconds(m, policies, options.machine());
       }
       rows.push_back(row);
     }
   }
-  return detail::choose_fastest(std::move(rows), options, "the smallest chunk");
+  return rows;
+}
+}  // namespace detail
+
+inline Plan plan_gritlm(const memory::ModelDesc& m, const memory::GritRunDesc& run,
+                        const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options,
+                        std::vector<int64_t> chunks) {
+  return detail::choose_fastest(detail::plan_gritlm_rows(m, run, candidates, options, std::move(chunks)), options,
+                                "the smallest chunk");
 }
 
 /// Measures a candidate: runs the row's policies at its micro-batch (or chunk) for a real step
@@ -400,6 +422,87 @@ inline PlanRow choose_policies(const memory::ModelDesc& m, int64_t seq_len, cons
   const Plan p = measure ? plan_calibrated(plan_with, options, measure) : plan_with(options);
   fmt::print("{}", p.explain());
   return p.chosen;
+}
+
+/// One way to fine-tune, as plan_finetune() weighs it: its name ("full", "lora", "qlora") and
+/// the model as that way trains it (memory::ModelDesc::with_lora for the adapters).
+struct FinetuneWay {
+  std::string name;
+  memory::ModelDesc model;
+};
+
+/// plan_finetune()'s answer: the way chosen, its plan, and each way's verdict in the order given.
+struct FinetunePlan {
+  std::string chosen;  // FinetuneWay::name
+  Plan plan;           // the chosen way's plan
+  std::vector<std::pair<std::string, std::string>> verdicts;  // (way, "fits: ..." / "over budget: ...")
+
+  std::string explain() const {
+    std::string out = fmt::format("finetune: the first way that fits the budget of {}, in the order allowed\n",
+                                  plan.budget_bytes > 0 ? fmt::format("{:.1f} MiB", memory::mib(plan.budget_bytes))
+                                                        : "none");
+    for (const auto& [way, verdict] : verdicts)
+      out += fmt::format("  {} {:<6} {}\n", way == chosen ? "*" : " ", way, verdict);
+    out += fmt::format("chose {} fine-tuning\n", chosen);
+    return out;
+  }
+};
+
+/// Weighs ways to fine-tune one model (full, LoRA, QLoRA: each trains less than the one before
+/// and needs less memory) in the caller's order of preference: the first way whose plan has a
+/// candidate that fits wins, with that plan's fastest candidate. `rows_for(model)` gives a
+/// way's plan rows (the overload below: plan()'s). Every way is weighed, so the explanation
+/// says what each would need. Throws, naming each way's smallest need, when none fits.
+template <class RowsFor>
+FinetunePlan plan_finetune(const std::vector<FinetuneWay>& ways, RowsFor&& rows_for, const PlanOptions& options) {
+  TORCH_CHECK(!ways.empty(), "memopt::plan_finetune: no ways to fine-tune. HINT: pass at least {\"full\", desc}.");
+  FinetunePlan result;
+  std::string needs;
+  for (const auto& way : ways) {
+    std::vector<PlanRow> rows = rows_for(way.model);
+    const bool any_fits = std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return r.fits(); });
+    if (!any_fits) {
+      const PlanRow* least = nullptr;
+      for (const auto& r : rows)
+        if (r.peak > 0 && (least == nullptr || r.peak < least->peak)) least = &r;
+      const std::string need = least ? fmt::format("{:.2f} MiB ({})", memory::mib(least->peak), least->policies.name())
+                                     : std::string("nothing runnable");
+      result.verdicts.emplace_back(way.name, "over budget: needs " + need + " at the least");
+      needs += fmt::format("{}{} {}", needs.empty() ? "" : "; ", way.name, need);
+      continue;
+    }
+    Plan p = detail::choose_fastest(std::move(rows), options, "micro-batch 1");
+    result.verdicts.emplace_back(way.name, fmt::format("fits: {} ({}), peak {:.1f} MiB, {:.3f} s/step",
+                                                       p.chosen.policies.name(), p.chosen.shape(),
+                                                       memory::mib(p.chosen.peak), p.chosen.seconds));
+    if (result.chosen.empty()) {
+      result.chosen = way.name;
+      result.plan = std::move(p);
+    }
+  }
+  TORCH_CHECK(!result.chosen.empty(), "memopt::plan_finetune: no way to fine-tune fits the memory budget of ",
+              memory::mib(options.budget_bytes()), " MiB: ", needs, ". HINT: raise --memory_budget, shorten the "
+              "sequences, or allow QLoRA (its NF4 base needs about 0.13x the fp32 weights).");
+  return result;
+}
+
+/// plan_finetune() for a language model's step: each way's rows as plan() weighs them.
+///   auto f = memopt::plan_finetune({{"full", desc}, {"lora", desc.with_lora(lora, false)},
+///                                   {"qlora", desc.with_lora(lora, true)}}, 256, candidates, options);
+///   auto p = f.plan;  // f.chosen: "full", "lora" or "qlora"
+inline FinetunePlan plan_finetune(const std::vector<FinetuneWay>& ways, int64_t seq_len,
+                                  const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options) {
+  return plan_finetune(
+      ways, [&](const memory::ModelDesc& m) { return detail::plan_rows(m, seq_len, candidates, options); }, options);
+}
+
+/// plan_finetune() for a GritLM step: each way's rows as plan_gritlm() weighs them (its chunks).
+inline FinetunePlan plan_finetune(const std::vector<FinetuneWay>& ways, const memory::GritRunDesc& run,
+                                  const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options,
+                                  const std::vector<int64_t>& chunks = {1, 2, 4, 8, 16, 32, 64, 128}) {
+  return plan_finetune(
+      ways, [&](const memory::ModelDesc& m) { return detail::plan_gritlm_rows(m, run, candidates, options, chunks); },
+      options);
 }
 
 /// "4GiB", "512MiB", "1.5G", "800M", "1048576" → bytes; a bad value throws naming it.

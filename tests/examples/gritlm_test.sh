@@ -102,6 +102,27 @@ plain=$(table_peak "$("$bin" "${tiny[@]}" --output_dir "$tmp/estimate" --estimat
 budget=$(awk -v g="$predicted" -v p="$plain" 'BEGIN { printf "%.1f", (g + p) / 2 }')
 out=$("$bin" "${tiny[@]}" --output_dir "$tmp/auto" --policies auto --memory_budget "${budget}MiB" 2>&1)
 within_budget "policies auto (plain estimate $plain MiB)" $? "$out" "$(run_peak "$tmp/auto")" "$budget" 1.0 "^chose "
+# --finetune auto: an impossible budget names each way's least need (full > LoRA); LoRA's need
+# takes LoRA, a roomy budget full fine-tuning; without a budget, an error.
+out=$("$bin" "${tiny[@]}" --output_dir "$tmp/finetune" --finetune auto --memory_budget 64KiB --estimate_only 2>&1)
+need() { sed -n "s/.*no way to fine-tune fits .*[:;] $1 \([0-9.]*\) MiB.*/\1/p" <<<"$out"; }
+full_need=$(need full); lora_need=$(need lora)
+if [ -n "$full_need" ] && [ -n "$lora_need" ] && awk -v f="$full_need" -v l="$lora_need" 'BEGIN { exit !(f > l) }'; then
+  ok "--finetune auto, impossible budget: needs full $full_need > lora $lora_need MiB"
+else
+  fail "--finetune auto, impossible budget: $(tail -3 <<<"$out")"
+fi
+for spec in "1GiB full" "$(awk -v l="$lora_need" 'BEGIN { printf "%.3f", l + 0.01 }')MiB lora"; do
+  read -r fb want <<<"$spec"
+  out=$("$bin" "${tiny[@]}" --output_dir "$tmp/finetune" --finetune auto --memory_budget "$fb" --estimate_only 2>&1)
+  if [ $? -eq 0 ] && grep -q "^chose $want fine-tuning" <<<"$out" && grep -q "^  \* $want" <<<"$out"; then
+    ok "--finetune auto at $fb: $(grep "^  \* $want" <<<"$out" | cut -c1-90)"
+  else
+    fail "--finetune auto at $fb (want $want): $(grep -A4 '^finetune:' <<<"$out") $(tail -3 <<<"$out")"
+  fi
+done
+expect_failure "--finetune auto without a budget" "--finetune auto picks full, LoRA or QLoRA for a budget" \
+  "$bin" "${tiny[@]}" --output_dir "$tmp/err" --finetune auto
 expect_run split_emb --output_dir "$tmp/split" --grad_cache_chunk 2 --split_emb
 expect_run ckpt_bf16_gradcache --output_dir "$tmp/ckpt" --grad_cache_chunk 3 --gradient_checkpointing --mixed_precision
 expect_run accum_token_loss --output_dir "$tmp/accum" --grad_accum 2 --gen_loss_type token --no_bucket

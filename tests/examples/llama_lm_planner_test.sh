@@ -3,7 +3,8 @@
 # --estimate_only prints the estimate and trains nothing; explicit policy flags reach the
 # Trainer instantiation they name; --policies auto with a memory budget picks a combination
 # whose measured peak stays within the budget (10% estimator tolerance); an impossible budget
-# is a clear error naming the smallest need; --calibrate measures the choice before the run.
+# is a clear error naming the smallest need; --calibrate measures the choice before the run;
+# --finetune auto takes full fine-tuning, LoRA or QLoRA, the first that fits.
 # Usage: llama_lm_planner_test.sh path/to/llama_lm path/to/memopt_prepare_corpus
 set -uo pipefail
 bin="$1"
@@ -58,5 +59,36 @@ if [ $? -ne 1 ] || ! grep -q "smallest need" <<<"$out" || ! grep -q "HINT" <<<"$
 else
   ok "impossible budget: $(grep -o 'no policy combination.*' <<<"$out" | head -c 160)"
 fi
+
+# --finetune auto: the first of full fine-tuning, LoRA and QLoRA that fits. An impossible budget
+# names each way's least need; the budget of LoRA's need (below full's) takes LoRA, which trains;
+# a roomy one keeps full fine-tuning; without a budget, an error.
+out=$("$bin" "${tiny[@]}" --policies auto --finetune auto --memory_budget 64KiB 2>&1)
+need() { sed -n "s/.*no way to fine-tune fits .*[:;] $1 \([0-9.]*\) MiB.*/\1/p" <<<"$out"; }
+full_need=$(need full); lora_need=$(need lora); qlora_need=$(need qlora)
+if [ -n "$full_need" ] && [ -n "$lora_need" ] && [ -n "$qlora_need" ] && grep -q HINT <<<"$out" \
+   && awk -v f="$full_need" -v l="$lora_need" -v q="$qlora_need" 'BEGIN { exit !(f > l && l > q) }'; then
+  ok "--finetune auto, impossible budget: needs full $full_need > lora $lora_need > qlora $qlora_need MiB"
+else
+  fail "--finetune auto, impossible budget: $(tail -3 <<<"$out")"
+fi
+budget=$(awk -v l="$lora_need" 'BEGIN { printf "%.3f", l + 0.01 }')
+out=$("$bin" "${tiny[@]}" --policies auto --finetune auto --memory_budget "${budget}MiB" 2>&1)
+if [ $? -eq 0 ] && grep -q "^chose lora fine-tuning" <<<"$out" && grep -q "^  \* lora" <<<"$out" \
+   && grep -q "LoRA rank 16 alpha 32" <<<"$out" && grep -q "held-out loss after 2 steps" <<<"$out"; then
+  ok "--finetune auto at ${budget} MiB: $(grep '^  \* lora' <<<"$out" | cut -c1-100)"
+else
+  fail "--finetune auto at ${budget} MiB: $(grep -A4 '^finetune:' <<<"$out") $(tail -3 <<<"$out")"
+fi
+out=$("$bin" "${tiny[@]}" --policies auto --finetune auto --memory_budget 1GiB --estimate_only 2>&1)
+if [ $? -eq 0 ] && grep -q "^chose full fine-tuning" <<<"$out"; then
+  ok "--finetune auto at 1 GiB: full fine-tuning"
+else
+  fail "--finetune auto at 1 GiB: $(grep -A4 '^finetune:' <<<"$out") $(tail -3 <<<"$out")"
+fi
+expect_failure "--finetune auto without a budget" "--finetune auto picks full, LoRA or QLoRA for a budget" \
+  "$bin" "${tiny[@]}" --finetune auto
+expect_failure "--finetune full with --lora" "--finetune full trains every weight, but --lora is 4" \
+  "$bin" "${tiny[@]}" --finetune full --lora 4
 
 finish
