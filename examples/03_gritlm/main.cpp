@@ -197,7 +197,7 @@ int64_t resolve_workers(const Args& a, int64_t records) {
   return n;
 }
 
-void check_args(const Args& a) {
+void check_args(Args& a) {  // non-const: --finetune resolves a.lora
   auto positive = [](int64_t v, const char* flag, const char* hint) {
     TORCH_CHECK(v >= 1, "gritlm: ", flag, " must be >= 1 (got ", v, "). HINT: ", hint);
   };

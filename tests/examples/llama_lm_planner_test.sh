@@ -61,7 +61,7 @@ else
 fi
 
 # --finetune auto: the first of full fine-tuning, LoRA and QLoRA that fits. An impossible budget
-# names each way's least need; the budget of LoRA's need (below full's) takes LoRA, which trains;
+# names each way's least need; a budget between LoRA's need and full's takes LoRA, which trains;
 # a roomy one keeps full fine-tuning; without a budget, an error.
 out=$("$bin" "${tiny[@]}" --policies auto --finetune auto --memory_budget 64KiB 2>&1)
 need() { sed -n "s/.*no way to fine-tune fits .*[:;] $1 \([0-9.]*\) MiB.*/\1/p" <<<"$out"; }
@@ -72,7 +72,7 @@ if [ -n "$full_need" ] && [ -n "$lora_need" ] && [ -n "$qlora_need" ] && grep -q
 else
   fail "--finetune auto, impossible budget: $(tail -3 <<<"$out")"
 fi
-budget=$(awk -v l="$lora_need" 'BEGIN { printf "%.3f", l + 0.01 }')
+budget=$(awk -v l="$lora_need" -v f="$full_need" 'BEGIN { printf "%.3f", (l + f) / 2 }')
 out=$("$bin" "${tiny[@]}" --policies auto --finetune auto --memory_budget "${budget}MiB" 2>&1)
 if [ $? -eq 0 ] && grep -q "^chose lora fine-tuning" <<<"$out" && grep -q "^  \* lora" <<<"$out" \
    && grep -q "LoRA rank 16 alpha 32" <<<"$out" && grep -q "held-out loss after 2 steps" <<<"$out"; then
