@@ -279,6 +279,9 @@ inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<
   return detail::choose_fastest(detail::plan_rows(m, seq_len, candidates, options), options, "micro-batch 1");
 }
 
+/// The GradCache chunks (rows per chunk) plan_gritlm() tries by default.
+inline const std::vector<int64_t> kGradCacheChunks = {1, 2, 4, 8, 16, 32, 64, 128};
+
 /// GritLM's plan: the batch is the loss (in-batch negatives), so it is never split into
 /// micro-batches; the lever is the chunk of a candidate that caches gradients
 /// (SplitDesc::grad_cache: accum::GradCache), tried at each of `chunks` rows below the batch's
@@ -288,7 +291,7 @@ inline Plan plan(const memory::ModelDesc& m, int64_t seq_len, const std::vector<
 /// are the step's (maximum) shape.
 inline Plan plan_gritlm(const memory::ModelDesc& m, const memory::GritRunDesc& run,
                         const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options,
-                        std::vector<int64_t> chunks = {1, 2, 4, 8, 16, 32, 64, 128});
+                        std::vector<int64_t> chunks = kGradCacheChunks);
 
 namespace detail {
 // plan_gritlm()'s rows, unsorted.
@@ -499,7 +502,7 @@ inline FinetunePlan plan_finetune(const std::vector<FinetuneWay>& ways, int64_t 
 /// plan_finetune() for a GritLM step: each way's rows as plan_gritlm() weighs them (its chunks).
 inline FinetunePlan plan_finetune(const std::vector<FinetuneWay>& ways, const memory::GritRunDesc& run,
                                   const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options,
-                                  const std::vector<int64_t>& chunks = {1, 2, 4, 8, 16, 32, 64, 128}) {
+                                  const std::vector<int64_t>& chunks = kGradCacheChunks) {
   return plan_finetune(
       ways, [&](const memory::ModelDesc& m) { return detail::plan_gritlm_rows(m, run, candidates, options, chunks); },
       options);
