@@ -252,7 +252,7 @@ int run(Args& a) {  // non-const: --finetune resolves a.lora
   TORCH_CHECK(a.seq_len >= 1, "llama_lm: --seq_len must be >= 1 (got ", a.seq_len, "). HINT: try 256.");
   const torch::Device device = examples::parse_device(a.device, "llama_lm");
   a.memory.check("llama_lm");  // --attention, --release_cache_every
-  a.lora.resolve("llama_lm");  // --lora, --qlora, --finetune
+  a.lora.resolve("llama_lm", !a.memory_budget.empty());  // --lora, --qlora, --finetune
   // --init_model: the checkpoint's config.json is the model's shape (its weights load later).
   std::optional<memopt::models::LlamaConfig> pretrained;
   if (!a.init_model.empty()) {
@@ -283,8 +283,6 @@ int run(Args& a) {  // non-const: --finetune resolves a.lora
               a.policies, "'). HINT: auto picks the fastest combination that fits --memory_budget.");
   TORCH_CHECK(!a.calibrate || budget > 0, "llama_lm: --calibrate measures the plan for a budget (got no "
               "--memory_budget). HINT: add --memory_budget 1GiB (with --policies auto or your flags).");
-  TORCH_CHECK(!a.lora.automatic() || budget > 0, "llama_lm: --finetune auto picks full, LoRA or QLoRA for a "
-              "budget (got no --memory_budget). HINT: add --memory_budget 2GiB, or name the way: --finetune lora");
   auto options = memopt::TrainerOptions()
                            .lr(a.lr)
                            .warmup_steps(a.warmup)

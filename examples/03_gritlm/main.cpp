@@ -219,7 +219,7 @@ void check_args(Args& a) {  // non-const: --finetune resolves a.lora
               "HINT: pass --grad_cache_chunk N (it also chunks the generative part).");
   (void)workers_number(a.workers_flag);
   a.memory.check("gritlm");  // --attention, --release_cache_every
-  a.lora.resolve("gritlm");  // --lora, --qlora, --finetune
+  a.lora.resolve("gritlm", !a.memory_budget.empty());  // --lora, --qlora, --finetune
   TORCH_CHECK(a.gen_loss_type == "mixed" || a.gen_loss_type == "token", "gritlm: --gen_loss_type must be mixed or "
               "token (got '", a.gen_loss_type, "'). HINT: mixed averages over the batch's tokens (GritLM's default).");
   TORCH_CHECK(a.eval_queries >= 0 && a.eval_gen >= 0, "gritlm: --eval_queries and --eval_gen must be >= 0 (got ",
@@ -231,8 +231,6 @@ void check_args(Args& a) {  // non-const: --finetune resolves a.lora
               a.memory_budget.empty() ? "" : " --memory_budget " + a.memory_budget, "). HINT: drop --split_emb to "
               "let the planner pick --grad_cache_chunk, or drop --policies auto/--memory_budget.");
   if (!a.memory_budget.empty()) (void)memopt::parse_bytes(a.memory_budget);
-  TORCH_CHECK(!a.lora.automatic() || !a.memory_budget.empty(), "gritlm: --finetune auto picks full, LoRA or QLoRA "
-              "for a budget (got no --memory_budget). HINT: add --memory_budget 2GiB, or name the way: --finetune lora");
   (void)on_bad_line(a);
   grit_options(a).validate();
 }

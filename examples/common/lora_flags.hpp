@@ -65,8 +65,8 @@ struct LoraFlags {
 
   /// Refuses --qlora without --lora, a --finetune the other flags contradict and a bad rank,
   /// alpha or dropout, before any data is read. --finetune lora, qlora or auto without --lora
-  /// take rank 16; --finetune qlora sets --qlora.
-  void resolve(const std::string& program) {
+  /// take rank 16; --finetune qlora sets --qlora; --finetune auto needs a memory budget.
+  void resolve(const std::string& program, bool budget_given) {
     TORCH_CHECK(rank >= 0, program, ": --lora must be >= 0 (got ", rank, "). HINT: 0 trains every weight; 8 or 16 "
                 "is a usual LoRA rank");
     TORCH_CHECK(finetune != "full" || (!enabled() && !qlora), program, ": --finetune full trains every weight, but "
@@ -75,6 +75,8 @@ struct LoraFlags {
                 "NF4. HINT: use --finetune qlora");
     TORCH_CHECK(finetune != "auto" || !qlora, program, ": --finetune auto chooses between full, LoRA and QLoRA "
                 "itself, but --qlora fixes QLoRA. HINT: drop --qlora (or --finetune auto)");
+    TORCH_CHECK(finetune != "auto" || budget_given, program, ": --finetune auto picks full, LoRA or QLoRA for a "
+                "budget (got no --memory_budget). HINT: add --memory_budget 2GiB, or name the way: --finetune lora");
     if ((finetune == "lora" || finetune == "qlora" || automatic()) && !enabled()) rank = 16;
     if (finetune == "qlora") qlora = true;
     TORCH_CHECK(!qlora || enabled(), program, ": --qlora quantises the frozen base of a LoRA fine-tune, but --lora "
