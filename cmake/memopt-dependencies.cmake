@@ -69,15 +69,20 @@ find_package(Torch REQUIRED PATHS "${memopt_torch_cmake_dir}" NO_DEFAULT_PATH)
 find_package(nlohmann_json 3.9 REQUIRED)
 
 add_library(memopt_deps INTERFACE)
-target_link_libraries(memopt_deps INTERFACE ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json)
-# torch 2.11's libtorch.so exports its own copy of std::filesystem (64 symbols; 2.15's exports
-# none), which crashes when a program built here calls it (remove_all: a jump to address 0, seen
-# on an H200 and reproduced on the CPU). The dynamic linker binds a program's std:: calls to the
-# first library that defines them, in the order the program names its libraries: name
-# libstdc++ before LibTorch, so they bind to the C++ runtime the program was compiled for.
+# torch 2.11's libtorch.so and libtorch_cpu.so export unversioned copies of parts of libstdc++
+# (std::filesystem among them). The linker resolves a program's std:: references against the
+# first library on the line that defines them, and with LibTorch first it binds them to those
+# copies; libtorch.so's remove_all then calls a weak symbol nothing defines (a jump to address 0,
+# seen on an H200). So name the C++ runtime first among the libraries, right after the program's
+# objects: a shared libstdc++ (Debian's GCC) then comes first in DT_NEEDED and wins at run time,
+# and a static one (a GCC built without a shared libstdc++, as on the GPU machines' /opt/gcc)
+# gets its members pulled into the program. A link option would sit before the objects, where
+# an archive contributes nothing, which is why the earlier fix held for GCC 12 but not there.
+set(memopt_cxx_runtime "")
 if(CMAKE_SYSTEM_NAME STREQUAL "Linux" AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-  target_link_options(memopt_deps INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+  set(memopt_cxx_runtime "-Wl,--push-state,--no-as-needed,-lstdc++,--pop-state")
 endif()
+target_link_libraries(memopt_deps INTERFACE ${memopt_cxx_runtime} ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json)
 if(memopt_c10_cuda)
   # c10_cuda (CUDACachingAllocator, streams) is in TORCH_LIBRARIES; tell the headers to use it.
   target_compile_definitions(memopt_deps INTERFACE MEMOPT_WITH_CUDA=1)
