@@ -20,7 +20,7 @@
 namespace {
 
 // Batch k: (2, 3) inputs all k; targets k too, with the first k positions ignored (k <= 6).
-struct CountingLoader {
+struct CountingSource {
   int64_t next_index = 0;
   memopt::Batch next() {
     const int64_t k = next_index++;
@@ -67,18 +67,18 @@ static_assert(memopt::TrainingBatch<memopt::Batch>);
 static_assert(memopt::TrainingBatch<OwnBatch>);
 static_assert(!memopt::TrainingBatch<NoTokens>);
 static_assert(!memopt::TrainingBatch<int>);
-static_assert(memopt::BatchSource<CountingLoader>);
+static_assert(memopt::BatchSource<CountingSource>);
 static_assert(memopt::BatchSource<OwnLoader>);
 static_assert(!memopt::BatchSource<IntLoader>);          // next() gives no TrainingBatch
-static_assert(!memopt::BatchSource<const CountingLoader>);  // next() changes the loader
+static_assert(!memopt::BatchSource<const CountingSource>);  // next() changes the loader
 static_assert(!memopt::BatchSource<OwnBatch>);
 static_assert(std::is_same_v<memopt::batch_of<OwnLoader>, OwnBatch>);
 static_assert(memopt::ResumableSource<Resumable>);
 static_assert(!memopt::ResumableSource<StateOnly>);
 static_assert(!memopt::ResumableSource<MutableState>);
-static_assert(!memopt::ResumableSource<CountingLoader>);
+static_assert(!memopt::ResumableSource<CountingSource>);
 static_assert(memopt::FiniteSource<Finite>);
-static_assert(!memopt::FiniteSource<CountingLoader>);
+static_assert(!memopt::FiniteSource<CountingSource>);
 static_assert(memopt::SplittableBatch<memopt::Batch>);
 static_assert(!memopt::SplittableBatch<OwnBatch>);
 static_assert(memopt::LossFunction<memopt::LossSum<memopt::models::Llama>, memopt::recompute::EveryBlock>);
@@ -99,7 +99,7 @@ struct FakeModel {
 
 TEST_CASE("next_batches draws n batches in the loader's order, count_targets and count_tokens add them up",
           "[loop]") {
-  CountingLoader loader;
+  CountingSource loader;
   loader.next_index = 1;
   const auto batches = memopt::next_batches(loader, 3, torch::kCPU);  // batches 1, 2, 3
   REQUIRE(batches.size() == 3);
@@ -126,7 +126,7 @@ TEST_CASE("next_batches draws n batches in the loader's order, count_targets and
 TEST_CASE("LossSum calls the model's loss_sum with the batch and the recompute policy", "[loop]") {
   auto model = std::make_shared<FakeModel>();
   const memopt::LossSum<std::shared_ptr<FakeModel>> loss{&model};
-  CountingLoader loader;
+  CountingSource loader;
   loader.next_index = 3;
   const auto batch = loader.next();
   CHECK(loss(batch, memopt::recompute::None{}).item<double>() == 3001.0);

@@ -36,6 +36,7 @@
 namespace fs = std::filesystem;
 
 using memopt::nn::LoraOptions;
+using memopt::test::relative_diff;
 using memopt::test::require_error;
 
 namespace {
@@ -54,11 +55,6 @@ memopt::models::LlamaConfig small_llama() {
 torch::Tensor tokens(uint64_t seed) {  // (2, 12)
   auto gen = at::detail::createCPUGenerator(seed);
   return torch::randint(64, {2, 12}, gen);
-}
-
-double relative_diff(const torch::Tensor& got, const torch::Tensor& want) {
-  const double scale = std::max(want.abs().max().item<double>(), 1e-30);
-  return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>() / scale;
 }
 
 std::vector<std::string> trainable_names(torch::nn::Module& model) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <sys/wait.h>
 
@@ -19,8 +20,8 @@ namespace memopt::test {
 
 /// Whether MEMOPT_TEST_PYTHON imports `modules` ("peft, safetensors").
 inline bool python_imports(const std::string& modules) {
-  return std::system(("'" + std::string(MEMOPT_TEST_PYTHON) + "' -c 'import " + modules + "' > /dev/null 2>&1")
-                         .c_str()) == 0;
+  const std::string command = fmt::format("'{}' -c 'import {}' > /dev/null 2>&1", MEMOPT_TEST_PYTHON, modules);
+  return std::system(command.c_str()) == 0;
 }
 
 /// Runs tests/baselines/SCRIPT DIR/in.safetensors DIR/out.safetensors with MEMOPT_TEST_PYTHON

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -105,6 +106,11 @@ inline void require_error(const std::function<void()>& fn, const std::string& pr
 /// max |a - b| over all elements, in double.
 inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+/// max |got - want| relative to want's largest magnitude, in double.
+inline double relative_diff(const torch::Tensor& got, const torch::Tensor& want) {
+  return max_abs_diff(got, want) / std::max(want.abs().max().item<double>(), 1e-30);
 }
 
 using TensorMap = std::map<std::string, torch::Tensor>;

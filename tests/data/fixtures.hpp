@@ -39,9 +39,7 @@
 
 namespace memopt::test::data {
 
-struct TempDir : memopt::test::TempDir {
-  TempDir() : memopt::test::TempDir("memopt_data_test") {}
-};
+using memopt::test::TempDir;
 
 inline std::vector<int32_t> iota_tokens(int32_t n) {
   std::vector<int32_t> tokens(static_cast<size_t>(n));

@@ -30,7 +30,7 @@ namespace {
 
 // A character-level BPE model (no merges): <unk> 0, <s> 1, </s> 2, ▁ 3, 'a'..'z' 4..29,
 // '0'..'9' 30..39. "w12" encodes as ▁ w 1 2 = {3, 26, 31, 32}.
-const std::string kWs = "\xe2\x96\x81";
+using memopt::test::data::kWs;
 
 std::shared_ptr<const memopt::data::Tokenizer> char_tokenizer(const TempDir& dir) {
   std::vector<std::tuple<std::string, float, int>> pieces = {{"<unk>", 0.f, 2}, {"<s>", 0.f, 3}, {"</s>", 0.f, 3},

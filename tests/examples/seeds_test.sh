@@ -2,7 +2,7 @@
 # The seeds' command lines (docs/seeds.md quotes each one) run with memopt's examples as they
 # are written, or fail at once with one error naming what differs and a HINT. Each command is
 # taken verbatim, its program mapped to memopt's (python train_optimized.py -> llama_lm,
-# python src/train.py -> moe_lm, ...), and run for 2 steps: appended are only --max_steps 2 and
+# python src/train.py -> moe_lm, ...), and run for 1 step: appended are only --max_steps 1 and
 # the size of the evaluation (--eval_batches 1). The paths the seeds leave to the reader
 # (/path/to/llama, your-dataset, a Hub dataset id) are tiny local stand-ins made here, in the
 # working folder each command runs in; `./output` and `data/kjv` are relative to it.
@@ -51,7 +51,7 @@ memopt_command() {
   printf '%s\n' "${words[@]:2}"
 }
 
-# seed NAME DIR EXPECT ORIGINAL [AS]: runs ORIGINAL's memopt command in DIR for 2 steps (AS: ORIGINAL
+# seed NAME DIR EXPECT ORIGINAL [AS]: runs ORIGINAL's memopt command in DIR for 1 step (AS: ORIGINAL
 # with the reader's paths replaced by this test's). EXPECT is "run" (exit 0 and a held-out
 # evaluation) or a regex the one-line error must match (exit 1, HINT).
 seed() {
@@ -65,11 +65,12 @@ seed() {
     fail "$name: no memopt program for: $original"
     return
   fi
-  out=$(cd "$dir" && "${cmd[@]}" --max_steps 2 --eval_batches 1 2>&1 | tr -d '\0')  # samples may hold NULs
+  local start=$SECONDS
+  out=$(cd "$dir" && "${cmd[@]}" --max_steps 1 --eval_batches 1 2>&1 | tr -d '\0')  # samples may hold NULs
   rc=$?
   if [ "$expect" = run ]; then
     if [ "$rc" -eq 0 ] && grep -Eq "held-out (loss|masked-token CE)" <<<"$out"; then
-      ok "$name runs: $(grep -E -m1 'held-out (loss|masked-token CE)' <<<"$out" | tail -1 | cut -c1-70)"
+      ok "$name runs ($((SECONDS - start)) s): $(grep -E -m1 'held-out (loss|masked-token CE)' <<<"$out" | tail -1 | cut -c1-70)"
     else
       fail "$name: exit $rc: $(tail -5 <<<"$out")"
     fi

@@ -5,7 +5,9 @@
 
 #include <csignal>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -15,7 +17,14 @@
 #include <memopt/models/llama.hpp>
 #include <memopt/trainer.hpp>
 
+#include "support.hpp"
+
 namespace memopt::test::io {
+
+/// memopt::test::require_error with the io components' prefix, "memopt::io:".
+inline void require_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  memopt::test::require_error(fn, "memopt::io:", parts);
+}
 
 inline constexpr int64_t kVocab = 50;
 

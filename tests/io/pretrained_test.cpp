@@ -43,10 +43,7 @@ constexpr const char* kPrefix = "memopt::io:";
 
 using memopt::test::read_text;
 using memopt::test::write_text;
-
-void require_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  memopt::test::require_error(fn, kPrefix, parts);
-}
+using memopt::test::io::require_error;
 
 }  // namespace
 
@@ -172,7 +169,7 @@ TEST_CASE("save_pretrained and to_json refuse dtypes HF models do not use, pytor
 
 namespace {
 
-memopt::models::LlamaConfig tiny_config() {
+memopt::models::LlamaConfig hf_config() {
   return memopt::models::LlamaConfig()
       .vocab_size(64)
       .hidden_size(32)
@@ -193,7 +190,7 @@ torch::Tensor logits_of(memopt::models::Llama& model) {
 
 /// dir/config.json with `edit` applied to the tiny config's JSON.
 void write_config(const TempDir& dir, const std::function<void(nlohmann::json&)>& edit) {
-  auto json = memopt::io::to_json(tiny_config());
+  auto json = memopt::io::to_json(hf_config());
   edit(json);
   write_text(dir.file("config.json"), json.dump(2));
 }
@@ -203,7 +200,7 @@ void write_config(const TempDir& dir, const std::function<void(nlohmann::json&)>
 TEST_CASE("save_pretrained then load_pretrained gives the same logits", "[io][pretrained]") {
   torch::manual_seed(0);
   TempDir dir;
-  memopt::models::Llama model(tiny_config());
+  memopt::models::Llama model(hf_config());
   memopt::io::save_pretrained(*model, model->config, dir.path.string());
 
   auto file = SafetensorsFile::open(dir.file("model.safetensors"));
@@ -232,7 +229,7 @@ TEST_CASE("save_pretrained then load_pretrained gives the same logits", "[io][pr
 TEST_CASE("config.json round-trips and takes HF defaults", "[io][pretrained]") {
   TempDir dir;
   const std::string path = dir.file("config.json");
-  const auto config = tiny_config().causal(false).dropout(0.125).initializer_range(0.01);
+  const auto config = hf_config().causal(false).dropout(0.125).initializer_range(0.01);
   memopt::io::write_llama_config(config, path);
   CHECK(nlohmann::json::parse(read_text(path))["causal"] == false);
   const auto back = memopt::io::read_llama_config(path);
@@ -324,7 +321,7 @@ TEST_CASE("config.json: head_dim, tied embeddings and RoPE scaling in both trans
        {memopt::nn::RopeScaling().type(RopeType::kLlama3).factor(8).low_freq_factor(2).high_freq_factor(5)
             .original_max_position_embeddings(32),
         memopt::nn::RopeScaling().type(RopeType::kDynamic).factor(2.5), memopt::nn::RopeScaling()}) {
-    const auto config = tiny_config().head_dim(12).tie_word_embeddings(true).rope_scaling(scaling);
+    const auto config = hf_config().head_dim(12).tie_word_embeddings(true).rope_scaling(scaling);
     memopt::io::write_llama_config(config, path);
     const auto json = nlohmann::json::parse(read_text(path));
     CHECK(json["head_dim"] == 12);
@@ -340,7 +337,7 @@ TEST_CASE("config.json: head_dim, tied embeddings and RoPE scaling in both trans
     CHECK(back.rope_scaling().original_max_position_embeddings() == scaling.original_max_position_embeddings());
   }
   // A default config writes no head_dim and no rope_scaling: run configs stay as they were.
-  memopt::io::write_llama_config(tiny_config(), path);
+  memopt::io::write_llama_config(hf_config(), path);
   const auto plain = nlohmann::json::parse(read_text(path));
   CHECK_FALSE(plain.contains("head_dim"));
   CHECK_FALSE(plain.contains("rope_scaling"));
@@ -351,7 +348,7 @@ TEST_CASE("a tied model saves no lm_head.weight, tied checkpoints load as transf
           "[io][pretrained]") {
   torch::manual_seed(4);
   TempDir dir;
-  memopt::models::Llama model(tiny_config().tie_word_embeddings(true).head_dim(12));
+  memopt::models::Llama model(hf_config().tie_word_embeddings(true).head_dim(12));
   memopt::io::save_pretrained(model, dir.file("tied"));
   const auto file = SafetensorsFile::open(dir.file("tied/model.safetensors"));
   CHECK_FALSE(file->contains("lm_head.weight"));
@@ -444,12 +441,12 @@ TEST_CASE("load_pretrained rejects missing files, wrong names and wrong shapes",
   TempDir dir;
   const std::string root = dir.path.string();
   const std::string weights = dir.file("model.safetensors");
-  memopt::models::Llama model(tiny_config());
+  memopt::models::Llama model(hf_config());
   auto params = model->named_parameters();
 
   require_error([&] { memopt::io::load_pretrained(dir.file("nope")); }, {dir.file("nope"), "is not a directory"});
   require_error([&] { memopt::io::load_pretrained(root); }, {dir.file("config.json"), "does not exist"});
-  memopt::io::write_llama_config(tiny_config(), dir.file("config.json"));
+  memopt::io::write_llama_config(hf_config(), dir.file("config.json"));
   require_error([&] { memopt::io::load_pretrained(root); }, {weights, "does not exist", "save_pretrained"});
   write_text(dir.file("model.safetensors.index.json"), "{}");  // a shard index, read before the file
   require_error([&] { memopt::io::load_pretrained(root); },
@@ -500,10 +497,10 @@ TEST_CASE("load_state_dict with grow_vocab loads into a model with added tokens"
   torch::manual_seed(0);
   const auto grow = memopt::io::LoadStateDictOptions().grow_vocab(true);
   TempDir dir;
-  memopt::models::Llama small(tiny_config());
+  memopt::models::Llama small(hf_config());
   memopt::io::save_pretrained(small, dir.path.string());
   const auto file = SafetensorsFile::open(dir.file("model.safetensors"));
-  memopt::models::Llama grown(tiny_config().vocab_size(67));  // 3 tokens added to the tokenizer
+  memopt::models::Llama grown(hf_config().vocab_size(67));  // 3 tokens added to the tokenizer
 
   require_error([&] { memopt::io::load_state_dict(*grown, *file); },
                 {"'model.embed_tokens.weight' has shape [64, 32] in the file but [67, 32]", "grow_vocab(true)"});
@@ -519,11 +516,11 @@ TEST_CASE("load_state_dict with grow_vocab loads into a model with added tokens"
   CHECK(torch::allclose(logits_of(grown).narrow(-1, 0, 64), logits_of(small), 1e-5, 1e-5));
 
   // Only the vocabulary may grow: a wider FFN still fails.
-  memopt::models::Llama wider(tiny_config().vocab_size(67).intermediate_size(64));
+  memopt::models::Llama wider(hf_config().vocab_size(67).intermediate_size(64));
   require_error([&] { memopt::io::load_state_dict(*wider, *file, grow); },
                 {"'model.layers.0.mlp.gate_proj.weight' has shape [48, 32] in the file but [64, 32]"});
   // nor may it shrink
-  memopt::models::Llama fewer(tiny_config().vocab_size(60));
+  memopt::models::Llama fewer(hf_config().vocab_size(60));
   require_error([&] { memopt::io::load_state_dict(*fewer, *file, grow); },
                 {"'model.embed_tokens.weight' has shape [64, 32] in the file but [60, 32]"});
 }
@@ -533,7 +530,7 @@ TEST_CASE("load_state_dict with grow_vocab loads into a model with added tokens"
 TEST_CASE("bf16 and fp16 checkpoints load bit for bit into a model built in that dtype", "[io][pretrained]") {
   torch::manual_seed(5);
   TempDir dir;
-  memopt::models::Llama model(tiny_config());
+  memopt::models::Llama model(hf_config());
   for (const auto dtype : {torch::kBFloat16, torch::kFloat16}) {
     const std::string folder = dir.file(dtype == torch::kBFloat16 ? "bf16" : "fp16");
     // In shards, so the tensors come from several mappings.
@@ -566,7 +563,7 @@ TEST_CASE("CUDA: a bf16 checkpoint loads onto the GPU bit for bit", "[io][pretra
   MEMOPT_REQUIRE_CUDA();
   torch::manual_seed(5);
   TempDir dir;
-  memopt::models::Llama model(tiny_config());
+  memopt::models::Llama model(hf_config());
   memopt::io::save_pretrained(model, dir.path.string(), torch::kBFloat16);
   auto loaded = memopt::io::load_pretrained(
       dir.path.string(), memopt::io::LoadPretrainedOptions().dtype(torch::kBFloat16).device(torch::kCUDA));
@@ -591,7 +588,7 @@ TEST_CASE("a bf16 load grows the resident set by the checkpoint's bytes, not by 
   }
   TempDir dir;
   // 2 x 16384 x 512 embedding and head + 2 blocks of 3.2 M: 23.3 M parameters, 46.5 MB in bf16.
-  const auto config = tiny_config().vocab_size(16384).hidden_size(512).num_attention_heads(8).num_key_value_heads(8)
+  const auto config = hf_config().vocab_size(16384).hidden_size(512).num_attention_heads(8).num_key_value_heads(8)
                           .intermediate_size(1376);
   {
     torch::manual_seed(6);

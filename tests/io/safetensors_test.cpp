@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "io/fixtures.hpp"
 #include "support.hpp"
 
 #include <memopt/io/safetensors.hpp>
@@ -35,15 +36,10 @@ using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
 namespace {
 
-struct TempDir : memopt::test::TempDir {
-  TempDir() : memopt::test::TempDir("memopt_io_test") {}
-};
-
 using memopt::test::read_text;
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
+using memopt::test::TempDir;
+using memopt::test::write_text;
+using memopt::test::io::require_error;
 
 /// A safetensors file by hand: u64 length (`length` overrides it), `header`, `data_bytes` zeros.
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes = 0, int64_t length = -1) {
@@ -51,10 +47,6 @@ void write_raw(const std::string& path, const std::string& header, size_t data_b
   std::string bytes(8, '\0');
   for (int b = 0; b < 8; ++b) bytes[b] = static_cast<char>(n >> (8 * b));
   write_text(path, bytes + header + std::string(data_bytes, '\0'));
-}
-
-void require_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  memopt::test::require_error(fn, "memopt::io:", parts);
 }
 
 /// Same dtype, shape and bytes (so NaN, -0.0 and bf16 bits count too).

@@ -32,19 +32,19 @@ namespace {
 //    student with teacher position i instead of i−1 changes the value by 19%.
 //  - generate: token ids must be equal, after every step (the sampled cases too: the same
 //    seed gives LibTorch's CPU generator the same draws as python's torch.manual_seed).
-constexpr double kLossRtol = 2e-6;
+constexpr double kLladaLossRtol = 2e-6;
 constexpr double kKdRtol = 1e-5;
 
 using memopt::test::TensorMap;
 
 // tests/baselines/llada_reference.pt, written by llada_reference.py.
-const TensorMap& reference() {
+const TensorMap& llada_reference() {
   static const TensorMap ref = memopt::test::load_baseline("llada_reference.pt");
   return ref;
 }
 
-const torch::Tensor& ref_at(const std::string& key) {
-  return memopt::test::baseline_at(reference(), "llada_reference.pt", key);
+const torch::Tensor& llada_at(const std::string& key) {
+  return memopt::test::baseline_at(llada_reference(), "llada_reference.pt", key);
 }
 
 double rel_diff(const torch::Tensor& ours, const torch::Tensor& ref) {
@@ -66,7 +66,7 @@ torch::Tensor random_tokens(int64_t B, int64_t L, int64_t V, uint64_t seed) {
 
 // The reference's toy bidirectional model: logits[b, i] = W[x[b, i]] + U[i] + Σ_j M[x[b, j]].
 torch::Tensor toy_model(const torch::Tensor& x) {
-  const auto &W = ref_at("toy/W"), &U = ref_at("toy/U"), &M = ref_at("toy/M");  // float64 tables
+  const auto &W = llada_at("toy/W"), &U = llada_at("toy/U"), &M = llada_at("toy/M");  // float64 tables
   return (W.index({x}) + U.slice(0, 0, x.size(1)).unsqueeze(0) + M.index({x}).sum(1, true)).to(torch::kFloat);
 }
 
@@ -129,19 +129,19 @@ TEST_CASE("mask_at_ratio masks at the fixed ratio", "[llada]") {
 }
 
 TEST_CASE("forward processes draw the same masks as python's GUIDELINES code", "[llada]") {
-  const auto& x0 = ref_at("loss/x0");
-  const int64_t mask_id = ref_at("loss/mask_id").item<int64_t>();
-  auto gen = seeded(static_cast<uint64_t>(ref_at("fp/seed").item<int64_t>()));
+  const auto& x0 = llada_at("loss/x0");
+  const int64_t mask_id = llada_at("loss/mask_id").item<int64_t>();
+  auto gen = seeded(static_cast<uint64_t>(llada_at("fp/seed").item<int64_t>()));
   const auto m = llada::forward_process(x0, mask_id, 1e-3, gen);
-  CHECK(torch::equal(m.p, ref_at("fp/p")));
-  CHECK(torch::equal(m.mask, ref_at("fp/mask")));
-  CHECK(torch::equal(m.noisy, ref_at("fp/noisy")));
+  CHECK(torch::equal(m.p, llada_at("fp/p")));
+  CHECK(torch::equal(m.mask, llada_at("fp/mask")));
+  CHECK(torch::equal(m.noisy, llada_at("fp/noisy")));
 
-  auto gen_sft = seeded(static_cast<uint64_t>(ref_at("fp_sft/seed").item<int64_t>()));
-  const auto s = llada::forward_process_sft(x0, ref_at("loss/prompt_lengths"), mask_id, 1e-3, gen_sft);
-  CHECK(torch::equal(s.p, ref_at("fp_sft/p")));
-  CHECK(torch::equal(s.mask, ref_at("fp_sft/mask")));
-  CHECK(torch::equal(s.noisy, ref_at("fp_sft/noisy")));
+  auto gen_sft = seeded(static_cast<uint64_t>(llada_at("fp_sft/seed").item<int64_t>()));
+  const auto s = llada::forward_process_sft(x0, llada_at("loss/prompt_lengths"), mask_id, 1e-3, gen_sft);
+  CHECK(torch::equal(s.p, llada_at("fp_sft/p")));
+  CHECK(torch::equal(s.mask, llada_at("fp_sft/mask")));
+  CHECK(torch::equal(s.noisy, llada_at("fp_sft/noisy")));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -205,33 +205,33 @@ TEST_CASE("SFT never masks the prompt and normalises per answer length", "[llada
 }
 
 TEST_CASE("losses match python's GUIDELINES and KD reference values", "[llada]") {
-  const auto &logits = ref_at("loss/logits"), &x0 = ref_at("loss/x0"), &teacher = ref_at("loss/teacher");
-  const auto& prompt_lengths = ref_at("loss/prompt_lengths");
-  const int64_t B = x0.size(0), L = x0.size(1), mask_id = ref_at("loss/mask_id").item<int64_t>();
-  const llada::Masked m{x0.masked_fill(ref_at("loss/mask"), mask_id), ref_at("loss/mask"), ref_at("loss/p")};
+  const auto &logits = llada_at("loss/logits"), &x0 = llada_at("loss/x0"), &teacher = llada_at("loss/teacher");
+  const auto& prompt_lengths = llada_at("loss/prompt_lengths");
+  const int64_t B = x0.size(0), L = x0.size(1), mask_id = llada_at("loss/mask_id").item<int64_t>();
+  const llada::Masked m{x0.masked_fill(llada_at("loss/mask"), mask_id), llada_at("loss/mask"), llada_at("loss/p")};
 
-  const double pre = rel_diff(llada::diffusion_loss_sum(logits, x0, m) / (B * L), ref_at("loss/pretrain"));
+  const double pre = rel_diff(llada::diffusion_loss_sum(logits, x0, m) / (B * L), llada_at("loss/pretrain"));
   INFO("pre-training loss rel diff " << pre);
-  CHECK(pre <= kLossRtol);
+  CHECK(pre <= kLladaLossRtol);
 
-  const auto& sft_mask = ref_at("loss/sft_mask");
-  const llada::Masked sm{x0.masked_fill(sft_mask, mask_id), sft_mask, ref_at("loss/p")};
-  const double sft = rel_diff(llada::sft_loss_sum(logits, x0, sm, prompt_lengths) / B, ref_at("loss/sft"));
+  const auto& sft_mask = llada_at("loss/sft_mask");
+  const llada::Masked sm{x0.masked_fill(sft_mask, mask_id), sft_mask, llada_at("loss/p")};
+  const double sft = rel_diff(llada::sft_loss_sum(logits, x0, sm, prompt_lengths) / B, llada_at("loss/sft"));
   INFO("SFT loss rel diff " << sft);
-  CHECK(sft <= kLossRtol);
+  CHECK(sft <= kLladaLossRtol);
 
-  const double T = ref_at("loss/temperature").item<double>();
-  const int64_t k = ref_at("loss/top_k").item<int64_t>();
+  const double T = llada_at("loss/temperature").item<double>();
+  const int64_t k = llada_at("loss/top_k").item<int64_t>();
   const double dense = rel_diff(llada::kd_loss_sum(logits, llada::teacher_targets(teacher, 0), m, T),
-                                ref_at("loss/kd_dense"));
+                                llada_at("loss/kd_dense"));
   const double topk = rel_diff(llada::kd_loss_sum(logits, llada::teacher_targets(teacher, k, T), m, T),
-                               ref_at("loss/kd_topk"));
+                               llada_at("loss/kd_topk"));
   INFO("KD rel diff: dense " << dense << ", top-" << k << " " << topk);
   CHECK(dense <= kKdRtol);
   CHECK(topk <= kKdRtol);
   // bf16 teacher targets (sparse KD's storage): close to the fp32 result.
   CHECK(llada::kd_loss_sum(logits, llada::teacher_targets(teacher.to(torch::kBFloat16), k, T), m, T).item<double>() ==
-        Approx(ref_at("loss/kd_topk").item<double>()).epsilon(0.05));
+        Approx(llada_at("loss/kd_topk").item<double>()).epsilon(0.05));
 }
 
 TEST_CASE("a bidirectional student sees the last token at position 0, the causal teacher does not", "[llada]") {
@@ -399,7 +399,7 @@ TEST_CASE("num_transfer_tokens matches generate.py's schedule", "[llada]") {
 namespace {
 
 llada::SamplerOptions reference_options(const std::string& name) {
-  const auto o = ref_at("gen/" + name + "/options");  // [steps, gen_length, block_length, temperature, cfg, seed]
+  const auto o = llada_at("gen/" + name + "/options");  // [steps, gen_length, block_length, temperature, cfg, seed]
   auto options = llada::SamplerOptions(kToyMaskId)
                      .steps(o[0].item<int64_t>())
                      .gen_length(o[1].item<int64_t>())
@@ -413,11 +413,11 @@ llada::SamplerOptions reference_options(const std::string& name) {
 }  // namespace
 
 TEST_CASE("generate matches python's generate.py on a toy model, step by step", "[llada]") {
-  const auto& prompt = ref_at("gen/prompt");
+  const auto& prompt = llada_at("gen/prompt");
   for (const char* name : {"greedy", "cfg", "one_block", "sampled", "sampled_cfg"}) {
     INFO("case " << name);
     const auto options = reference_options(name);
-    const auto trajectory = ref_at(std::string("gen/") + name + "/trajectory").to(torch::kLong);  // (steps, B, L)
+    const auto trajectory = llada_at(std::string("gen/") + name + "/trajectory").to(torch::kLong);  // (steps, B, L)
     int64_t seen = 0;
     const auto out = llada::generate(toy_model, prompt, options, [&](int64_t step, const torch::Tensor& x) {
       REQUIRE(step == seen);
@@ -426,13 +426,13 @@ TEST_CASE("generate matches python's generate.py on a toy model, step by step", 
       ++seen;
     });
     CHECK(seen == options.steps());
-    INFO("memopt " << out << "\nreference " << ref_at(std::string("gen/") + name + "/tokens"));
-    CHECK(torch::equal(out, ref_at(std::string("gen/") + name + "/tokens")));
+    INFO("memopt " << out << "\nreference " << llada_at(std::string("gen/") + name + "/tokens"));
+    CHECK(torch::equal(out, llada_at(std::string("gen/") + name + "/tokens")));
   }
 }
 
 TEST_CASE("generate commits the scheduled count per step and never remasks", "[llada]") {
-  const auto& prompt = ref_at("gen/prompt");  // (2, 4)
+  const auto& prompt = llada_at("gen/prompt");  // (2, 4)
   const int64_t Lp = prompt.size(1);
   for (double temperature : {0.0, 1.0}) {
     INFO("temperature " << temperature);
@@ -468,7 +468,7 @@ TEST_CASE("generate commits the scheduled count per step and never remasks", "[l
 }
 
 TEST_CASE("generate rejects bad options with a HINT", "[llada]") {
-  const auto& prompt = ref_at("gen/prompt");
+  const auto& prompt = llada_at("gen/prompt");
   const auto base = llada::SamplerOptions(kToyMaskId).steps(4).gen_length(8).block_length(4);
   REQUIRE_THROWS_HINT(llada::generate(toy_model, prompt, llada::SamplerOptions(base).gen_length(10)),
                       "gen_length 10 is not a multiple of block_length 4");

@@ -29,6 +29,7 @@
 #include <memopt/models/llama.hpp>
 #include <memopt/policies/recompute.hpp>
 
+using memopt::test::relative_diff;
 using memopt::test::TempDir;
 
 namespace {
@@ -39,11 +40,6 @@ namespace {
 // fp32 results by ~1e-7 relative) and still fails on real mistakes: a wrong rope_theta moves
 // the logits by ~1e-2 relative (the second test).
 constexpr double kRelTol = 1e-5;
-
-double relative_diff(const torch::Tensor& got, const torch::Tensor& want) {
-  const double scale = std::max(want.abs().max().item<double>(), 1e-30);
-  return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>() / scale;
-}
 
 struct Reference {
   std::string model_dir;

@@ -22,12 +22,12 @@ using memopt::models::MoeLayer;
 using memopt::models::MoeLayerOptions;
 using memopt::test::TensorMap;
 
-const TensorMap& reference() {
+const TensorMap& moe_reference() {
   static const TensorMap ref = memopt::test::load_baseline("moe_reference.pt");
   return ref;
 }
-const torch::Tensor& ref_at(const std::string& key) {
-  return memopt::test::baseline_at(reference(), "moe_reference.pt", key);
+const torch::Tensor& moe_at(const std::string& key) {
+  return memopt::test::baseline_at(moe_reference(), "moe_reference.pt", key);
 }
 using memopt::test::max_abs_diff;
 // max |a − b| relative to the scale of b (at least 1): fp32 sums in another order differ
@@ -38,14 +38,14 @@ double scaled_diff(const torch::Tensor& a, const torch::Tensor& b) {
 
 // The reference's layer: its weights, the given capacity factor and dispatch.
 MoeLayer reference_layer(double capacity_factor, MoeDispatch dispatch, bool checkpoint_experts = false) {
-  MoeLayer layer(MoeLayerOptions(ref_at("config/hidden").item<int64_t>(), ref_at("config/ffn").item<int64_t>())
-                     .num_experts(ref_at("config/experts").item<int64_t>())
-                     .top_k(ref_at("config/top_k").item<int64_t>())
+  MoeLayer layer(MoeLayerOptions(moe_at("config/hidden").item<int64_t>(), moe_at("config/ffn").item<int64_t>())
+                     .num_experts(moe_at("config/experts").item<int64_t>())
+                     .top_k(moe_at("config/top_k").item<int64_t>())
                      .capacity_factor(capacity_factor)
                      .dispatch(dispatch)
                      .checkpoint_experts(checkpoint_experts));
   torch::NoGradGuard no_grad;
-  for (auto& item : layer->named_parameters()) item.value().copy_(ref_at("param/" + item.key()));
+  for (auto& item : layer->named_parameters()) item.value().copy_(moe_at("param/" + item.key()));
   return layer;
 }
 
@@ -58,10 +58,10 @@ struct LayerRun {
 // Forward the reference input, backward (y · upstream).sum() + lb + z.
 template <class Recompute = memopt::recompute::None>
 LayerRun run_layer(MoeLayer& layer, Recompute ckpt = {}) {
-  auto x = ref_at("x").clone().requires_grad_(true);
+  auto x = moe_at("x").clone().requires_grad_(true);
   LayerRun run;
   run.out = layer->forward(x, ckpt);
-  ((run.out.y * ref_at("upstream")).sum() + run.out.lb_loss + run.out.z_loss).backward();
+  ((run.out.y * moe_at("upstream")).sum() + run.out.lb_loss + run.out.z_loss).backward();
   run.grad_x = x.grad();
   for (auto& item : layer->named_parameters()) {
     run.grads[item.key()] = item.value().grad().defined() ? item.value().grad().clone()
@@ -79,23 +79,23 @@ TEST_CASE("MoE layer matches the token-by-token python3-torch reference", "[moe]
   for (const std::string c : {"drop", "dropless"}) {
     for (auto dispatch : {MoeDispatch::kSorted, MoeDispatch::kDense}) {
       DYNAMIC_SECTION(c << (dispatch == MoeDispatch::kSorted ? " sorted" : " dense")) {
-        auto layer = reference_layer(ref_at(c + "/capacity_factor").item<double>(), dispatch);
+        auto layer = reference_layer(moe_at(c + "/capacity_factor").item<double>(), dispatch);
         auto run = run_layer(layer);
-        CHECK(max_abs_diff(run.out.y, ref_at(c + "/y")) < kRefAtol);
-        CHECK(std::abs(run.out.lb_loss.item<double>() - ref_at(c + "/lb").item<double>()) < 1e-6);
-        CHECK(std::abs(run.out.z_loss.item<double>() - ref_at(c + "/z").item<double>()) < 1e-5);
-        CHECK(std::abs(run.out.dropped.item<double>() - ref_at(c + "/dropped").item<double>()) < 1e-6);
-        CHECK(max_abs_diff(run.out.load, ref_at(c + "/load")) < 1e-6);
-        CHECK(max_abs_diff(run.grad_x, ref_at(c + "/grad/x")) < kRefAtol);
+        CHECK(max_abs_diff(run.out.y, moe_at(c + "/y")) < kRefAtol);
+        CHECK(std::abs(run.out.lb_loss.item<double>() - moe_at(c + "/lb").item<double>()) < 1e-6);
+        CHECK(std::abs(run.out.z_loss.item<double>() - moe_at(c + "/z").item<double>()) < 1e-5);
+        CHECK(std::abs(run.out.dropped.item<double>() - moe_at(c + "/dropped").item<double>()) < 1e-6);
+        CHECK(max_abs_diff(run.out.load, moe_at(c + "/load")) < 1e-6);
+        CHECK(max_abs_diff(run.grad_x, moe_at(c + "/grad/x")) < kRefAtol);
         for (const auto& [name, grad] : run.grads) {
           INFO(name);
-          CHECK(max_abs_diff(grad, ref_at(c + "/grad/" + name)) < kRefAtol);
+          CHECK(max_abs_diff(grad, moe_at(c + "/grad/" + name)) < kRefAtol);
         }
       }
     }
   }
   // The drop case really drops (its reference asserts whole tokens and single assignments).
-  REQUIRE(ref_at("drop/dropped").item<double>() > 0.1);
+  REQUIRE(moe_at("drop/dropped").item<double>() > 0.1);
 }
 
 // Tolerance 1e-6 relative to each tensor's scale (the router's gradient sums tokens'
@@ -134,9 +134,9 @@ TEST_CASE("MoE expert checkpointing and Selective give the same outputs and grad
 TEST_CASE("tokens over capacity leave the layer as zero: the residual carries them", "[moe]") {
   auto layer = reference_layer(0.5, MoeDispatch::kSorted);
   torch::NoGradGuard no_grad;
-  const auto x = ref_at("x");
+  const auto x = moe_at("x");
   auto out = layer->forward(x);
-  const auto all_dropped = ref_at("drop/all_dropped");
+  const auto all_dropped = moe_at("drop/all_dropped");
   REQUIRE(all_dropped.any().item<bool>());
   // Exactly zero rows (not merely small) for the tokens that lost every assignment.
   CHECK(out.y.index({all_dropped}).abs().max().item<float>() == 0.0f);
@@ -164,7 +164,7 @@ TEST_CASE("tokens over capacity leave the layer as zero: the residual carries th
 
 TEST_CASE("load-balancing loss is 1 under uniform routing, z-loss matches its formula", "[moe]") {
   auto layer = reference_layer(0.0, MoeDispatch::kSorted);
-  const auto x = ref_at("x");
+  const auto x = moe_at("x");
   torch::NoGradGuard no_grad;
   SECTION("uniform router") {
     layer->gate->weight.zero_();  // every probability 1/E
@@ -227,7 +227,7 @@ TEST_CASE("routing is deterministic for a fixed seed (jitter included)", "[moe]"
 
 namespace {
 
-memopt::models::MoeConfig tiny_config(double dropout) {
+memopt::models::MoeConfig tiny_moe_config(double dropout) {
   return memopt::models::MoeConfig()
       .base(memopt::models::LlamaConfig()
                 .vocab_size(37)
@@ -263,7 +263,7 @@ std::map<std::string, torch::Tensor> model_grads(const memopt::models::MoeConfig
 }  // namespace
 
 TEST_CASE("MoeLM: gradients match under each recompute policy, dropout and jitter included", "[moe]") {
-  const auto cfg = tiny_config(0.1);
+  const auto cfg = tiny_moe_config(0.1);
   torch::Tensor loss_none, loss_ckpt;
   const auto none = model_grads(cfg, memopt::recompute::None{}, &loss_none);
   auto compare = [&](const std::map<std::string, torch::Tensor>& other) {
@@ -289,7 +289,7 @@ TEST_CASE("MoeLM: gradients match under each recompute policy, dropout and jitte
 }
 
 TEST_CASE("MoeLM::loss_sum is the CE sum plus the weighted aux losses, stats average", "[moe]") {
-  auto cfg = tiny_config(0.0).router_jitter(0.0);
+  auto cfg = tiny_moe_config(0.0).router_jitter(0.0);
   torch::manual_seed(5);
   memopt::models::MoeLM model(cfg);
   model->eval();
@@ -330,11 +330,11 @@ TEST_CASE("MoE bad input: a clear error naming the value and the allowed ones", 
                 "memopt::models::MoE", {"capacity_factor", "nan"});
   require_error([] { (void)memopt::models::MoeConfig::preset("moe-huge", 100); }, "memopt::models::MoeConfig",
                 {"moe-huge", "moe-nano, moe-micro, moe-mini"});
-  require_error([] { memopt::models::MoeLM model(tiny_config(0).aux_loss_coef(-1)); }, "memopt::models::MoeConfig",
+  require_error([] { memopt::models::MoeLM model(tiny_moe_config(0).aux_loss_coef(-1)); }, "memopt::models::MoeConfig",
                 {"aux_loss_coef", "-1"});
   require_error(
       [] {
-        auto config = tiny_config(0);
+        auto config = tiny_moe_config(0);
         config.base().tie_word_embeddings(true);
         memopt::models::MoeLM model(config);
       },

@@ -37,7 +37,7 @@ using memopt::test::max_abs_diff;
 
 namespace {
 
-constexpr int64_t kC = 8, kH = 12, kO = 6, kLayers = 2, kRank = 4;
+constexpr int64_t kDim = 8, kH = 12, kO = 6, kLayers = 2, kRank = 4;
 
 using Tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
@@ -49,8 +49,8 @@ bool is_adapter(const std::string& name) {
 // (H -> C, bias) adapted, head (C -> O, bias) not; x = x + v_proj(tanh(q_proj(x))), then head(x).
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(const LoraOptions& options) {
-    q_proj = register_module("q_proj", Linear(torch::nn::LinearOptions(kC, kH).bias(false), options));
-    v_proj = register_module("v_proj", Linear(torch::nn::LinearOptions(kH, kC), options));
+    q_proj = register_module("q_proj", Linear(torch::nn::LinearOptions(kDim, kH).bias(false), options));
+    v_proj = register_module("v_proj", Linear(torch::nn::LinearOptions(kH, kDim), options));
   }
   Linear q_proj{nullptr}, v_proj{nullptr};
 };
@@ -60,7 +60,7 @@ struct ToyImpl : torch::nn::Module {
   explicit ToyImpl(const LoraOptions& options) {
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < kLayers; ++i) layers->push_back(Block(options));
-    head = register_module("head", torch::nn::Linear(kC, kO));
+    head = register_module("head", torch::nn::Linear(kDim, kO));
   }
   torch::Tensor forward(torch::Tensor x) {  // (B, T, C) -> (B, T, O)
     for (const auto& module : *layers) {
@@ -95,7 +95,7 @@ Toy make_toy(const LoraOptions& options, uint64_t seed) {
 
 torch::Tensor input(uint64_t seed) {  // (2, 5, C)
   auto gen = at::detail::createCPUGenerator(seed);
-  return torch::randn({2, 5, kC}, gen) * 0.5;
+  return torch::randn({2, 5, kDim}, gen) * 0.5;
 }
 
 // Every Linear of `model` with its path ("layers.0.q_proj").
@@ -145,15 +145,15 @@ void copy_adapter(const std::string& from, const std::string& to) {
 TEST_CASE("A LoRA Linear starts as its base Linear: B zero, A within Kaiming-uniform's bound, the weight shared, frozen",
           "[nn][lora]") {
   torch::manual_seed(28);
-  torch::nn::Linear base(torch::nn::LinearOptions(kC, kH));
+  torch::nn::Linear base(torch::nn::LinearOptions(kDim, kH));
   Linear lora(base, LoraOptions().rank(kRank));
 
   // PEFT's names without base_model.model. and .default: the base's own, then the adapter's.
   const auto params = lora->named_parameters();
   REQUIRE(params.keys() == std::vector<std::string>({"weight", "bias", "lora_A.weight", "lora_B.weight"}));
-  CHECK(params["lora_A.weight"].sizes() == torch::IntArrayRef({kRank, kC}));
+  CHECK(params["lora_A.weight"].sizes() == torch::IntArrayRef({kRank, kDim}));
   CHECK(params["lora_B.weight"].sizes() == torch::IntArrayRef({kH, kRank}));
-  CHECK(lora->in_features() == kC);
+  CHECK(lora->in_features() == kDim);
   CHECK(lora->out_features() == kH);
 
   // The base weight and bias are the Linear's own tensors, frozen there too; A and B train.
@@ -167,7 +167,7 @@ TEST_CASE("A LoRA Linear starts as its base Linear: B zero, A within Kaiming-uni
 
   // B = 0; A ~ U(-1/√in, 1/√in) (kaiming_uniform_ with a = √5: gain √(2 / 6) · √(3 / in)).
   CHECK(torch::count_nonzero(lora->lora_B->weight).item<int64_t>() == 0);
-  const double bound = 1 / std::sqrt(static_cast<double>(kC));
+  const double bound = 1 / std::sqrt(static_cast<double>(kDim));
   CHECK(lora->lora_A->weight.abs().max().item<double>() <= bound);
   CHECK(lora->lora_A->weight.abs().max().item<double>() > bound / 2);
   Linear wide(torch::nn::LinearOptions(256, 512).bias(false), LoraOptions().rank(16));
@@ -180,7 +180,7 @@ TEST_CASE("A LoRA Linear starts as its base Linear: B zero, A within Kaiming-uni
   CHECK(wide->named_parameters().size() == 3);
 
   // At init the adapter adds exactly 0: the base Linear's output (ATen's linear, as Python's).
-  const torch::Tensor x = torch::randn({3, 5, kC});
+  const torch::Tensor x = torch::randn({3, 5, kDim});
   CHECK(torch::equal(lora(x), torch::linear(x, base->weight, base->bias)));
   CHECK(max_abs_diff(lora(x), base(x)) <= 1e-6);
   CHECK(lora->scale() == 4.0);  // alpha 16 / rank 4
@@ -193,7 +193,7 @@ TEST_CASE("A LoRA Linear starts as its base Linear: B zero, A within Kaiming-uni
   CHECK(lora->lora_A->weight.grad().defined());
 
   // A bf16 base keeps its dtype; the adapter is fp32 (PEFT's autocast_adapter_dtype) and the output bf16.
-  torch::nn::Linear half(torch::nn::LinearOptions(kC, kH));
+  torch::nn::Linear half(torch::nn::LinearOptions(kDim, kH));
   half->to(torch::kBFloat16);
   Linear lora16(half, LoraOptions().rank(kRank));
   CHECK(lora16->weight.scalar_type() == torch::kBFloat16);
@@ -286,7 +286,7 @@ TEST_CASE("save_adapter writes what PEFT loads, and load_adapter reads what PEFT
         expected.insert("base_model.model.layers." + std::to_string(i) + "." + module + "." + ab + ".weight");
   CHECK(names == expected);
   CHECK(file->metadata().at("format") == "pt");
-  CHECK(file->info("base_model.model.layers.1.v_proj.lora_B.weight").shape == std::vector<int64_t>({kC, kRank}));
+  CHECK(file->info("base_model.model.layers.1.v_proj.lora_B.weight").shape == std::vector<int64_t>({kDim, kRank}));
   CHECK(torch::equal(file->get("base_model.model.layers.0.q_proj.lora_A.weight"),
                      mine->layers[0]->as<BlockImpl>()->q_proj->lora_A->weight));
   const nlohmann::json config = read_json(ours + "/adapter_config.json");
@@ -348,16 +348,16 @@ TEST_CASE("save_adapter writes what PEFT loads, and load_adapter reads what PEFT
 
 TEST_CASE("A LoRA Linear merge folds scale times B·A into the weight, unmerge takes it out, each once", "[nn][lora]") {
   torch::manual_seed(29);
-  torch::nn::Linear base(torch::nn::LinearOptions(kC, kH));
+  torch::nn::Linear base(torch::nn::LinearOptions(kDim, kH));
   Linear lora(base, LoraOptions().rank(kRank).alpha(6));
   {
     torch::NoGradGuard no_grad;
     lora->lora_B->weight.normal_(0, 0.1);
   }
-  const torch::Tensor w0 = lora->weight.detach().clone(), x = torch::randn({3, 5, kC});
+  const torch::Tensor w0 = lora->weight.detach().clone(), x = torch::randn({3, 5, kDim});
   const torch::Tensor y = lora(x).detach();
   const torch::Tensor delta = lora->delta_weight();  // (out, in)
-  REQUIRE(delta.sizes() == torch::IntArrayRef({kH, kC}));
+  REQUIRE(delta.sizes() == torch::IntArrayRef({kH, kDim}));
   CHECK(max_abs_diff(delta, lora->lora_B->weight.matmul(lora->lora_A->weight) * 1.5) <= 1e-7);
 
   void* storage = lora->weight.data_ptr();
@@ -379,7 +379,7 @@ TEST_CASE("A LoRA Linear merge folds scale times B·A into the weight, unmerge t
   memopt::test::require_error([&] { lora->unmerge(); }, "memopt::nn::Linear", {"not merged", "merge() first"});
 
   // A bf16 weight: the sum in fp32, rounded once to bf16.
-  torch::nn::Linear half(torch::nn::LinearOptions(kC, kH).bias(false));
+  torch::nn::Linear half(torch::nn::LinearOptions(kDim, kH).bias(false));
   half->to(torch::kBFloat16);
   Linear lora16(half, LoraOptions().rank(kRank).alpha(6));
   {
@@ -394,9 +394,9 @@ TEST_CASE("A LoRA Linear merge folds scale times B·A into the weight, unmerge t
 
 TEST_CASE("A LoRA Linear drops the adapter's input in training only, never the base path", "[nn][lora]") {
   torch::manual_seed(30);
-  torch::nn::Linear base(torch::nn::LinearOptions(kC, kH));
+  torch::nn::Linear base(torch::nn::LinearOptions(kDim, kH));
   Linear lora(base, LoraOptions().rank(kRank).alpha(8).dropout(0.5));
-  const torch::Tensor x = torch::randn({4, 16, kC});
+  const torch::Tensor x = torch::randn({4, 16, kDim});
   const torch::Tensor plain = torch::linear(x, lora->weight, lora->bias);
   CHECK(torch::equal(lora(x), plain));  // B = 0: dropout or not, the base output
   {
@@ -411,7 +411,7 @@ TEST_CASE("A LoRA Linear drops the adapter's input in training only, never the b
 }
 
 TEST_CASE("LoRA options, layers and adapter folders are refused with the value or file and a HINT", "[nn][lora]") {
-  torch::nn::Linear base(torch::nn::LinearOptions(kC, kH));
+  torch::nn::Linear base(torch::nn::LinearOptions(kDim, kH));
   auto rejects = [&](const LoraOptions& options, const std::vector<std::string>& parts) {
     memopt::test::require_error([&] { (void)Linear(base, options); }, "memopt::nn::Linear", parts);
   };
@@ -441,7 +441,7 @@ TEST_CASE("LoRA options, layers and adapter folders are refused with the value o
                               "memopt::io: save_adapter", {"rank must be >= 1"});
   memopt::test::require_error([&] { memopt::io::save_adapter(dir.file("x"), *base, options); },
                               "memopt::io: save_adapter", {"no LoRA parameters", "memopt::lora::apply"});
-  Linear root(torch::nn::LinearOptions(kC, kH), options);
+  Linear root(torch::nn::LinearOptions(kDim, kH), options);
   memopt::test::require_error([&] { memopt::io::save_adapter(dir.file("x"), *root, options); },
                               "memopt::io: save_adapter", {"'lora_A.weight'", "root", "register_module"});
 
@@ -467,7 +467,7 @@ TEST_CASE("LoRA options, layers and adapter folders are refused with the value o
                           "'layers.1.v_proj.lora_B.weight'", "another base model"});
   copy_adapter(good, extra);
   auto more = memopt::io::load_safetensors(extra + "/adapter_model.safetensors");
-  more.emplace("base_model.model.layers.2.q_proj.lora_A.weight", torch::zeros({kRank, kC}));
+  more.emplace("base_model.model.layers.2.q_proj.lora_A.weight", torch::zeros({kRank, kDim}));
   memopt::io::save_safetensors(extra + "/adapter_model.safetensors", more);
   load(extra, *target, {"1 of the file's 9 tensors have no adapter parameter", "'base_model.model.layers.2.q_proj."
                         "lora_A.weight'", "target_modules"});

@@ -52,7 +52,7 @@ torch::Tensor weight(std::vector<int64_t> shape, torch::ScalarType dtype, uint64
   return w.to(dtype);
 }
 
-struct Case {
+struct Nf4Case {
   std::string name;
   torch::Tensor w;
   int64_t blocksize;
@@ -62,7 +62,7 @@ struct Case {
 /// that are not multiples of 64 (an odd one too), more than 256 blocks (the double
 /// quantisation's second block), a single short block and a constant weight (both make
 /// absmax - offset zero: the 1e-38 of a short zero block).
-std::vector<Case> reference_cases() {
+std::vector<Nf4Case> reference_cases() {
   return {
       {"f32_64x192_b64", weight({64, 192}, torch::kFloat, 1), 64},
       {"bf16_37x99_b64", weight({37, 99}, torch::kBFloat16, 2), 64},      // 3663: odd, 57 blocks + 15
@@ -76,7 +76,7 @@ std::vector<Case> reference_cases() {
 
 /// Writes the cases with memopt's safetensors writer, runs nf4_reference.py, opens its output.
 std::shared_ptr<const memopt::io::SafetensorsFile> run_reference(const memopt::test::TempDir& dir,
-                                                                 const std::vector<Case>& cases) {
+                                                                 const std::vector<Nf4Case>& cases) {
   std::vector<std::pair<std::string, torch::Tensor>> in;
   for (const auto& c : cases) {
     in.emplace_back(c.name + "/w", c.w);
@@ -99,7 +99,7 @@ TEST_CASE("quantize_nf4 and dequantize_nf4 equal bitsandbytes' quantize_4bit and
     return;
   }
   memopt::test::TempDir dir("memopt_nf4_test");
-  const std::vector<Case> cases = reference_cases();
+  const std::vector<Nf4Case> cases = reference_cases();
   const auto ref = run_reference(dir, cases);
   CHECK(same_bits(memopt::nn::nf4_map(), ref->get("nf4_code", /*copy=*/true)));
   CHECK(same_bits(memopt::nn::detail::nested_map(), ref->get("dynamic_code", /*copy=*/true)));
