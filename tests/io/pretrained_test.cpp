@@ -39,8 +39,6 @@ using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
 namespace {
 
-constexpr const char* kPrefix = "memopt::io:";
-
 using memopt::test::read_text;
 using memopt::test::write_text;
 using memopt::test::io::require_error;
@@ -104,14 +102,14 @@ TEST_CASE("load_state_dict checks every shape before it copies anything", "[io][
   const auto weight_before = model->weight.detach().clone();
   // "weight" fits and comes first in the model's order; "bias" has the wrong shape.
   memopt::io::save_safetensors(path, Named{{"bias", torch::ones({2})}, {"weight", torch::ones({3, 4})}});
-  memopt::test::require_error([&] { memopt::io::load_state_dict(*model, *SafetensorsFile::open(path)); }, kPrefix,
-                              {path, "'bias' has shape [2] in the file but [3] in the model", "config.json"});
+  require_error([&] { memopt::io::load_state_dict(*model, *SafetensorsFile::open(path)); },
+                {path, "'bias' has shape [2] in the file but [3] in the model", "config.json"});
   CHECK(torch::equal(model->weight, weight_before));  // nothing copied
 
   // Strict: the module's own names, whatever the module.
   memopt::io::save_safetensors(path, Named{{"weight", torch::ones({3, 4})}});
-  memopt::test::require_error([&] { memopt::io::load_state_dict(*model, *SafetensorsFile::open(path)); }, kPrefix,
-                              {"lacks 1 of the model's 2 tensors: 'bias'", "strict(false)"});
+  require_error([&] { memopt::io::load_state_dict(*model, *SafetensorsFile::open(path)); },
+                {"lacks 1 of the model's 2 tensors: 'bias'", "strict(false)"});
   CHECK(torch::equal(model->weight, weight_before));
 }
 
@@ -123,7 +121,7 @@ TEST_CASE("config.json: values of the wrong kind, a non-object, mlp_bias are ref
     auto json = memopt::io::to_json(memopt::test::io::tiny_config());
     edit(json);
     memopt::test::write_text(path, json.dump());
-    memopt::test::require_error([&] { memopt::io::read_llama_config(path); }, kPrefix, {path, part});
+    require_error([&] { memopt::io::read_llama_config(path); }, {path, part});
   };
   // Optional fields are checked like required ones when present.
   rejects([](auto& j) { j["num_key_value_heads"] = 0; }, "field \"num_key_value_heads\" must be >= 1 (got 0)");
@@ -141,8 +139,8 @@ TEST_CASE("config.json: values of the wrong kind, a non-object, mlp_bias are ref
   CHECK(memopt::io::read_llama_config(path).hidden_size() == 16);
 
   memopt::test::write_text(path, "[1, 2]");
-  memopt::test::require_error([&] { memopt::io::read_llama_config(path); }, kPrefix,
-                              {path, "must be a JSON object (got [1,2])"});
+  require_error([&] { memopt::io::read_llama_config(path); },
+                {path, "must be a JSON object (got [1,2])"});
 }
 
 TEST_CASE("save_pretrained and to_json refuse dtypes HF models do not use, pytorch_model.bin gets a HINT",
@@ -150,19 +148,19 @@ TEST_CASE("save_pretrained and to_json refuse dtypes HF models do not use, pytor
   TempDir dir;
   memopt::models::Llama model(memopt::test::io::tiny_config());
   const std::string out = dir.file("int");
-  memopt::test::require_error([&] { memopt::io::save_pretrained(model, out, torch::kInt64); }, kPrefix,
-                              {"save_pretrained('" + out + "')", "is not a floating type", "kBFloat16"});
+  require_error([&] { memopt::io::save_pretrained(model, out, torch::kInt64); },
+                {"save_pretrained('" + out + "')", "is not a floating type", "kBFloat16"});
   CHECK_FALSE(std::filesystem::exists(out));  // refused before anything is written
-  memopt::test::require_error([&] { memopt::io::to_json(model->config, torch::kInt32); }, kPrefix,
-                              {"to_json: torch_dtype", "kFloat32"});
+  require_error([&] { memopt::io::to_json(model->config, torch::kInt32); },
+                {"to_json: torch_dtype", "kFloat32"});
   CHECK(memopt::io::to_json(model->config, torch::kFloat16)["torch_dtype"] == "float16");
 
   // A folder with config.json and only the pickled weights.
   memopt::test::write_text(dir.file("bin/pytorch_model.bin"), "pickle");  // makes the folder
   memopt::io::write_llama_config(model->config, dir.file("bin/config.json"));
-  memopt::test::require_error([&] { memopt::io::load_pretrained(dir.file("bin")); }, kPrefix,
-                              {dir.file("bin/model.safetensors"), "does not exist",
-                               "convert pytorch_model.bin to model.safetensors"});
+  require_error([&] { memopt::io::load_pretrained(dir.file("bin")); },
+                {dir.file("bin/model.safetensors"), "does not exist",
+                 "convert pytorch_model.bin to model.safetensors"});
 }
 
 // ---- HF-style checkpoints ---------------------------------------------------------------
