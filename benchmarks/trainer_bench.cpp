@@ -253,6 +253,8 @@ int main(int argc, char** argv) {
         {"ffn", config.ffn_size()},
     };
     if (r.estimated_peak > 0) line["estimated_peak_mib"] = memopt::memory::mib(r.estimated_peak);
+    if (cfg.precision == "bf16")  // the kernel its CPU GEMMs ran (MEMOPT_BF16_GEMM, or measured)
+      line["bf16_gemm"] = memopt::bf16_gemm::mode() == memopt::bf16_gemm::Mode::Native ? "native" : "fp32";
     return line;
   });
 }

@@ -40,6 +40,18 @@ def trainer_ratio(a: Json, b: Json) -> dict:  # memopt's line over a peer's
             "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
 
 
+# ---- bf16_gemm ----
+def bf16_gemm_ratio(name: str, a: Json, b: Json) -> dict:  # one bf16_gemm configuration's line over another's
+    return {"suite": "bf16_gemm", "name": name, "impl": "ratio", "peer": "eager" if b.get("impl") == "pytorch" else "memopt",
+            "shape": a.get("name"), "tokens_per_s": round(a["tokens_per_s"] / b["tokens_per_s"], 3),
+            "tokens_per_s_best": round(b["step_ms_min"] / a["step_ms_min"], 3),
+            "peak_rss_mib": round(a["peak_rss_mib"] / b["peak_rss_mib"], 3),
+            **({"peak_tracked_mib": round(a["peak_tracked_mib"] / b["peak_tracked_mib"], 3)}
+               if a.get("peak_tracked_mib") and b.get("peak_tracked_mib") else {}),
+            "loss_last_diff": round(abs(a["loss_last"] - b["loss_last"]), 5),
+            "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
+
+
 # ---- lora ----
 def lora_ratio(name: str, a: Json, b: Json) -> dict:  # memopt's line over a peer's, or QLoRA's over full's
     keys = [k for k in ("peak_tracked_mib", "peak_rss_mib", "tokens_per_s") if a.get(k) and b.get(k)]

@@ -46,6 +46,7 @@
 #include "common/device.hpp"
 #include "common/cli.hpp"
 #include "common/policy_flags.hpp"
+#include "common/precision.hpp"
 #include "common/tokenizer.hpp"
 #include "common/distributed.hpp"
 #include "common/memory_flags.hpp"
@@ -188,6 +189,8 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   }
   fmt::print("precision: student {} on {}, teacher {} on {} ({})\n", p.precision, p.device.str(),
              p.teacher_precision, p.teacher_device.str(), why);
+  examples::enable_bf16_gemm(p.precision, p.device);
+  examples::enable_bf16_gemm(p.teacher_precision, p.teacher_device);
   if (given("--release_cache_every")) p.release_cache_every = a.memory.release_cache_every;
   if (given("--kd_top_k")) p.kd_top_k = a.kd_top_k;
   if (given("--tf32")) p.tf32 = a.tf32;

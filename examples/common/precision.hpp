@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <memopt/bf16_gemm.hpp>
 #include <memopt/machine.hpp>
 
 namespace examples {
@@ -27,11 +28,20 @@ inline void check_precision(const std::string& flag, const char* who, const torc
               "'). HINT: auto measures this machine's bf16 and fp32 matmul and picks the faster.");
 }
 
+/// Where `precision` (resolved: fp32, bf16, bf16-pure, ...) computes in bf16 on the CPU: makes
+/// those GEMMs run at fp32 speed where this CPU has no bf16 units (memopt/bf16_gemm.hpp), and
+/// prints which kernel it measured faster.
+inline void enable_bf16_gemm(const std::string& precision, const torch::Device& device) {
+  if (precision.rfind("bf16", 0) != 0 || !device.is_cpu()) return;
+  fmt::print("{:>13}: {}\n", "bf16 GEMM", memopt::bf16_gemm::enable().reason);
+}
+
 /// Checks `flag` (naming `who`) and resolves it: true = bf16 autocast.
 inline bool resolve_mixed_precision(const std::string& flag, const torch::Device& device, const char* who) {
   check_precision(flag, who);
   const auto choice = memopt::machine::resolve_precision(flag, device);
   fmt::print("{:>13}: {} ({})\n", "precision", choice.precision, choice.reason);
+  enable_bf16_gemm(choice.precision, device);
   return choice.precision == "bf16";
 }
 

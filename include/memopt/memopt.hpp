@@ -4,6 +4,7 @@
 #pragma once
 
 #include "memopt/batch.hpp"
+#include "memopt/bf16_gemm.hpp"
 #include "memopt/callbacks.hpp"
 #include "memopt/concepts.hpp"
 #include "memopt/error.hpp"

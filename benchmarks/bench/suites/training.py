@@ -65,6 +65,36 @@ def trainer(ctx: Context) -> list[Step]:
     return steps
 
 
+# ---- suite: bf16_gemm ----
+# A bf16-autocast Trainer step (the trainer suite's small shape) with its CPU GEMMs widened to fp32
+# (memopt/bf16_gemm.hpp; MEMOPT_BF16_GEMM=fp32) and with LibTorch's bf16 kernels (=native), next to
+# PyTorch eager's bf16 autocast step and memopt's fp32 step, one process each; ratios widened / each.
+# Where the CPU has bf16 units (avx512_bf16, AMX) widening loses and auto keeps native; on an AVX2-only
+# CPU native and the peer take ~1.5 min a step (--quick first there). ~10 min on an idle 2-core AVX2 EPYC.
+BF16_GEMM_RUNS = {  # key: (impl, precision, MEMOPT_BF16_GEMM)
+    "widened": ("memopt", "bf16", "fp32"),
+    "native": ("memopt", "bf16", "native"),
+    "pytorch": ("pytorch", "bf16", None),
+    "fp32": ("memopt", "fp32", None),
+}
+
+
+def bf16_gemm(ctx: Context) -> list[Step]:
+    shape = TRAINER_SHAPES["small"]
+    if ctx.quick:
+        shape = shape.replace("--micro 8", "--micro 2", 1) + " --warmup 0 --steps 1"
+    else:
+        shape += " --warmup 1 --steps 2"
+    steps: list[Step] = [Build(["memopt_bench_trainer"])]
+    for key, (impl, precision, mode) in BF16_GEMM_RUNS.items():
+        run = trainer_run(ctx, impl, f"bf16_gemm/{key}", f"{shape} --precision {precision} --recompute none".split())
+        run.key, run.env = key, ({"MEMOPT_BF16_GEMM": mode} if mode else {})
+        steps += [Log(f"bf16_gemm {key}: {impl} {precision}" + (f", MEMOPT_BF16_GEMM={mode}" if mode else "")), run]
+    steps += [Derive(["widened", other], partial(L.bf16_gemm_ratio, f"widened_vs_{other}"), f"ratio widened / {other}")
+              for other in ("native", "pytorch", "fp32")]
+    return steps
+
+
 # ---- suite: distill ----
 # LLaMA -> LLaDA distillation (examples/01_llama_to_llada) under each strategy: the same
 # teacher and student, the same effective batch (16 x 128 tokens; comprehensive takes it as

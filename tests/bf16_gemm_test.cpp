@@ -1,0 +1,167 @@
+// tests/bf16_gemm_test.cpp — memopt/bf16_gemm.hpp: bf16 products widened to fp32 are LibTorch's
+// bf16 products up to summation order (each within the native kernel's own error of an fp64
+// product), the native mode is LibTorch's kernel bit for bit, and everything that is not a
+// well-formed bf16 product is left to LibTorch.
+#include <catch2/catch.hpp>
+
+#include <memopt/bf16_gemm.hpp>
+#include <memopt/policies/precision.hpp>
+
+namespace {
+
+namespace bgemm = memopt::bf16_gemm;
+
+torch::Tensor gemm_randn(at::IntArrayRef sizes) { return torch::randn(sizes).to(torch::kBFloat16); }
+
+/// Largest |x - reference| over the fp64 reference.
+double gemm_max_error(const torch::Tensor& x, const torch::Tensor& reference) {
+  return (x.to(torch::kFloat64) - reference).abs().max().item<double>();
+}
+
+/// `widened` (Fp32Compute) is within the error LibTorch's own bf16 kernel makes against the fp64
+/// product `exact`, computed from the same operands (`native`), plus one bf16 rounding of the
+/// largest entry (the two round the same fp32 sum differently in at most the last bit).
+void gemm_check_within_native(const torch::Tensor& widened, const torch::Tensor& native, const torch::Tensor& exact) {
+  REQUIRE(widened.scalar_type() == torch::kBFloat16);
+  REQUIRE(widened.sizes() == native.sizes());
+  const double ulp = exact.abs().max().item<double>() * std::ldexp(1.0, -8);
+  const double native_error = gemm_max_error(native, exact);
+  INFO("widened error " << gemm_max_error(widened, exact) << ", native error " << native_error << ", ulp " << ulp);
+  CHECK(gemm_max_error(widened, exact) <= native_error + ulp);
+}
+
+torch::Tensor gemm_f64(const torch::Tensor& t) { return t.to(torch::kFloat64); }
+
+}  // namespace
+
+TEST_CASE("bf16 mm, addmm, bmm and baddbmm widened to fp32 are LibTorch's within its own error", "[bf16_gemm]") {
+  torch::manual_seed(0);
+  const auto a = gemm_randn({67, 48}), b = gemm_randn({48, 33}), bias = gemm_randn({33}), c = gemm_randn({67, 33});
+  const auto x = gemm_randn({5, 19, 24}), y = gemm_randn({5, 24, 13}), z = gemm_randn({5, 19, 13});
+  // Native first (LibTorch's kernels through the installed forwarders), then widened.
+  const auto count = [] { return bgemm::detail::widened_count().load(); };
+  const auto before = count();
+  torch::Tensor n_mm, n_mmt, n_addmm, n_addmm_2d, n_bmm, n_baddbmm;
+  {
+    bgemm::ScopedMode native(bgemm::Mode::Native);
+    n_mm = torch::mm(a, b);
+    n_mmt = torch::mm(b.t(), a.t());  // transposed operands: strided, not copied
+    n_addmm = torch::addmm(bias, a, b);
+    n_addmm_2d = torch::addmm(c, a, b, 0.5, -2.0);
+    n_bmm = torch::bmm(x, y);
+    n_baddbmm = torch::baddbmm(z, x, y, 0.25, 3.0);
+  }
+  CHECK(count() == before);  // Native: LibTorch's kernels ran, nothing widened
+  bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
+  gemm_check_within_native(torch::mm(a, b), n_mm, gemm_f64(a).mm(gemm_f64(b)));
+  gemm_check_within_native(torch::mm(b.t(), a.t()), n_mmt, gemm_f64(b).t().mm(gemm_f64(a).t()));
+  gemm_check_within_native(torch::addmm(bias, a, b), n_addmm, torch::addmm(gemm_f64(bias), gemm_f64(a), gemm_f64(b)));
+  gemm_check_within_native(torch::addmm(c, a, b, 0.5, -2.0), n_addmm_2d,
+                            torch::addmm(gemm_f64(c), gemm_f64(a), gemm_f64(b), 0.5, -2.0));
+  gemm_check_within_native(torch::bmm(x, y), n_bmm, gemm_f64(x).bmm(gemm_f64(y)));
+  gemm_check_within_native(torch::baddbmm(z, x, y, 0.25, 3.0), n_baddbmm,
+                            torch::baddbmm(gemm_f64(z), gemm_f64(x), gemm_f64(y), 0.25, 3.0));
+  // Linear layers reach them through addmm and matmul (3-D inputs fold into 2-D products).
+  const auto w = gemm_randn({33, 48});
+  const auto in = gemm_randn({3, 7, 48});
+  const auto exact = torch::nn::functional::linear(gemm_f64(in), gemm_f64(w), gemm_f64(bias));
+  torch::Tensor native_linear;
+  {
+    bgemm::ScopedMode native(bgemm::Mode::Native);
+    native_linear = torch::nn::functional::linear(in, w, bias);
+  }
+  gemm_check_within_native(torch::nn::functional::linear(in, w, bias), native_linear, exact);
+  CHECK(count() == before + 7);  // each product above (and the linear layer's addmm) ran widened
+}
+
+TEST_CASE("a widened product in many chunks equals the product in one", "[bf16_gemm]") {
+  torch::manual_seed(1);
+  const auto a = gemm_randn({50, 16}), b = gemm_randn({16, 9}), bias = gemm_randn({50, 1});
+  const auto whole = bgemm::detail::widened_addmm(bias, a, b, 1, 1);
+  // 4 * (16 + 9) bytes a row: 7 rows a chunk, the last one short.
+  const auto chunked = bgemm::detail::widened_addmm(bias, a, b, 1, 1, 4 * (16 + 9) * 7);
+  CHECK(torch::equal(chunked, whole));
+  const auto x = gemm_randn({7, 5, 6}), y = gemm_randn({7, 6, 4});
+  CHECK(torch::equal(bgemm::detail::widened_baddbmm({}, x, y, 0, 1, 1), bgemm::detail::widened_baddbmm({}, x, y, 0, 1)));
+  CHECK(bgemm::detail::rows_per_chunk(0, 0) == 1);
+  CHECK(bgemm::detail::rows_per_chunk(100, 50) == 1);
+  CHECK(bgemm::detail::rows_per_chunk(10, 95) == 9);
+}
+
+TEST_CASE("Native mode is LibTorch's bf16 kernel bit for bit; other dtypes are never touched", "[bf16_gemm]") {
+  torch::manual_seed(2);
+  const auto a = gemm_randn({9, 8}), b = gemm_randn({8, 5});
+  {
+    bgemm::ScopedMode native(bgemm::Mode::Native);
+    CHECK(torch::equal(torch::mm(a, b), at::cpu::mm(a, b)));
+  }
+  bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
+  CHECK(bgemm::mode() == bgemm::Mode::Fp32Compute);
+  const auto widened_before = bgemm::detail::widened_count().load();
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64, torch::kHalf}) {
+    const auto p = torch::randn({9, 8}).to(dtype), q = torch::randn({8, 5}).to(dtype);
+    CHECK(torch::equal(torch::mm(p, q), at::cpu::mm(p, q)));
+    CHECK(torch::equal(torch::bmm(p.unsqueeze(0), q.unsqueeze(0)), at::cpu::bmm(p.unsqueeze(0), q.unsqueeze(0))));
+  }
+  CHECK(bgemm::detail::widened_count().load() == widened_before);
+  // Empty products: the shapes LibTorch gives, zeros where the inner size is 0.
+  CHECK(torch::mm(gemm_randn({0, 8}), b).sizes() == at::IntArrayRef({0, 5}));
+  CHECK(torch::equal(torch::mm(gemm_randn({3, 0}), gemm_randn({0, 4})), torch::zeros({3, 4}, torch::kBFloat16)));
+}
+
+TEST_CASE("Bad products get LibTorch's own errors in either mode", "[bf16_gemm]") {
+  bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
+  const auto a = gemm_randn({4, 3});
+  CHECK_THROWS_WITH(torch::mm(a, gemm_randn({4, 3})), Catch::Contains("cannot be multiplied"));
+  CHECK_THROWS_WITH(torch::mm(a, torch::randn({3, 2})), Catch::Contains("dtype"));
+  CHECK_THROWS(torch::mm(a, gemm_randn({3})));
+  CHECK_THROWS(torch::bmm(gemm_randn({2, 4, 3}), gemm_randn({3, 3, 2})));
+  CHECK_THROWS(torch::addmm(gemm_randn({5}), a, gemm_randn({3, 2})));  // (5) does not broadcast to (4, 2)
+}
+
+TEST_CASE("A bf16-autocast step has the native kernel's gradients within its own error", "[bf16_gemm]") {
+  torch::manual_seed(3);
+  auto layer = torch::nn::Linear(24, 16);
+  const auto input = torch::randn({4, 10, 24});
+  const memopt::precision::Bf16Autocast policy;
+  const auto gradients = [&](std::optional<bgemm::Mode> mode) {  // weight gradient; nullopt: fp64, no autocast
+    layer->zero_grad();
+    std::optional<bgemm::ScopedMode> scoped;
+    if (mode) scoped.emplace(*mode);
+    if (!mode) {
+      auto w = layer->weight.to(torch::kFloat64).detach().requires_grad_();
+      torch::nn::functional::linear(input.to(torch::kFloat64), w, layer->bias.to(torch::kFloat64)).pow(2).sum().backward();
+      return w.grad();
+    }
+    {
+      auto guard = policy.autocast(c10::kCPU);
+      layer->forward(input).to(torch::kFloat32).pow(2).sum().backward();
+    }
+    return layer->weight.grad().clone();
+  };
+  const auto exact = gradients(std::nullopt);
+  const auto native = gradients(bgemm::Mode::Native);
+  const auto before = bgemm::detail::widened_count().load();
+  const auto widened = gradients(bgemm::Mode::Fp32Compute);
+  CHECK(bgemm::detail::widened_count().load() >= before + 2);  // the forward and the weight gradient
+  CHECK(native.scalar_type() == torch::kFloat32);  // fp32 master gradients either way
+  const double native_error = gemm_max_error(native, exact), widened_error = gemm_max_error(widened, exact);
+  INFO("native error " << native_error << ", widened error " << widened_error);
+  CHECK(widened_error <= 1.5 * native_error);
+  CHECK(widened_error < 0.05 * exact.abs().max().item<double>());
+}
+
+TEST_CASE("MEMOPT_BF16_GEMM picks a mode or measures; a bad value is an error with a HINT", "[bf16_gemm]") {
+  CHECK(bgemm::detail::decide("native").mode == bgemm::Mode::Native);
+  CHECK(bgemm::detail::decide("fp32").mode == bgemm::Mode::Fp32Compute);
+  CHECK_THROWS_WITH(bgemm::detail::decide("fast"), Catch::Contains("'fast'") && Catch::Contains("HINT"));
+  bgemm::ScopedMode native(bgemm::Mode::Native);  // what enable() probes
+  const auto measured = bgemm::detail::decide(nullptr);
+  CHECK_THAT(measured.reason, Catch::Contains("GFLOP/s") && Catch::Contains(memopt::cpu_kind()));
+  // Where the native kernel is 5x slower than fp32 (an AVX2-only CPU), widening must win.
+  const auto& speed = memopt::machine::matmul_speed();
+  if (speed.bf16_over_fp32() < 0.2) CHECK(measured.mode == bgemm::Mode::Fp32Compute);
+  // enable() decides once per process.
+  const auto& first = bgemm::enable();
+  CHECK(&bgemm::enable() == &first);
+}
