@@ -12,8 +12,9 @@
 //   memopt::bf16_gemm::enable();   // once: installs, measures, says what it chose
 //   MEMOPT_BF16_GEMM=native|fp32|auto (default auto) overrides the measurement.
 //
-// The bf16 precision policies call enable() (policies/precision.hpp): a user of the Trainer
-// never calls it. The widened operands and result are temporaries of at most the fp32 copy of
+// The bf16 precision policies call enable() when a Trainer is built for the CPU (their
+// prepare() hook, policies/precision.hpp): a user of the Trainer never calls it; code that runs
+// bf16 products outside a Trainer calls it once. The widened operands and result are temporaries of at most the fp32 copy of
 // the second operand plus kChunkBytes (the rows are multiplied in chunks).
 #pragma once
 
@@ -53,11 +54,15 @@ namespace detail {
 
 /// Bytes of fp32 temporaries (operand rows and result rows) one chunk of a widened product may
 /// take, beside the fp32 copy of the second operand.
-inline constexpr int64_t kChunkBytes = int64_t{32} << 20;
+inline constexpr int64_t kChunkBytes = int64_t{8} << 20;
 
 inline std::atomic<Mode>& mode_flag() {
   static std::atomic<Mode> mode{Mode::Native};
   return mode;
+}
+inline std::atomic<bool>& enabled_flag() {  // enable() has decided
+  static std::atomic<bool> enabled{false};
+  return enabled;
 }
 inline std::atomic<bool>& mode_set_by_program() {  // set_mode() was called: enable() keeps that mode
   static std::atomic<bool> set{false};
@@ -214,6 +219,9 @@ inline Choice decide(const char* env) {
 
 }  // namespace detail
 
+/// Whether enable() has run in this process (a bf16 Trainer on the CPU runs it when built).
+inline bool enabled() { return detail::enabled_flag().load(); }
+
 /// The mode CPU bf16 GEMMs run in now.
 inline Mode mode() { return detail::mode_flag().load(); }
 
@@ -243,9 +251,11 @@ class ScopedMode {
 inline const Choice& enable() {
   static const Choice choice = [] {
     detail::install();
-    if (detail::mode_set_by_program().load()) return Choice{mode(), "set by the program (bf16_gemm::set_mode)"};
-    auto c = detail::decide(std::getenv("MEMOPT_BF16_GEMM"));  // probes in Native mode, the default
+    const Choice c = detail::mode_set_by_program().load()
+                         ? Choice{mode(), "set by the program (bf16_gemm::set_mode)"}
+                         : detail::decide(std::getenv("MEMOPT_BF16_GEMM"));  // probes in Native mode, the default
     detail::mode_flag().store(c.mode);
+    detail::enabled_flag().store(true);
     return c;
   }();
   return choice;

@@ -44,6 +44,11 @@ concept Step = requires(P& p, torch::optim::Optimizer& opt) {
   { p.step(opt) } -> std::convertible_to<bool>;
 };
 
+/// Optional: `p.prepare(device_type)` readies the process for this precision on that device,
+/// once, when the Trainer is built — before any step, outside the tracked step and its memory
+/// budget (Bf16Autocast, Bf16Pure: bf16_gemm::enable() on the CPU).
+template <class P>
+concept PrepareDevice = requires(P& p, c10::DeviceType device) { p.prepare(device); };
 /// Optional: `p.prepare_grads(optimizer)` turns the backward's gradients into the true
 /// gradients of the optimizer's parameters, before clipping (Scaled: ÷ the loss scale;
 /// Bf16Pure: bf16 gradients → fp32 master gradients). Without it they are used as they are.

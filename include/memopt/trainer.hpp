@@ -76,6 +76,7 @@ class Trainer {
     TORCH_CHECK(!params_.empty(), "memopt::Trainer: the model has no trainable parameters. "
                                   "HINT: register parameters with register_parameter/register_module.");
     device_ = params_.front().device();
+    if constexpr (hooks::PrepareDevice<Precision>) precision_.prepare(device_.type());
     auto adamw = torch::optim::AdamWOptions(options_.lr())
                      .betas({options_.beta1(), options_.beta2()})
                      .eps(options_.eps())

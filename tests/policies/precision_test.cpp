@@ -42,6 +42,14 @@ TEST_CASE("Bf16Autocast: linear layers in bf16, fp32 master weights and grads, l
   CHECK(rel > 0.0);  // it really ran in lower precision
 }
 
+TEST_CASE("A bf16 Trainer built for the CPU has chosen its GEMM kernel before the first step", "[precision]") {
+  memopt::models::Llama model(tiny_llama(0.0).num_hidden_layers(1));
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Autocast> trainer(*model, memopt::TrainerOptions());
+  CHECK(memopt::bf16_gemm::enabled());  // the prepare hook ran: measured, or MEMOPT_BF16_GEMM
+  static_assert(memopt::hooks::PrepareDevice<memopt::precision::Bf16Pure>);
+  static_assert(!memopt::hooks::PrepareDevice<memopt::precision::Fp32>);
+}
+
 TEST_CASE("Scaled: loss scaling leaves fp32 training unchanged", "[precision]") {
   using Scaled = memopt::precision::Scaled<c10::kFloat>;
   const auto plain = weights_after<memopt::recompute::None, memopt::precision::Fp32, memopt::state::Resident>(

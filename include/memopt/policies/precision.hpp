@@ -48,8 +48,11 @@ struct Fp32 {
 struct Bf16Autocast {
   static std::string name() { return "precision::Bf16Autocast"; }
   static memory::DtypeDesc describe() { return {.flag = "bf16", .half_matmuls = true}; }
+  /// On the CPU: bf16 GEMMs at fp32 speed where the CPU has no bf16 units (memopt/bf16_gemm.hpp).
+  void prepare(c10::DeviceType device) const {
+    if (device == c10::kCPU) bf16_gemm::enable();
+  }
   memopt::detail::AutocastGuard autocast(c10::DeviceType device) const {
-    if (device == c10::kCPU) bf16_gemm::enable();  // bf16 GEMMs at fp32 speed on CPUs without bf16 units
     return memopt::detail::AutocastGuard({device, true, c10::kBFloat16});
   }
   void backward(const torch::Tensor& loss) const { loss.backward(); }
@@ -71,10 +74,10 @@ struct Bf16Pure {
   static std::string name() { return "precision::Bf16Pure"; }
   static memory::DtypeDesc describe() { return {.flag = "bf16-pure", .half_matmuls = true, .half_weights = true}; }
   struct NoGuard {};
-  NoGuard autocast(c10::DeviceType device) const {  // the weights are bf16 already
+  void prepare(c10::DeviceType device) const {  // as Bf16Autocast's
     if (device == c10::kCPU) bf16_gemm::enable();
-    return {};
   }
+  NoGuard autocast(c10::DeviceType) const { return {}; }  // the weights are bf16 already
   void backward(const torch::Tensor& loss) const { loss.backward(); }
 
   /// Keeps an fp32 master of every parameter (the optimizer's), turns the parameter bf16.
