@@ -1,11 +1,13 @@
 // tests/bf16_gemm_test.cpp — memopt/bf16_gemm.hpp: bf16 products widened to fp32 are LibTorch's
 // bf16 products up to summation order (each within the native kernel's own error of an fp64
 // product), the native mode is LibTorch's kernel bit for bit, and everything that is not a
-// well-formed bf16 product is left to LibTorch.
+// well-formed bf16 product is left to LibTorch (CUDA products among them).
 #include <catch2/catch.hpp>
 
 #include <memopt/bf16_gemm.hpp>
 #include <memopt/policies/precision.hpp>
+
+#include "support.hpp"
 
 namespace {
 
@@ -164,4 +166,18 @@ TEST_CASE("MEMOPT_BF16_GEMM picks a mode or measures; a bad value is an error wi
   // enable() decides once per process.
   const auto& first = bgemm::enable();
   CHECK(&bgemm::enable() == &first);
+}
+
+TEST_CASE("CUDA: bf16 products on the GPU never reach the CPU kernels, whatever the mode", "[bf16_gemm][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  torch::manual_seed(4);
+  const auto a = gemm_randn({64, 48}), b = gemm_randn({48, 40});
+  bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
+  const auto before = bgemm::detail::widened_count().load();
+  const auto on_gpu = torch::mm(a.to(cuda), b.to(cuda));
+  CHECK(on_gpu.device().is_cuda());
+  CHECK(bgemm::detail::widened_count().load() == before);  // LibTorch's CUDA kernel ran
+  // The CPU's widened product is within the GPU kernel's own error of the fp64 product.
+  gemm_check_within_native(torch::mm(a, b), on_gpu.cpu(), gemm_f64(a).mm(gemm_f64(b)));
 }
