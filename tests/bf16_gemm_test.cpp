@@ -90,7 +90,7 @@ TEST_CASE("a widened product in many chunks equals the product in one", "[bf16_g
   CHECK(bgemm::detail::rows_per_chunk(10, 95) == 9);
 }
 
-TEST_CASE("Native mode is LibTorch's bf16 kernel bit for bit; other dtypes are never touched", "[bf16_gemm]") {
+TEST_CASE("Native mode is LibTorch's bf16 kernel bit for bit, other dtypes are never touched", "[bf16_gemm]") {
   torch::manual_seed(2);
   const auto a = gemm_randn({9, 8}), b = gemm_randn({8, 5});
   {
@@ -153,12 +153,16 @@ TEST_CASE("A bf16-autocast step has the native kernel's gradients within its own
   CHECK(widened_error < 0.05 * exact.abs().max().item<double>());
 }
 
-TEST_CASE("MEMOPT_BF16_GEMM picks a mode or measures; a bad value is an error with a HINT", "[bf16_gemm]") {
+TEST_CASE("MEMOPT_BF16_GEMM picks a mode or measures, a bad value is an error with a HINT", "[bf16_gemm]") {
   CHECK(bgemm::detail::decide("native").mode == bgemm::Mode::Native);
   CHECK(bgemm::detail::decide("fp32").mode == bgemm::Mode::Fp32Compute);
   CHECK_THROWS_WITH(bgemm::detail::decide("fast"), Catch::Contains("'fast'") && Catch::Contains("HINT"));
   bgemm::ScopedMode native(bgemm::Mode::Native);  // what enable() probes
+  torch::manual_seed(7);
+  const auto expected = torch::randn({4});
+  torch::manual_seed(7);
   const auto measured = bgemm::detail::decide(nullptr);
+  CHECK(torch::equal(torch::randn({4}), expected));  // the probes drew from generators of their own
   CHECK_THAT(measured.reason, Catch::Contains("GFLOP/s") && Catch::Contains(memopt::cpu_kind()));
   // Where the native kernel is 5x slower than fp32 (an AVX2-only CPU), widening must win.
   const auto& speed = memopt::machine::matmul_speed();

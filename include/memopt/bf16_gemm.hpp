@@ -188,7 +188,8 @@ inline void install() {
 /// GFLOP/s of the widened product at n^3 (fastest of `reps`, one warm-up), called directly.
 inline double widened_gflops(int64_t n, int reps) {
   torch::NoGradGuard no_grad;
-  const auto a = torch::randn({n, n}).to(torch::kBFloat16), b = torch::randn({n, n}).to(torch::kBFloat16);
+  const auto a = machine::detail::probe_operand(n, torch::kBFloat16, 1);
+  const auto b = machine::detail::probe_operand(n, torch::kBFloat16, 2);
   auto best = 1e9;
   for (int i = 0; i <= reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include "memopt/runtime.hpp"
@@ -28,11 +29,17 @@ struct MatmulSpeed {
 };
 
 namespace detail {
+/// An n x n operand of normal values for a speed probe, drawn from a generator of its own: a
+/// probe never moves the global RNG (a Trainer probes when built, after the user's seed).
+inline torch::Tensor probe_operand(int64_t n, torch::Dtype dtype, uint64_t seed) {
+  return torch::randn({n, n}, at::detail::createCPUGenerator(seed)).to(dtype);
+}
+
 /// GFLOP/s of the fastest of `reps` n x n x n products in `dtype` (one untimed warm-up): the
 /// fastest, not the median, so another process briefly on the cores does not decide it.
 inline double gemm_gflops(int64_t n, torch::Dtype dtype, int reps) {
   torch::NoGradGuard no_grad;
-  auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
+  auto a = probe_operand(n, dtype, 1), b = probe_operand(n, dtype, 2);
   auto c = torch::mm(a, b);
   std::vector<double> seconds;
   for (int i = 0; i < reps; ++i) {
