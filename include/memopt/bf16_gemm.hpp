@@ -14,8 +14,8 @@
 //
 // The bf16 precision policies call enable() when a Trainer is built for the CPU (their
 // prepare() hook, policies/precision.hpp): a user of the Trainer never calls it; code that runs
-// bf16 products outside a Trainer calls it once. The widened operands and result are temporaries of at most the fp32 copy of
-// the second operand plus kChunkBytes (the rows are multiplied in chunks).
+// bf16 products outside a Trainer calls it once. The widened operands and result are
+// temporaries of at most the fp32 copy of the second operand plus kChunkBytes (row chunks).
 #pragma once
 
 #include <ATen/ExpandUtils.h>
@@ -29,7 +29,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -185,19 +184,11 @@ inline void install() {
   (void)installed;
 }
 
-/// GFLOP/s of the widened product at n^3 (fastest of `reps`, one warm-up), called directly.
+/// GFLOP/s of the widened product at n^3 (machine.hpp's probe, the widened kernel called directly).
 inline double widened_gflops(int64_t n, int reps) {
-  torch::NoGradGuard no_grad;
-  const auto a = machine::detail::probe_operand(n, torch::kBFloat16, 1);
-  const auto b = machine::detail::probe_operand(n, torch::kBFloat16, 2);
-  auto best = 1e9;
-  for (int i = 0; i <= reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto c = widened_addmm(at::Tensor(), a, b, 0, 1);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (i > 0) best = std::min(best, s);
-  }
-  return 2.0 * static_cast<double>(n * n * n) / std::max(best, 1e-9) / 1e9;
+  return machine::detail::gemm_gflops(n, torch::kBFloat16, reps, [](const at::Tensor& a, const at::Tensor& b) {
+    return widened_addmm(at::Tensor(), a, b, 0, 1);
+  });
 }
 
 /// The choice for a MEMOPT_BF16_GEMM value (null: unset = auto): auto widens where the widened

@@ -35,20 +35,27 @@ inline torch::Tensor probe_operand(int64_t n, torch::Dtype dtype, uint64_t seed)
   return torch::randn({n, n}, at::detail::createCPUGenerator(seed)).to(dtype);
 }
 
-/// GFLOP/s of the fastest of `reps` n x n x n products in `dtype` (one untimed warm-up): the
-/// fastest, not the median, so another process briefly on the cores does not decide it.
-inline double gemm_gflops(int64_t n, torch::Dtype dtype, int reps) {
+/// GFLOP/s of the fastest of `reps` n x n x n products `product(a, b)` of operands in `dtype`
+/// (one untimed warm-up): the fastest, not the median, so another process briefly on the cores
+/// does not decide it.
+template <class Product>
+double gemm_gflops(int64_t n, torch::Dtype dtype, int reps, Product product) {
   torch::NoGradGuard no_grad;
   auto a = probe_operand(n, dtype, 1), b = probe_operand(n, dtype, 2);
-  auto c = torch::mm(a, b);
+  auto c = product(a, b);
   std::vector<double> seconds;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    c = torch::mm(a, b);
+    c = product(a, b);
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * static_cast<double>(n * n * n) / std::max(*std::min_element(seconds.begin(), seconds.end()), 1e-9) /
          1e9;
+}
+
+/// The same for torch::mm: what a product in `dtype` runs at in this process.
+inline double gemm_gflops(int64_t n, torch::Dtype dtype, int reps) {
+  return gemm_gflops(n, dtype, reps, [](const torch::Tensor& a, const torch::Tensor& b) { return torch::mm(a, b); });
 }
 }  // namespace detail
 
