@@ -42,14 +42,11 @@ def trainer_ratio(a: Json, b: Json) -> dict:  # memopt's line over a peer's
 
 # ---- bf16_gemm ----
 def bf16_gemm_ratio(name: str, a: Json, b: Json) -> dict:  # one bf16_gemm configuration's line over another's
-    return {"suite": "bf16_gemm", "name": name, "impl": "ratio", "peer": "eager" if b.get("impl") == "pytorch" else "memopt",
-            "shape": a.get("name"), "tokens_per_s": round(a["tokens_per_s"] / b["tokens_per_s"], 3),
-            "tokens_per_s_best": round(b["step_ms_min"] / a["step_ms_min"], 3),
-            "peak_rss_mib": round(a["peak_rss_mib"] / b["peak_rss_mib"], 3),
-            **({"peak_tracked_mib": round(a["peak_tracked_mib"] / b["peak_tracked_mib"], 3)}
-               if a.get("peak_tracked_mib") and b.get("peak_tracked_mib") else {}),
-            "loss_last_diff": round(abs(a["loss_last"] - b["loss_last"]), 5),
-            "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
+    tracked = ({"peak_tracked_mib": a["peak_tracked_mib"] / b["peak_tracked_mib"]}
+               if a.get("peak_tracked_mib") and b.get("peak_tracked_mib") else {})
+    return {**trainer_ratio(a, b), "suite": "bf16_gemm", "name": name, "shape": a.get("name"),
+            "peer": "eager" if b.get("impl") == "pytorch" else "memopt", **tracked,
+            "loss_last_diff": abs(a["loss_last"] - b["loss_last"])}
 
 
 # ---- lora ----
