@@ -22,6 +22,17 @@ TEST_CASE("matmul_speed measures both dtypes once per process", "[machine]") {
   CHECK(&memopt::machine::matmul_speed() == &first);  // the same figures, not a second probe
 }
 
+TEST_CASE("a GEMM speed probe leaves the tracked peak where it was", "[machine][memory]") {
+  auto& tracker = memopt::memory::Tracker::instance();
+  REQUIRE(tracker.installed());
+  tracker.reset_peaks();
+  const int64_t peak = tracker.peak_bytes();
+  const int64_t allocations = tracker.snapshot().allocations;
+  CHECK(memopt::machine::detail::gemm_gflops(256, torch::kFloat32, 1) > 0);
+  CHECK(tracker.snapshot().allocations - allocations >= 3);  // it did allocate: operands and products
+  CHECK(tracker.peak_bytes() == peak);                       // 3 x 256 KiB at least, none of it a peak
+}
+
 TEST_CASE("choose_precision follows the measured ratio and says why", "[machine]") {
   const double ratio = memopt::machine::matmul_speed().bf16_over_fp32();
   const auto bf16 = memopt::machine::choose_precision(torch::kCPU, ratio * 0.5);  // bf16 clears the bar

@@ -16,6 +16,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "memopt/memory/tracker.hpp"
 #include "memopt/runtime.hpp"
 
 namespace memopt::machine {
@@ -37,9 +38,10 @@ inline torch::Tensor probe_operand(int64_t n, torch::Dtype dtype, uint64_t seed)
 
 /// GFLOP/s of the fastest of `reps` n x n x n products `product(a, b)` of operands in `dtype`
 /// (one untimed warm-up): the fastest, not the median, so another process briefly on the cores
-/// does not decide it.
+/// does not decide it. Its tensors stay out of the tracked peaks (memory::ExcludedFromPeaks).
 template <class Product>
 double gemm_gflops(int64_t n, torch::Dtype dtype, int reps, Product product) {
+  memory::ExcludedFromPeaks probe;
   torch::NoGradGuard no_grad;
   auto a = probe_operand(n, dtype, 1), b = probe_operand(n, dtype, 2);
   auto c = product(a, b);

@@ -62,6 +62,26 @@ TEST_CASE("reset_peaks starts a new window and phases keep their own peaks", "[m
   CHECK(snap.peak_bytes == base + (3 << 20));
   CHECK(tracker.phase() == Phase::kIdle);
 }
+TEST_CASE("ExcludedFromPeaks leaves no peak behind, but keeps what outlives it live", "[memory]") {
+  using memopt::memory::Phase;
+  auto& tracker = memopt::memory::Tracker::instance();
+  tracker.reset_peaks();
+  const int64_t base = tracker.live_bytes();
+  memopt::memory::PhaseScope fwd(Phase::kForward);
+  auto kept = torch::empty({1 << 20}, torch::kByte);  // 1 MiB before: the peak to keep
+  torch::Tensor outlives;
+  {
+    memopt::memory::ExcludedFromPeaks probe;
+    auto scratch = torch::empty({5 << 20}, torch::kByte);  // 5 MiB, freed inside
+    CHECK(tracker.peak_bytes() == base + (6 << 20));        // counted while it lives
+    outlives = torch::empty({2 << 20}, torch::kByte);       // 2 MiB, alive at the end
+  }
+  const auto snap = tracker.snapshot();
+  CHECK(snap.live_bytes == base + (3 << 20));
+  CHECK(snap.peak_bytes == base + (3 << 20));  // not base + 8 MiB: the live bytes, over the 1 MiB before
+  CHECK(snap.phase_peak_bytes[static_cast<int>(Phase::kForward)] == base + (3 << 20));
+  CHECK(snap.phase_peak_bytes[static_cast<int>(Phase::kBackward)] == 0);
+}
 TEST_CASE("checkpointing lowers the measured peak of an 8-block model at least 2x", "[memory][checkpoint]") {
   torch::manual_seed(0);
   memopt::models::Llama model(memopt::models::LlamaConfig()

@@ -140,6 +140,16 @@ class Tracker {
     phase_peak_[phase_.load()].store(live);
   }
 
+  /// Puts every peak back to what `before` (an earlier snapshot) saw, or to the live bytes where
+  /// they are higher now: what was allocated and freed in between leaves no peak behind. For
+  /// ExcludedFromPeaks; an allocation another thread made meanwhile is forgotten with the rest.
+  void restore_peaks(const Snapshot& before) {
+    const int64_t live = live_bytes();
+    peak_.store(std::max(before.peak_bytes, live));
+    for (int i = 0; i < kNumPhases; ++i) phase_peak_[i].store(before.phase_peak_bytes[i]);
+    raise(phase_peak_[phase_.load()], live);
+  }
+
   /// Makes every allocation that would take the live bytes over `bytes` fail with
   /// c10::OutOfMemoryError (0: no limit). The Trainer sets it around forward and backward.
   void set_limit(int64_t bytes) { limit_.store(bytes, std::memory_order_relaxed); }
@@ -264,6 +274,21 @@ class Tracker {
   std::atomic<detail::TimelineRing*> recording_{nullptr};
   mutable std::mutex timeline_mutex_;
   std::vector<std::unique_ptr<detail::TimelineRing>> rings_;  // kept: a thread may still hold an older one
+};
+
+/// Keeps a scope's allocations out of every peak the tracker reports: the library's own
+/// measurements (machine.hpp's GEMM speed probes, a few MiB at 512^3, run when a Trainer is
+/// built) are not the run's memory. Every tensor made in the scope must be freed by its end.
+///   { memopt::memory::ExcludedFromPeaks probe;  auto c = torch::mm(a, b); }
+class ExcludedFromPeaks {
+ public:
+  ExcludedFromPeaks() : before_(Tracker::instance().snapshot()) {}
+  ~ExcludedFromPeaks() { Tracker::instance().restore_peaks(before_); }
+  ExcludedFromPeaks(const ExcludedFromPeaks&) = delete;
+  ExcludedFromPeaks& operator=(const ExcludedFromPeaks&) = delete;
+
+ private:
+  Snapshot before_;
 };
 
 /// Sets the tracker's phase for a scope and restores the previous one.
