@@ -13,12 +13,13 @@ function(memopt_nested_generator var)
 endfunction()
 
 # memopt_write_nested_cache(<file> [CCACHE] [PREFIX_PATH <dir>...]): writes an initial cache
-# (cmake -C <file>) that gives a nested project a Release build with this build's compiler and
+# (cmake -C <file>) that gives a nested project a Release build with this build's flags, compiler and
 # dependencies (Torch_DIR, fmt_DIR, CMAKE_PREFIX_PATH after the PREFIX_PATH dirs), and ccache
 # as compiler launcher when asked for and found.
 function(memopt_write_nested_cache file)
   cmake_parse_arguments(PARSE_ARGV 1 arg "CCACHE" "" "PREFIX_PATH")
-  set(entries CMAKE_BUILD_TYPE Release CMAKE_CXX_COMPILER "${CMAKE_CXX_COMPILER}")
+  set(entries CMAKE_BUILD_TYPE Release CMAKE_CXX_FLAGS_RELEASE "${CMAKE_CXX_FLAGS_RELEASE}"
+              CMAKE_CXX_COMPILER "${CMAKE_CXX_COMPILER}")
   memopt_nested_generator(generator)
   if(generator STREQUAL "Ninja")
     if(CMAKE_GENERATOR MATCHES "^Ninja")
