@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include "bench_main.hpp"
+#include "profile.hpp"
 #include "memopt/memopt.hpp"
 #include "memopt/memory/estimator.hpp"
 
@@ -48,6 +49,7 @@ struct BenchConfig {
   std::string impl = "memopt";
   int64_t ffn = 0;  // SwiGLU width; 0: LlamaConfig's 8/3 rule
   std::string finetune = "full";
+  bool profile = false;  // one more step after the timed ones, under LibTorch's profiler
   int64_t lora_rank = 16;
   std::vector<std::string> lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
@@ -88,6 +90,7 @@ struct BenchResult {
   double loss_first = 0;             // the very first (warm-up) step's loss
   double loss_last = 0;
   int64_t estimated_peak = 0;        // memory::estimate's peak for the Trainer's policies (0: --impl hand)
+  std::optional<memopt::bench::StepProfile> profile;  // --profile: the step after the timed ones
 };
 
 /// Runs warmup + steps calls of `step` (which returns the step's loss), timing the last `steps`.
@@ -104,6 +107,7 @@ BenchResult time_steps(const BenchConfig& cfg, StepFn&& step) {
     std::cerr << "  " << cfg.name() << " [" << cfg.impl << "] step " << s << (s < cfg.warmup ? " (warm-up)" : "")
               << ": loss " << loss << ", " << seconds * 1e3 << " ms\n";
   }
+  if (cfg.profile) r.profile = memopt::bench::profile_step(step);  // untimed; its loss is not reported
   return r;
 }
 
@@ -114,7 +118,7 @@ BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model, co
   auto options = memopt::TrainerOptions()
                      .accum_steps(cfg.accum)
                      .decay(memopt::optim::Decay::kConstant)  // lr 3e-4 throughout, as the peer
-                     .max_steps(cfg.warmup + cfg.steps);
+                     .max_steps(cfg.warmup + cfg.steps + (cfg.profile ? 1 : 0));
   Trainer trainer(*model, options);
   LcgTokenLoader loader(cfg.micro, cfg.seq, cfg.vocab, cfg.seed);
   auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
@@ -185,6 +189,7 @@ int main(int argc, char** argv) {
   app.add_option("--lora_rank", cfg.lora_rank, "LoRA rank (alpha 2 x rank, no dropout)")->check(CLI::PositiveNumber);
   app.add_option("--lora_targets", cfg.lora_targets, "Linear layers to adapt, comma-separated, or all-linear")
       ->delimiter(',');
+  app.add_flag("--profile", cfg.profile, "profile one more step: the line's \"profile\" lists the top ops by self time");
   CLI11_PARSE(app, argc, argv);
   // Tracker and threads before any tensor or parallel work, for every --impl (the peer
   // sets its threads first too).
@@ -252,6 +257,14 @@ int main(int argc, char** argv) {
         {"lora_rank", cfg.finetune == "full" ? 0 : cfg.lora_rank},
         {"ffn", config.ffn_size()},
     };
+    // The peak scripts/bench divides by for the line's mfu: the model's widest GEMM, (B·T, C)·(C, ffn),
+    // in the precision it computes in, timed after the run (outside its tracked peak).
+    line["gemm_gflops"] = memopt::machine::gemm_gflops(cfg.micro * cfg.seq, cfg.dim, config.ffn_size(),
+                                                       cfg.precision == "fp32" ? torch::kFloat32 : torch::kBFloat16);
+    if (r.profile) {  // where the step's time went: the 15 ops of most self time
+      line["profile_wall_ms"] = r.profile->wall_ms;
+      line["profile"] = r.profile->top(15);
+    }
     if (r.estimated_peak > 0) line["estimated_peak_mib"] = memopt::memory::mib(r.estimated_peak);
     if (cfg.precision == "bf16")  // the kernel its CPU GEMMs ran (MEMOPT_BF16_GEMM, or measured)
       line["bf16_gemm"] = memopt::bf16_gemm::mode() == memopt::bf16_gemm::Mode::Native ? "native" : "fp32";

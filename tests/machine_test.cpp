@@ -1,6 +1,8 @@
 // tests/machine_test.cpp — memopt/machine.hpp: the GEMM probe and the precision it chooses.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <memopt/machine.hpp>
 
 TEST_CASE("cpu_kind names the best bf16 instructions /proc/cpuinfo reports", "[machine]") {
@@ -28,9 +30,24 @@ TEST_CASE("a GEMM speed probe leaves the tracked peak where it was", "[machine][
   tracker.reset_peaks();
   const int64_t peak = tracker.peak_bytes();
   const int64_t allocations = tracker.snapshot().allocations;
-  CHECK(memopt::machine::detail::gemm_gflops(256, torch::kFloat32, 1) > 0);
+  CHECK(memopt::machine::gemm_gflops(256, 128, 512, torch::kFloat32, 1) > 0);
   CHECK(tracker.snapshot().allocations - allocations >= 3);  // it did allocate: operands and products
-  CHECK(tracker.peak_bytes() == peak);                       // 3 x 256 KiB at least, none of it a peak
+  CHECK(tracker.peak_bytes() == peak);                       // 1.1 MiB at least, none of it a peak
+}
+
+TEST_CASE("gemm_gflops times the shape it is given", "[machine]") {
+  // Operands of the shapes asked for; one untimed warm-up, then `reps` timed products.
+  int calls = 0;
+  const auto count = [&calls](const torch::Tensor& a, const torch::Tensor& b) {
+    ++calls;
+    CHECK(a.sizes() == torch::IntArrayRef{64, 32});
+    CHECK(b.sizes() == torch::IntArrayRef{32, 16});
+    return torch::mm(a, b);
+  };
+  CHECK(memopt::machine::detail::gemm_gflops(64, 32, 16, torch::kFloat32, 4, count) > 0);
+  CHECK(calls == 5);  // one warm-up, then the 4 timed
+  const double r = memopt::machine::gemm_gflops(64, 32, 16, torch::kFloat32, 1);
+  CHECK(std::isfinite(r));
 }
 
 TEST_CASE("choose_precision follows the measured ratio and says why", "[machine]") {

@@ -32,11 +32,30 @@ def last_number(path: Path, key: str) -> str:
 
 
 # ---- trainer ----
+def model_flops_per_token(t: Json) -> float:
+    """A training step's model FLOPs per token for a trainer line: every weight but the input embedding (a
+    lookup) costs 2 FLOPs forward and 2 for the input's gradient, a trainable one 2 more for its own
+    gradient (LoRA's frozen base: 4, not 6); attention's QK^T and AV 12 x layers x seq x dim, the masked
+    half included (the math and SDPA paths compute it). Recomputation is not model work: not counted."""
+    matmul = t["params_m"] * 1e6 - t["vocab"] * t["dim"]
+    trainable = min(t["trainable_m"] * 1e6, matmul)
+    return 4 * matmul + 2 * trainable + 12 * t["layers"] * t["seq"] * t["dim"]
+
+
+def with_mfu(raw: str) -> dict:
+    """memopt_bench_trainer's or trainer_peer.py's line with `model_flops_per_token` and `mfu`: model FLOPs a
+    second over its `gemm_gflops`, the model's widest GEMM timed in the same process and precision."""
+    t = json.loads(raw)
+    flops = model_flops_per_token(t)
+    return {**t, "model_flops_per_token": flops, "mfu": round(flops * t["tokens_per_s"] / (t["gemm_gflops"] * 1e9), 4)}
+
+
 def trainer_ratio(a: Json, b: Json) -> dict:  # memopt's line over a peer's
     return {"name": a.get("name"), "impl": "ratio", "peer": "compile" if b.get("impl") == "pytorch_compile" else "eager",
             "tokens_per_s": a["tokens_per_s"] / b["tokens_per_s"],
             "peak_rss_mib": a["peak_rss_mib"] / b["peak_rss_mib"],
             "tokens_per_s_best": b["step_ms_min"] / a["step_ms_min"],
+            **({"mfu": a["mfu"], "peer_mfu": b.get("mfu")} if "mfu" in a else {}),
             "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
 
 

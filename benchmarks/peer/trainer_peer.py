@@ -69,6 +69,21 @@ def cpu_flags():
     return " ".join(found) or "none"
 
 
+def gemm_gflops(m, k, n, dtype, reps=3):
+    """GFLOP/s of the fastest of `reps` (m x k)·(k x n) torch.mm in `dtype` (one untimed warm-up):
+    memopt::machine::gemm_gflops's measurement."""
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(m, k, generator=g).to(dtype), torch.randn(k, n, generator=g).to(dtype)
+    with torch.no_grad():
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+    return 2.0 * m * k * n / max(best, 1e-9) / 1e9
+
+
 def ffn_size(dim):
     """memopt::models::LlamaConfig::ffn_size(): 8/3 · dim rounded up to a multiple of 64."""
     raw = (8 * dim + 2) // 3
@@ -320,6 +335,9 @@ def main():
 
     step_s = sum(times) / len(times)
     tokens_per_step = args.micro * args.accum * args.seq
+    # The peak scripts/bench divides by for the line's mfu, as memopt_bench_trainer measures it.
+    gemm = gemm_gflops(args.micro * args.seq, args.dim, ffn_size(args.dim) if args.ffn == 0 else args.ffn,
+                       torch.bfloat16 if bf16 else torch.float32)
     line = {
         "name": name,
         "impl": impl,
@@ -348,6 +366,7 @@ def main():
         "recompute": args.recompute,
         "threads": torch.get_num_threads(),
         "ranks": world,
+        "gemm_gflops": gemm,
         "load_avg_1m": os.getloadavg()[0],  # other work on the machine skews the timings
     }
     if args.finetune != "full":

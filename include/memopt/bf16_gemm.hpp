@@ -186,7 +186,7 @@ inline void install() {
 
 /// GFLOP/s of the widened product at n^3 (machine.hpp's probe, the widened kernel called directly).
 inline double widened_gflops(int64_t n, int reps) {
-  return machine::detail::gemm_gflops(n, torch::kBFloat16, reps, [](const at::Tensor& a, const at::Tensor& b) {
+  return machine::detail::gemm_gflops(n, n, n, torch::kBFloat16, reps, [](const at::Tensor& a, const at::Tensor& b) {
     return widened_addmm(at::Tensor(), a, b, 0, 1);
   });
 }

@@ -30,20 +30,20 @@ struct MatmulSpeed {
 };
 
 namespace detail {
-/// An n x n operand of normal values for a speed probe, drawn from a generator of its own: a
+/// A rows x cols operand of normal values for a speed probe, drawn from a generator of its own: a
 /// probe never moves the global RNG (a Trainer probes when built, after the user's seed).
-inline torch::Tensor probe_operand(int64_t n, torch::Dtype dtype, uint64_t seed) {
-  return torch::randn({n, n}, at::detail::createCPUGenerator(seed)).to(dtype);
+inline torch::Tensor probe_operand(int64_t rows, int64_t cols, torch::Dtype dtype, uint64_t seed) {
+  return torch::randn({rows, cols}, at::detail::createCPUGenerator(seed)).to(dtype);
 }
 
-/// GFLOP/s of the fastest of `reps` n x n x n products `product(a, b)` of operands in `dtype`
-/// (one untimed warm-up): the fastest, not the median, so another process briefly on the cores
-/// does not decide it. Its tensors stay out of the tracked peaks (memory::ExcludedFromPeaks).
+/// GFLOP/s of the fastest of `reps` (m x k)·(k x n) products `product(a, b)` of operands in
+/// `dtype` (one untimed warm-up): the fastest, not the median, so another process briefly on the
+/// cores does not decide it. Its tensors stay out of the tracked peaks (memory::ExcludedFromPeaks).
 template <class Product>
-double gemm_gflops(int64_t n, torch::Dtype dtype, int reps, Product product) {
+double gemm_gflops(int64_t m, int64_t k, int64_t n, torch::Dtype dtype, int reps, Product product) {
   memory::ExcludedFromPeaks probe;
   torch::NoGradGuard no_grad;
-  auto a = probe_operand(n, dtype, 1), b = probe_operand(n, dtype, 2);
+  auto a = probe_operand(m, k, dtype, 1), b = probe_operand(k, n, dtype, 2);
   auto c = product(a, b);
   std::vector<double> seconds;
   for (int i = 0; i < reps; ++i) {
@@ -51,15 +51,18 @@ double gemm_gflops(int64_t n, torch::Dtype dtype, int reps, Product product) {
     c = product(a, b);
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  return 2.0 * static_cast<double>(n * n * n) / std::max(*std::min_element(seconds.begin(), seconds.end()), 1e-9) /
+  return 2.0 * static_cast<double>(m * k * n) / std::max(*std::min_element(seconds.begin(), seconds.end()), 1e-9) /
          1e9;
 }
-
-/// The same for torch::mm: what a product in `dtype` runs at in this process.
-inline double gemm_gflops(int64_t n, torch::Dtype dtype, int reps) {
-  return gemm_gflops(n, dtype, reps, [](const torch::Tensor& a, const torch::Tensor& b) { return torch::mm(a, b); });
-}
 }  // namespace detail
+
+/// GFLOP/s of an (m x k)·(k x n) torch::mm in `dtype` at this process's thread count, the
+/// fastest of `reps`: what a model's GEMM of that shape runs at here (the peak an MFU divides by;
+/// a bf16 product on the CPU runs the kernel memopt::bf16_gemm chose, once it is enabled).
+inline double gemm_gflops(int64_t m, int64_t k, int64_t n, torch::Dtype dtype, int reps = 3) {
+  return detail::gemm_gflops(m, k, n, dtype, reps,
+                             [](const torch::Tensor& a, const torch::Tensor& b) { return torch::mm(a, b); });
+}
 
 /// Measures fp32 and bf16 GEMM speed (512^3, fastest of 5; ~0.1 s, ~0.5 s where bf16 is slow).
 /// The first call measures; later calls return the same figures.
@@ -68,8 +71,8 @@ inline const MatmulSpeed& matmul_speed() {
     MatmulSpeed s;
     s.size = 512;
     s.threads = at::get_num_threads();
-    s.fp32_gflops = detail::gemm_gflops(s.size, torch::kFloat32, 5);
-    s.bf16_gflops = detail::gemm_gflops(s.size, torch::kBFloat16, 5);
+    s.fp32_gflops = gemm_gflops(s.size, s.size, s.size, torch::kFloat32, 5);
+    s.bf16_gflops = gemm_gflops(s.size, s.size, s.size, torch::kBFloat16, 5);
     return s;
   }();
   return speed;

@@ -24,7 +24,7 @@ assert R.parse(["-h", "--bogus"]).help
 for bad, usage in ((["--bogus"], True), (["bogus"], False), (["-"], True), ([""], False)):
     try: R.parse(bad); raise SystemExit("no error")
     except R.BadArguments as e: assert e.show_usage == usage, bad
-assert list(SUITES) == "trainer bf16_gemm distill distill_quality adamw8bit lora attention stack allocator moe moe_budget moe_quality gritlm gritlm_quality estimator planner data tokenizer dist collectives load".split()
+assert list(SUITES) == "trainer bf16_gemm profile distill distill_quality adamw8bit lora attention stack allocator moe moe_budget moe_quality gritlm gritlm_quality estimator planner data tokenizer dist collectives load".split()
 
 # annotation (jq's //=): appended when missing, null or false; kept otherwise; non-objects unchanged
 a = core.annotate
@@ -69,8 +69,9 @@ assert [o["name"] for o in out] == ["dist_speedup", "loss_curve"] and out[0]["ro
 # a suite's steps against canned process results (no process runs): failures, kept lines, derived lines
 printed = []
 ctx = core.Context(root=ROOT, python="py", quick=True, dry_run=False, emit_line=printed.append)
-canned = {"memopt": (0, '{"name":"n","impl":"memopt","tokens_per_s":2,"peak_rss_mib":4,"step_ms_min":1,"step_ms":3}'),
-          "pytorch": (0, '{"name":"n","impl":"pytorch","tokens_per_s":1,"peak_rss_mib":8,"step_ms_min":2,"step_ms":6}'),
+shape = '"params_m":3.0,"trainable_m":3.0,"vocab":1000,"dim":1000,"layers":2,"seq":100,"gemm_gflops":100'
+canned = {"memopt": (0, '{"name":"n","impl":"memopt","tokens_per_s":2000,"peak_rss_mib":4,"step_ms_min":1,"step_ms":3,' + shape + '}'),
+          "pytorch": (0, '{"name":"n","impl":"pytorch","tokens_per_s":1000,"peak_rss_mib":8,"step_ms_min":2,"step_ms":6,' + shape + '}'),
           "pytorch_compile": (1, ""), "hand": (0, "not json")}
 def fake_call(cmd, env=None, stdout="last"):
     impl = "pytorch_compile" if "--compile" in cmd else "pytorch" if cmd[0] == "py" else cmd[cmd.index("--impl") + 1]
@@ -81,6 +82,12 @@ with contextlib.redirect_stderr(io.StringIO()) as err:
     ST.run_steps(ctx, steps)
 assert ctx.failures == 2, ctx.failures  # compile exited 1, hand printed no JSON
 assert [json.loads(l)["impl"] for l in printed] == ["memopt", "pytorch", "ratio"], printed
+# mfu: 2 M weights past the 1 M-entry embedding, all trainable (6 FLOPs each) + attention 12 x 2 x 100 x 1000
+# = 14.4 MFLOP a token; at 2000 tokens/s over a 100 GFLOP/s GEMM: 0.288 (the peer at half the rate 0.144)
+got = [json.loads(l) for l in printed]
+assert got[0]["model_flops_per_token"] == 14.4e6 and got[0]["mfu"] == 0.288 and got[1]["mfu"] == 0.144, got
+assert (got[2]["mfu"], got[2]["peer_mfu"]) == (0.288, 0.144), got[2]
+assert L.model_flops_per_token({**got[0], "trainable_m": 0.5}) == 4 * 2e6 + 2 * 0.5e6 + 2.4e6  # LoRA: a frozen base
 assert "error: pytorch_compile --layers 4" in err.getvalue() and "error: hand --layers 4" in err.getvalue()
 assert "memopt: load average " in err.getvalue()
 print("all unit checks passed")

@@ -11,6 +11,7 @@ from . import data, dist, gritlm, kernels, load, lora, moe, training
 SUITES: dict[str, Callable[[Context], list[Step]]] = {
     "trainer": training.trainer,
     "bf16_gemm": training.bf16_gemm,
+    "profile": training.profile,
     "distill": training.distill,
     "distill_quality": training.distill_quality,
     "adamw8bit": training.adamw8bit,

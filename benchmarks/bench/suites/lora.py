@@ -39,7 +39,7 @@ def lora_run(ctx: Context, impl: str, shape: str, finetune: str, args: list[str]
     cmd = ([ctx.bench("memopt_bench_trainer"), *flags] if impl == "memopt"
            else [ctx.python, ctx.script("benchmarks/peer/trainer_peer.py"), *flags])
     return Run(cmd, key=f"{shape}/{finetune}/{impl}", log=f"lora {shape} {finetune} {impl}: load average {LOAD}",
-               error=f"error: lora {shape} {finetune} {impl} failed")
+               error=f"error: lora {shape} {finetune} {impl} failed", line=L.with_mfu, made="with mfu")
 
 
 def lora(ctx: Context) -> list[Step]:

@@ -6,6 +6,7 @@ from functools import partial
 from .. import lines as L
 from ..core import LOAD, Context
 from ..steps import Build, Corpus, Derive, Files, Log, Run, Step
+from .lora import fastest_precision
 
 # ---- suite: trainer ----
 # Per configuration: memopt's line, the peer's, their ratio (tokens_per_s from the mean step,
@@ -36,7 +37,7 @@ def trainer_run(ctx: Context, impl: str, config: str, args: list[str]) -> Run:
     else:
         cmd = [ctx.bench("memopt_bench_trainer"), "--impl", impl, *args]
     return Run(cmd, key=f"{config}/{impl}", log=f"{impl}: load average {LOAD} before the run",
-               error=f"error: {impl} {' '.join(args)} failed")
+               error=f"error: {impl} {' '.join(args)} failed", line=L.with_mfu, made="with mfu")
 
 
 def trainer(ctx: Context) -> list[Step]:
@@ -92,6 +93,24 @@ def bf16_gemm(ctx: Context) -> list[Step]:
         steps += [Log(f"bf16_gemm {key}: {impl} {precision}" + (f", MEMOPT_BF16_GEMM={mode}" if mode else "")), run]
     steps += [Derive(["widened", other], partial(L.bf16_gemm_ratio, f"widened_vs_{other}"), f"ratio widened / {other}")
               for other in ("native", "pytorch", "fp32")]
+    return steps
+
+
+# ---- suite: profile ----
+# Where a Trainer step's time goes: memopt_bench_trainer --profile on the trainer suite's two shapes
+# (micro-batch 8 x accum 2, no recompute) in fp32 and in the precision `auto` picks here (one run where
+# that is fp32): after the timed steps, one more under LibTorch's profiler; the line's "profile" holds
+# its 15 ops of most self time, each with its share of that step's wall time, next to the line's mfu.
+# ~2 min on an idle 2-core machine (--quick: seconds).
+def profile(ctx: Context) -> list[Step]:
+    steps: list[Step] = [Build(["memopt_bench_trainer"])]
+    for size, shape in TRAINER_SHAPES.items():
+        for precision in dict.fromkeys(("fp32", fastest_precision())):
+            args = f"{shape} --precision {precision} --recompute none --profile"
+            args = (args.replace("--micro 8", "--micro 2", 1) + " --warmup 0 --steps 1" if ctx.quick
+                    else args + " --warmup 1 --steps 1")
+            steps += [Log(f"profile {size} {precision}: {args}"),
+                      trainer_run(ctx, "memopt", f"profile/{size}-{precision}", args.split())]
     return steps
 
 
