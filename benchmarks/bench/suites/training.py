@@ -28,6 +28,11 @@ TRAINER_STEPS = {
 TRAINER_PEERS = ("pytorch", "pytorch_compile")  # PyTorch 2.x eager, then torch.compile (inductor)
 
 
+def smoke(args: str) -> str:
+    """--quick's size of a trainer-shape command line: one step of 2 x 2 rows, no warm-up."""
+    return args.replace("--micro 8", "--micro 2", 1) + " --warmup 0 --steps 1"
+
+
 def trainer_run(ctx: Context, impl: str, config: str, args: list[str]) -> Run:
     peer = ctx.script("benchmarks/peer/trainer_peer.py")
     if impl == "pytorch":
@@ -47,7 +52,7 @@ def trainer(ctx: Context) -> list[Step]:
             for recompute in ("none", "every"):
                 args = f"{shape} --precision {precision} --recompute {recompute}"
                 if ctx.quick:  # smoke test: every configuration runs, one step of 2 × 2 rows, no warm-up
-                    args = args.replace("--micro 8", "--micro 2", 1) + " --warmup 0 --steps 1"
+                    args = smoke(args)
                 else:
                     args += f" --warmup 1 --steps {TRAINER_STEPS[f'{size}-{precision}']}"
                 config = f"{size}-{precision}-{recompute}"
@@ -83,7 +88,7 @@ BF16_GEMM_RUNS = {  # key: (impl, precision, MEMOPT_BF16_GEMM)
 def bf16_gemm(ctx: Context) -> list[Step]:
     shape = TRAINER_SHAPES["small"]
     if ctx.quick:
-        shape = shape.replace("--micro 8", "--micro 2", 1) + " --warmup 0 --steps 1"
+        shape = smoke(shape)
     else:
         shape += " --warmup 1 --steps 2"
     steps: list[Step] = [Build(["memopt_bench_trainer"])]
@@ -107,8 +112,7 @@ def profile(ctx: Context) -> list[Step]:
     for size, shape in TRAINER_SHAPES.items():
         for precision in dict.fromkeys(("fp32", fastest_precision())):
             args = f"{shape} --precision {precision} --recompute none --profile"
-            args = (args.replace("--micro 8", "--micro 2", 1) + " --warmup 0 --steps 1" if ctx.quick
-                    else args + " --warmup 1 --steps 1")
+            args = smoke(args) if ctx.quick else args + " --warmup 1 --steps 1"
             steps += [Log(f"profile {size} {precision}: {args}"),
                       trainer_run(ctx, "memopt", f"profile/{size}-{precision}", args.split())]
     return steps
