@@ -47,6 +47,7 @@ struct BenchConfig {
   std::string precision = "fp32";
   std::string recompute = "none";
   std::string impl = "memopt";
+  std::string attention = "auto";  // the model's AttentionKind (nn/attention_kernels.hpp)
   int64_t ffn = 0;  // SwiGLU width; 0: LlamaConfig's 8/3 rule
   std::string finetune = "full";
   bool profile = false;  // one more step after the timed ones, under LibTorch's profiler
@@ -189,6 +190,8 @@ int main(int argc, char** argv) {
   app.add_option("--lora_rank", cfg.lora_rank, "LoRA rank (alpha 2 x rank, no dropout)")->check(CLI::PositiveNumber);
   app.add_option("--lora_targets", cfg.lora_targets, "Linear layers to adapt, comma-separated, or all-linear")
       ->delimiter(',');
+  app.add_option("--attention", cfg.attention, "math | blockwise | sdpa | auto (the faster of blockwise and sdpa on "
+                 "each shape, measured)")->capture_default_str();
   app.add_flag("--profile", cfg.profile, "profile one more step: the line's \"profile\" lists the top ops by self time");
   CLI11_PARSE(app, argc, argv);
   // Tracker and threads before any tensor or parallel work, for every --impl (the peer
@@ -204,6 +207,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(static_cast<int64_t>(cfg.seed));
     auto config = memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq);
     if (cfg.ffn > 0) config.intermediate_size(cfg.ffn);
+    config.attention_kind(memopt::nn::parse_attention_kind(cfg.attention, "memopt_bench_trainer: --attention"));
     memopt::models::Llama model{nullptr};
     {
       std::optional<memopt::nn::QuantizeOnInit> nf4;  // qlora: each Linear weight NF4 once it exists
@@ -256,7 +260,13 @@ int main(int argc, char** argv) {
         {"finetune", cfg.finetune},
         {"lora_rank", cfg.finetune == "full" ? 0 : cfg.lora_rank},
         {"ffn", config.ffn_size()},
+        {"attention", cfg.attention},
     };
+    for (const auto& [shape, choice] : memopt::nn::attention_choices())  // what auto measured, per shape
+      line["attention_choices"].push_back({{"shape", shape.str()},
+                                           {"kind", memopt::nn::attention_kind_name(choice.kind)},
+                                           {"sdpa_ms", choice.sdpa.ms},
+                                           {"blockwise_ms", choice.blockwise.ms}});
     // The peak scripts/bench divides by for the line's mfu: the model's widest GEMM, (B·T, C)·(C, ffn),
     // in the precision it computes in, timed after the run (outside its tracked peak).
     line["gemm_gflops"] = memopt::machine::gemm_gflops(cfg.micro * cfg.seq, cfg.dim, config.ffn_size(),

@@ -1,6 +1,6 @@
 // examples/common/memory_flags.hpp — the memory levers every example spells alike, besides the
 // policies (policy_flags.hpp):
-//   --attention math|blockwise|sdpa   which attention the model runs (memopt/nn/attention.hpp)
+//   --attention math|blockwise|sdpa|auto   which attention the model runs (memopt/nn/attention.hpp)
 //   --release_cache_every N           every N steps, on every rank (after a barrier when data
 //                                     parallel), give freed memory back: malloc_trim on CPU, the
 //                                     CUDA caching allocator's cache in CUDA builds (0: never)
@@ -30,7 +30,8 @@ struct MemoryFlags {
     release_cache_every = release_default;
     app.add_option("--attention", attention,
                    "math: (B, H, T, T) scores, dropout allowed | blockwise: memory linear in T | sdpa: LibTorch's "
-                   "scaled_dot_product_attention (its flash / memory-efficient kernels where they apply)")
+                   "scaled_dot_product_attention (its flash / memory-efficient kernels where they apply) | auto: "
+                   "the faster of blockwise and sdpa on each shape, measured on its first step")
         ->capture_default_str();
     app.add_option("--release_cache_every", release_cache_every,
                    "steps between releases of freed memory on every rank (malloc_trim; CUDA builds: "
@@ -49,12 +50,7 @@ struct MemoryFlags {
 
   /// --attention as the model's AttentionKind; an error naming `who` and the value otherwise.
   memopt::nn::AttentionKind attention_kind(const char* who) const {
-    if (attention == "math") return memopt::nn::AttentionKind::kMath;
-    if (attention == "blockwise") return memopt::nn::AttentionKind::kBlockwise;
-    TORCH_CHECK(attention == "sdpa", who, ": --attention must be math, blockwise or sdpa (got '", attention,
-                "'). HINT: sdpa is flash attention's counterpart (memory linear in the sequence length); math is the "
-                "only one with attention dropout");
-    return memopt::nn::AttentionKind::kSdpa;
+    return memopt::nn::parse_attention_kind(attention, std::string(who) + ": --attention");
   }
 
   /// Both flags' values, checked before any data is read: an error naming `who` and the value.

@@ -54,7 +54,8 @@ struct LlamaConfig {
   TORCH_ARG(bool, causal) = true;
   /// Standard deviation of the normal init of linear and embedding weights.
   TORCH_ARG(double, initializer_range) = 0.02;
-  /// kSdpa (LibTorch's SDPA, its CPU flash kernel) or kBlockwise (memopt's; needs dropout 0):
+  /// kSdpa (LibTorch's SDPA, its CPU flash kernel), kBlockwise (memopt's; needs dropout 0) or
+  /// kAuto (the faster of the two on each shape, measured; nn/attention_choice.hpp):
   /// memory-efficient attention, no (T, T) scores. A runtime choice: not part of config.json.
   TORCH_ARG(nn::AttentionKind, attention_kind) = nn::AttentionKind::kMath;
   /// Query and key block of the blockwise attention; 0: nn::kAttentionQBlock / kAttentionKvBlock.
