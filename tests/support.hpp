@@ -22,6 +22,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 namespace memopt::test {
@@ -217,5 +219,33 @@ pq.write_table(pa.table(columns), s["path"], row_group_size=s["row_group_size"])
   }
 }
 #endif  // MEMOPT_TEST_PYTHON
+
+// Counts, while alive, the calls of aten::_local_scalar_dense on every thread: what item() and a
+// tensor's bool conversion run, a host sync when the tensor is on a GPU. (A global RecordFunction
+// callback; one counter at a time.)
+//   { HostReads reads;  step();  CHECK(reads.count() == 1); }
+class HostReads {
+ public:
+  HostReads() {
+    counter() = 0;
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&HostReads::on_start).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~HostReads() { at::removeCallback(handle_); }
+  HostReads(const HostReads&) = delete;
+  HostReads& operator=(const HostReads&) = delete;
+  int64_t count() const { return counter().load(); }
+
+ private:
+  static std::atomic<int64_t>& counter() {
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    if (std::string_view(fn.name()) == "aten::_local_scalar_dense") ++counter();
+    return nullptr;
+  }
+  at::CallbackHandle handle_ = 0;
+};
 
 }  // namespace memopt::test

@@ -35,11 +35,14 @@ def last_number(path: Path, key: str) -> str:
 def model_flops_per_token(t: Json) -> float:
     """A training step's model FLOPs per token for a trainer line: every weight but the input embedding (a
     lookup) costs 2 FLOPs forward and 2 for the input's gradient, a trainable one 2 more for its own
-    gradient (LoRA's frozen base: 4, not 6); attention's QK^T and AV 12 x layers x seq x dim, the masked
-    half included (the math and SDPA paths compute it). Recomputation is not model work: not counted."""
+    gradient (LoRA's frozen base: 4, not 6); attention's QK^T and AV 12 x layers x seq x dim, halved for the
+    causal mask where the kernel skips the masked blocks: SDPA's flash kernel (the peer's) and memopt's
+    sdpa, blockwise and auto; the math path computes them all (memopt lines from before --attention ran
+    it). Recomputation is not model work: not counted."""
     matmul = t["params_m"] * 1e6 - t["vocab"] * t["dim"]
     trainable = min(t["trainable_m"] * 1e6, matmul)
-    return 4 * matmul + 2 * trainable + 12 * t["layers"] * t["seq"] * t["dim"]
+    attention = t.get("attention") or ("math" if t.get("impl") in ("memopt", "hand") else "sdpa")
+    return 4 * matmul + 2 * trainable + 12 * t["layers"] * t["seq"] * t["dim"] * (1 if attention == "math" else 0.5)
 
 
 def with_mfu(raw: str) -> dict:
@@ -56,6 +59,15 @@ def trainer_ratio(a: Json, b: Json) -> dict:  # memopt's line over a peer's
             "peak_rss_mib": a["peak_rss_mib"] / b["peak_rss_mib"],
             "tokens_per_s_best": b["step_ms_min"] / a["step_ms_min"],
             **({"mfu": a["mfu"], "peer_mfu": b.get("mfu")} if "mfu" in a else {}),
+            "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
+
+
+def attention_kind_ratio(a: Json, b: Json) -> dict:  # a memopt line over the same run with another --attention
+    return {"name": a.get("name"), "impl": f"ratio_attention_{a.get('attention')}_to_{b.get('attention')}",
+            "tokens_per_s": a["tokens_per_s"] / b["tokens_per_s"],
+            "peak_tracked_mib": a["peak_tracked_mib"] / b["peak_tracked_mib"],
+            "peak_rss_mib": a["peak_rss_mib"] / b["peak_rss_mib"],
+            "loss_last_diff": abs(a["loss_last"] - b["loss_last"]),
             "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
 
 

@@ -83,11 +83,15 @@ with contextlib.redirect_stderr(io.StringIO()) as err:
 assert ctx.failures == 2, ctx.failures  # compile exited 1, hand printed no JSON
 assert [json.loads(l)["impl"] for l in printed] == ["memopt", "pytorch", "ratio"], printed
 # mfu: 2 M weights past the 1 M-entry embedding, all trainable (6 FLOPs each) + attention 12 x 2 x 100 x 1000
-# = 14.4 MFLOP a token; at 2000 tokens/s over a 100 GFLOP/s GEMM: 0.288 (the peer at half the rate 0.144)
+# = 14.4 MFLOP a token (a memopt line without "attention": the math path, every masked score computed); at
+# 2000 tokens/s over a 100 GFLOP/s GEMM: 0.288. The peer's SDPA skips the masked half: 13.2 MFLOP, at half
+# the rate 0.132.
 got = [json.loads(l) for l in printed]
-assert got[0]["model_flops_per_token"] == 14.4e6 and got[0]["mfu"] == 0.288 and got[1]["mfu"] == 0.144, got
-assert (got[2]["mfu"], got[2]["peer_mfu"]) == (0.288, 0.144), got[2]
+assert got[0]["model_flops_per_token"] == 14.4e6 and got[0]["mfu"] == 0.288 and got[1]["mfu"] == 0.132, got
+assert (got[2]["mfu"], got[2]["peer_mfu"]) == (0.288, 0.132), got[2]
 assert L.model_flops_per_token({**got[0], "trainable_m": 0.5}) == 4 * 2e6 + 2 * 0.5e6 + 2.4e6  # LoRA: a frozen base
+for kind, attention in (("math", 2.4e6), ("sdpa", 1.2e6), ("blockwise", 1.2e6), ("auto", 1.2e6)):
+    assert L.model_flops_per_token({**got[0], "attention": kind}) == 12e6 + attention, kind
 assert "error: pytorch_compile --layers 4" in err.getvalue() and "error: hand --layers 4" in err.getvalue()
 assert "memopt: load average " in err.getvalue()
 print("all unit checks passed")
@@ -182,6 +186,16 @@ assert not g.current()
 (tmp / "ckpt" / LD.STAMP).write_text("--vocab 8\n")
 assert g.current() and not LD.GenerateCheckpoint(tmp / "ckpt", ["--vocab", "9"]).current()
 print("more unit checks passed")
+
+# ---- every Derive reads lines its suite's Runs make (a key that no Run makes drops the ratio silently) ----
+for quick in (False, True):
+    c = core.Context(root=ROOT, python="py", quick=quick, dry_run=True, emit_line=lambda _: None)
+    for name, suite in SUITES.items():
+        suite_steps = suite(c)
+        made = {s.key for s in suite_steps if isinstance(s, ST.Run)}
+        for s in suite_steps:
+            if isinstance(s, ST.Derive):
+                assert set(s.keys) <= made, (name, quick, s.what, sorted(set(s.keys) - made))
 
 # ---- every suite's --dry-run, full and --quick: prints commands, exits 0 ----
 for extra in ([], ["--quick"]):

@@ -111,6 +111,21 @@ TEST_CASE("attention_blockwise in bf16 stays within the bf16 math path's own err
   }
 }
 
+TEST_CASE("attention_blockwise with key padding reads its block flags without item()", "[attention]") {
+  // Two item() per key block would be two host syncs per block on a GPU; it copies them all at once.
+  const Case c{.name = "causal, padded, 5 key blocks", .T = 80, .causal = true, .padded = true, .kv_block = 16};
+  const auto in = make_inputs(c, torch::kFloat);
+  {
+    memopt::test::HostReads probe;
+    (void)torch::ones({}).item<float>();
+    REQUIRE(probe.count() == 1);  // the counter sees item()
+  }
+  memopt::test::HostReads reads;
+  const auto got = run(c, in, Path::kBlockwise, torch::kFloat);
+  CHECK(reads.count() == 0);
+  check_close(got, run(c, in, Path::kMath, torch::kFloat), kFp32Atol, c.name);
+}
+
 TEST_CASE("attention_blockwise runs under NoGradGuard and InferenceMode", "[attention]") {
   // Long enough for several parallel tasks: the worker threads must see the caller's mode.
   const Case c{.name = "no grad", .B = 1, .H = 4, .KV = 2, .T = 300, .D = 16, .causal = true, .q_block = 32,

@@ -106,15 +106,22 @@ def bf16_gemm(ctx: Context) -> list[Step]:
 # (micro-batch 8 x accum 2, no recompute) in fp32 and in the precision `auto` picks here (one run where
 # that is fp32): after the timed steps, one more under LibTorch's profiler; the line's "profile" holds
 # its 15 ops of most self time, each with its share of that step's wall time, next to the line's mfu.
-# ~2 min on an idle 2-core machine (--quick: seconds).
+# Each runs with --attention auto (the default: SDPA or blockwise, measured) and again with the math
+# path (the (T, T) scores) for the before/after, next to PyTorch eager on the same machine; ratio
+# lines auto / math and auto / eager. ~6 min on an idle 2-core machine (--quick: seconds).
 def profile(ctx: Context) -> list[Step]:
     steps: list[Step] = [Build(["memopt_bench_trainer"])]
     for size, shape in TRAINER_SHAPES.items():
         for precision in dict.fromkeys(("fp32", fastest_precision())):
-            args = f"{shape} --precision {precision} --recompute none --profile"
-            args = smoke(args) if ctx.quick else args + " --warmup 1 --steps 1"
-            steps += [Log(f"profile {size} {precision}: {args}"),
-                      trainer_run(ctx, "memopt", f"profile/{size}-{precision}", args.split())]
+            args = f"{shape} --precision {precision} --recompute none"
+            args = smoke(args) if ctx.quick else args + " --warmup 1 --steps 2"
+            key = f"profile/{size}-{precision}"
+            steps += [Log(f"profile {size} {precision}: {args} --profile (attention auto, then math)"),
+                      trainer_run(ctx, "memopt", key, [*args.split(), "--profile"]),
+                      trainer_run(ctx, "memopt", f"{key}-math", [*args.split(), "--profile", "--attention", "math"]),
+                      trainer_run(ctx, "pytorch", key, args.split()),
+                      Derive([f"{key}/memopt", f"{key}-math/memopt"], L.attention_kind_ratio, "ratio attention auto / math"),
+                      Derive([f"{key}/memopt", f"{key}/pytorch"], L.trainer_ratio, "ratio memopt / eager")]
     return steps
 
 

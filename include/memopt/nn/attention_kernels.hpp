@@ -160,10 +160,18 @@ struct BlockwisePlan {
       : B(B), H(H), KV(KV), G(H / KV), Tq(Tq), Tk(Tk), D(D), q_block(q_block), kv_block(kv_block), causal(causal) {
     if (!mask) return;
     key_blocked = mask->logical_not();  // (B, Tk)
+    std::vector<torch::Tensor> flags;   // per key block: any padded, all padded
     for (int64_t j0 = 0; j0 < Tk; j0 += kv_block) {
       const auto block = key_blocked.narrow(1, j0, std::min(kv_block, Tk - j0));
-      kv_has_pad.push_back(block.any().item<bool>());
-      kv_all_pad.push_back(block.all().item<bool>());
+      flags.push_back(block.any());
+      flags.push_back(block.all());
+    }
+    // One read of the device for every block (a GPU's one host sync), not two per block.
+    const auto host = torch::stack(flags).to(torch::kCPU);  // (2 · blocks,)
+    const bool* f = host.data_ptr<bool>();
+    for (int64_t b = 0; b < host.numel(); b += 2) {
+      kv_has_pad.push_back(f[b]);
+      kv_all_pad.push_back(f[b + 1]);
     }
   }
 
