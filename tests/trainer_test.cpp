@@ -69,6 +69,55 @@ TEST_CASE("bad Trainer options fail with the option, the value and a HINT", "[tr
                                                                            Catch::Contains("HINT"));
 }
 
+namespace {
+
+// Host reads during one step of a tiny LLaMA with the chunked loss over `micro` (one loader
+// batch per micro-batch), under accumulation policy Accum.
+template <class Accum>
+int64_t host_reads_per_step(const std::vector<Batch>& micro, memopt::TrainerOptions options) {
+  torch::manual_seed(3);
+  memopt::models::Llama model(tiny_llama(0.0).loss_chunk_size(8));
+  memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Fp32, Accum> trainer(*model, options);
+  ListLoader loader{micro};
+  auto loss_fn = [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
+  trainer.step(loader, loss_fn);  // warm-up: first-call work stays out of the count
+  memopt::test::HostReads reads;
+  const auto stats = trainer.step(loader, loss_fn);
+  REQUIRE(stats.stepped);
+  return reads.count();
+}
+
+}  // namespace
+
+TEST_CASE("a Trainer step reads the host once, however many micro-batches check their targets", "[trainer]") {
+  std::vector<Batch> micro;
+  for (int m = 0; m < 4; ++m) micro.push_back(with_padding(random_batch(2, 16, 64, 60 + m), m));
+  // The chunked loss checks its targets per micro-batch; the step reads those checks and the
+  // loss and gradient norm's finiteness together, once.
+  CHECK(host_reads_per_step<memopt::accum::None>({micro[0]}, memopt::TrainerOptions()) == 1);
+  CHECK(host_reads_per_step<memopt::accum::Fixed<4>>(micro, memopt::TrainerOptions()) == 1);
+  CHECK(host_reads_per_step<memopt::accum::Runtime>(micro, memopt::TrainerOptions().accum_steps(4)) == 1);
+  CHECK(host_reads_per_step<memopt::accum::Fixed<4>>(micro, memopt::TrainerOptions().skip_nonfinite(false)) == 1);
+}
+
+TEST_CASE("a target outside the vocabulary stops the Trainer step before the update, naming it", "[trainer]") {
+  torch::manual_seed(3);
+  memopt::models::Llama model(tiny_llama(0.0).loss_chunk_size(8));
+  memopt::Trainer<memopt::recompute::None, memopt::precision::Fp32, memopt::accum::Fixed<4>> trainer(
+      *model, memopt::TrainerOptions());
+  std::vector<Batch> micro;
+  for (int m = 0; m < 4; ++m) micro.push_back(random_batch(2, 16, 64, 70 + m));
+  micro[2].targets = micro[2].targets.clone();  // its own storage: the inputs stay valid ids
+  micro[2].targets[1][5] = 64;                  // vocab_size 64: one past the last id, in the third micro-batch
+  ListLoader loader{micro};
+  const auto before = params_of(*model);
+  memopt::test::require_error(
+      [&] { trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); }); },
+      "memopt::nn::chunked_cross_entropy_sum", {"target 64", "[0, 64)"});
+  CHECK(max_abs_diff(before, params_of(*model)) == 0.0);  // no update
+  CHECK(trainer.steps_taken() == 0);
+}
+
 TEST_CASE("CUDA: the optimizer sees the CPU's gradients under every recompute policy and accumulation",
           "[trainer][cuda]") {
   MEMOPT_REQUIRE_CUDA();

@@ -20,6 +20,7 @@
 #include "memopt/batch.hpp"
 #include "memopt/callbacks.hpp"
 #include "memopt/concepts.hpp"
+#include "memopt/detail/deferred_checks.hpp"
 #include "memopt/io/training_state.hpp"
 #include "memopt/loop_types.hpp"
 #include "memopt/memory/budget.hpp"
@@ -119,6 +120,7 @@ class Trainer {
     num_targets = num_targets.clamp_min(1);
 
     // ---- forward + backward per micro-batch (cut smaller if over memory_budget); grads accumulate ----
+    detail::DeferredChecks::Scope checks(checks_, !hooks::StepsInBackward<State>);  // read by finite()
     torch::Tensor loss_sum = accumulate(micro_batches, loss_fn, num_targets);  // 0-dim, the step's mean loss
     agreed_stop_ = sync_->sync_gradients(loss_sum, pending_signal());  // once, after the last micro-batch
 
@@ -127,7 +129,7 @@ class Trainer {
     prepare_grads();                                       // Scaled: ÷ loss scale; Bf16Pure: → fp32 masters
     torch::Tensor grad_norm = sync_->clip_grad_norm_(step_params_, options_.grad_clip());
     bool stepped = false;
-    if (finite(loss_sum, grad_norm)) {                     // one host sync; inf/nan: weights and state untouched
+    if (finite(loss_sum, grad_norm)) {                     // the one host sync; inf/nan: weights and state untouched
       opt_state_.before_step(*optimizer_);
       stepped = precision_.step(*optimizer_);              // false: the loss scaler found inf/nan
       opt_state_.after_step(*optimizer_);
@@ -327,14 +329,21 @@ class Trainer {
     if constexpr (hooks::PrepareGrads<Precision>) precision_.prepare_grads(*optimizer_);
   }
 
-  // Whether the step may update: loss and gradient norm finite (one host sync). Not checked
-  // when updates happen inside backward (state::StepInBackward) or skip_nonfinite is off.
+  // Whether the step may update: loss and gradient norm finite, read with the input checks
+  // the step's building blocks deferred (bad targets throw here, before any update) in one
+  // host sync. Not checked when updates happen inside backward (state::StepInBackward: the
+  // checks ran at once there); finiteness not when skip_nonfinite is off.
   bool finite(const torch::Tensor& loss_sum, const torch::Tensor& grad_norm) const {
     if constexpr (hooks::StepsInBackward<State>) {
       return true;
     } else {
-      if (!options_.skip_nonfinite()) return true;
-      return (loss_sum.isfinite() & grad_norm.isfinite()).item<bool>();
+      const bool skip_nonfinite = options_.skip_nonfinite();
+      if (!skip_nonfinite && checks_.empty()) return true;
+      torch::Tensor ok = checks_.passed();  // 0-dim bool
+      if (skip_nonfinite) ok = ok & loss_sum.isfinite() & grad_norm.isfinite();
+      if (ok.item<bool>()) return true;
+      checks_.throw_if_failed();
+      return false;
     }
   }
 
@@ -375,6 +384,7 @@ class Trainer {
   int pending_signal() const { return stop_ != nullptr ? stop_->requested() : 0; }
 
   TrainerOptions options_;
+  detail::DeferredChecks checks_;  // the current step's deferred input checks
   [[no_unique_address]] Recompute recompute_;
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Accum accum_;

@@ -9,6 +9,7 @@
 
 #include <memopt/batch.hpp>
 #include <memopt/detail/autocast.hpp>
+#include <memopt/detail/deferred_checks.hpp>
 #include <memopt/memory/tracker.hpp>
 #include <memopt/models/llama.hpp>
 #include <memopt/nn/attention.hpp>
@@ -79,6 +80,37 @@ TEST_CASE("chunked_cross_entropy_sum rejects bad targets with a HINT", "[cross_e
   memopt::test::require_error(
       [&] { memopt::models::Llama(small_llama(true).loss_chunk_size(-1)); }, "memopt::models::LlamaConfig",
       {"loss_chunk_size", "-1"});
+}
+
+TEST_CASE("chunked_cross_entropy_sum defers its target check inside a DeferredChecks scope", "[cross_entropy]") {
+  torch::manual_seed(6);
+  const auto h = torch::randn({4, 8}), w = torch::randn({10, 8});
+  const auto bad = torch::tensor({1, 2, 12, 3}, torch::kLong), ignored = torch::tensor({1, 2, -100, 3}, torch::kLong);
+  memopt::detail::DeferredChecks checks;
+  torch::Tensor got;
+  {
+    memopt::test::HostReads reads;
+    memopt::detail::DeferredChecks::Scope scope(checks, true);
+    got = memopt::nn::chunked_cross_entropy_sum(h, w, bad);  // no throw, no host read
+    CHECK(reads.count() == 0);
+  }
+  CHECK(memopt::detail::DeferredChecks::current() == nullptr);
+  // Meanwhile the bad target counts as ignored: the value is finite and safe to go on with.
+  CHECK(got.item<double>() == memopt::nn::chunked_cross_entropy_sum(h, w, ignored).item<double>());
+  REQUIRE_FALSE(checks.passed().item<bool>());
+  memopt::test::require_error([&] { checks.throw_if_failed(); }, "memopt::nn::chunked_cross_entropy_sum",
+                              {"target 12", "[0, 10)"});
+  SECTION("good targets pass; a scope with defer off checks at once") {
+    {
+      memopt::detail::DeferredChecks::Scope scope(checks, true);  // clears the failed check
+      memopt::nn::chunked_cross_entropy_sum(h, w, ignored);
+    }
+    CHECK_FALSE(checks.empty());
+    CHECK(checks.passed().item<bool>());
+    memopt::detail::DeferredChecks::Scope off(checks, false);
+    memopt::test::require_error([&] { memopt::nn::chunked_cross_entropy_sum(h, w, bad); },
+                                "memopt::nn::chunked_cross_entropy_sum", {"target 12"});
+  }
 }
 
 TEST_CASE("Llama::loss_sum with loss_chunk_size equals the full logits' loss", "[cross_entropy][llama]") {

@@ -12,6 +12,7 @@
 
 #include "memopt/batch.hpp"
 #include "memopt/detail/autocast.hpp"
+#include "memopt/detail/deferred_checks.hpp"
 
 namespace memopt::nn {
 
@@ -163,17 +164,23 @@ inline torch::Tensor chunked_cross_entropy_sum(const torch::Tensor& hidden, cons
   TORCH_CHECK(hidden.is_floating_point() && weight.is_floating_point(),
               "memopt::nn::chunked_cross_entropy_sum: hidden and weight must be floating point (got ",
               hidden.scalar_type(), " and ", weight.scalar_type(), "). HINT: pass activations, not token ids.");
+  // A target outside [0, V) that is not ignore_index is an error, checked without a host sync
+  // inside a Trainer step (detail/deferred_checks.hpp); meanwhile it counts as ignored.
   const int64_t V = weight.size(0);
-  const auto out_of_range = targets.ne(options.ignore_index()).logical_and(targets.lt(0).logical_or(targets.ge(V)));
-  if (out_of_range.any().item<bool>()) {
-    const int64_t bad = targets.masked_select(out_of_range)[0].item<int64_t>();
-    TORCH_CHECK(false, "memopt::nn::chunked_cross_entropy_sum: target ", bad, " lies outside [0, ", V,
-                ") and is not ignore_index ", options.ignore_index(),
-                ". HINT: check vocab_size, or mark padding with ignore_index.");
+  const int64_t ignore_index = options.ignore_index();
+  const auto out_of_range = targets.ne(ignore_index).logical_and(targets.lt(0).logical_or(targets.ge(V)));  // (N,)
+  if (targets.numel() > 0) {
+    const auto first_bad = targets.gather(0, out_of_range.to(torch::kByte).argmax().reshape({1}));  // (1,)
+    memopt::detail::check_or_defer(out_of_range.any(), first_bad, [V, ignore_index](double bad) {
+      return c10::str("memopt::nn::chunked_cross_entropy_sum: target ", static_cast<int64_t>(bad),
+                      " lies outside [0, ", V, ") and is not ignore_index ", ignore_index,
+                      ". HINT: check vocab_size, or mark padding with ignore_index.");
+    });
   }
+  const auto safe_targets = targets.masked_fill(out_of_range, ignore_index);  // (N,)
   const auto autocast = memopt::detail::AutocastState::current(hidden.device().type());
   const auto dtype = autocast.enabled ? autocast.dtype : at::promote_types(hidden.scalar_type(), weight.scalar_type());
-  return memopt::detail::ChunkedCrossEntropyFunction::apply(hidden, weight, targets, static_cast<int64_t>(dtype),
+  return memopt::detail::ChunkedCrossEntropyFunction::apply(hidden, weight, safe_targets, static_cast<int64_t>(dtype),
                                                     options.chunk_size(), options.ignore_index());
 }
 
