@@ -48,6 +48,7 @@ struct BenchConfig {
   std::string recompute = "none";
   std::string impl = "memopt";
   std::string attention = "auto";  // the model's AttentionKind (nn/attention_kernels.hpp)
+  bool fused_kernels = true;       // LlamaConfig::fused_kernels (nn/fused.hpp)
   int64_t ffn = 0;  // SwiGLU width; 0: LlamaConfig's 8/3 rule
   std::string finetune = "full";
   bool profile = false;  // one more step after the timed ones, under LibTorch's profiler
@@ -192,6 +193,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--attention", cfg.attention, "math | blockwise | sdpa | auto (the faster of blockwise and sdpa on "
                  "each shape, measured)")->capture_default_str();
+  app.add_option("--fused_kernels", cfg.fused_kernels, "RMSNorm and SwiGLU as nn/fused.hpp's kernels (false: "
+                 "ATen composites)")->capture_default_str();
   app.add_flag("--profile", cfg.profile, "profile one more step: the line's \"profile\" lists the top ops by self time");
   CLI11_PARSE(app, argc, argv);
   // Tracker and threads before any tensor or parallel work, for every --impl (the peer
@@ -208,6 +211,7 @@ int main(int argc, char** argv) {
     auto config = memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq);
     if (cfg.ffn > 0) config.intermediate_size(cfg.ffn);
     config.attention_kind(memopt::nn::parse_attention_kind(cfg.attention, "memopt_bench_trainer: --attention"));
+    config.fused_kernels(cfg.fused_kernels);
     memopt::models::Llama model{nullptr};
     {
       std::optional<memopt::nn::QuantizeOnInit> nf4;  // qlora: each Linear weight NF4 once it exists
@@ -261,6 +265,7 @@ int main(int argc, char** argv) {
         {"lora_rank", cfg.finetune == "full" ? 0 : cfg.lora_rank},
         {"ffn", config.ffn_size()},
         {"attention", cfg.attention},
+        {"fused_kernels", cfg.fused_kernels},
     };
     for (const auto& [shape, choice] : memopt::nn::attention_choices())  // what auto measured, per shape
       line["attention_choices"].push_back({{"shape", shape.str()},

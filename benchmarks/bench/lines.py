@@ -62,13 +62,21 @@ def trainer_ratio(a: Json, b: Json) -> dict:  # memopt's line over a peer's
             "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
 
 
-def attention_kind_ratio(a: Json, b: Json) -> dict:  # a memopt line over the same run with another --attention
-    return {"name": a.get("name"), "impl": f"ratio_attention_{a.get('attention')}_to_{b.get('attention')}",
+def variant_ratio(a: Json, b: Json, impl: str) -> dict:  # a memopt line over the same run with one flag changed
+    return {"name": a.get("name"), "impl": impl,
             "tokens_per_s": a["tokens_per_s"] / b["tokens_per_s"],
             "peak_tracked_mib": a["peak_tracked_mib"] / b["peak_tracked_mib"],
             "peak_rss_mib": a["peak_rss_mib"] / b["peak_rss_mib"],
             "loss_last_diff": abs(a["loss_last"] - b["loss_last"]),
             "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
+
+
+def attention_kind_ratio(a: Json, b: Json) -> dict:  # over the same run with another --attention
+    return variant_ratio(a, b, f"ratio_attention_{a.get('attention')}_to_{b.get('attention')}")
+
+
+def fused_kernels_ratio(a: Json, b: Json) -> dict:  # --fused_kernels over the same run without
+    return variant_ratio(a, b, "ratio_fused_kernels_to_composite")
 
 
 # ---- bf16_gemm ----
@@ -131,6 +139,15 @@ def attention_ratio(a: Json, b: Json, target: Mapping | None = None) -> dict | N
     if target is not None:
         out["target"] = dict(target)
         out["met"] = out["peak_tracked_mib"] <= target["peak_tracked_mib"] and out["ms"] <= target["ms"]
+    return out
+
+
+def fused_ratio(a: Json, b: Json) -> dict:
+    """A fused kernel over its ATen composite (nn/fused.hpp): time and peak, and whether it is faster (the target)."""
+    out = {"suite": "fused", "name": a["name"], "impl": "ratio_%s_to_%s" % (a["impl"], b["impl"]), "peer": "aten",
+           **{k: a[k] for k in ("dtype", "rows", "width")},
+           **{k: round(a[k] / b[k], 4) for k in ("ms", "ms_min", "peak_tracked_mib")}}
+    out["met"] = out["ms"] < 1.0
     return out
 
 

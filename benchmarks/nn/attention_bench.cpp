@@ -3,11 +3,14 @@
 //   attention (B=1, H=8, D=64, causal, fp32 by default) on the math path (--impl math),
 //   ATen's SDPA (--impl sdpa: LibTorch 2.x's CPU flash kernel, memory linear in L) or memopt's
 //   blockwise path (--impl blockwise); or the LM head's loss with the full (N, V) logits
-//   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked).
+//   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked); or RMSNorm
+//   and SwiGLU's silu(g)·u as ATen composites (--impl rms_norm | swiglu) or nn/fused.hpp's
+//   kernels (--impl rms_norm_fused | swiglu_fused), --dtype fp32 | bf16.
 // Prints one JSON line; math prints a "skipped" line where it would need more than --max_gib.
 //
 //   memopt_bench_attention --impl blockwise --L 4096
 //   memopt_bench_attention --impl ce_chunked --rows 4096 --vocab 32000
+//   memopt_bench_attention --impl swiglu_fused --rows 2048 --ffn 1408
 //   scripts/bench attention            # the whole suite, with blockwise/math and blockwise/sdpa ratios
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include "memopt/memory/tracker.hpp"
 #include "memopt/nn/attention.hpp"
 #include "memopt/nn/cross_entropy.hpp"
+#include "memopt/nn/fused.hpp"
 #include "memopt/runtime.hpp"
 
 namespace {
@@ -46,6 +50,8 @@ struct BenchConfig {
   int64_t hidden = 512;  // cross-entropy: C
   int64_t vocab = 32000;  // cross-entropy: V
   int64_t chunk = memopt::nn::kCrossEntropyChunk;
+  int64_t ffn = 1408;           // swiglu: F
+  std::string dtype = "fp32";  // rms_norm, swiglu
   int64_t steps = 3;
   int64_t warmup = 1;
   int threads = 0;  // 0: every CPU this process may run on
@@ -53,6 +59,7 @@ struct BenchConfig {
   uint64_t seed = 1234;
 
   bool is_attention() const { return impl == "math" || impl == "sdpa" || impl == "blockwise"; }
+  bool is_elementwise() const { return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0; }
 };
 
 // The math path's peak, in fp32 (B, H, L, L) tensors: measured 3.0 at L = 2048 and 4096
@@ -168,13 +175,45 @@ nlohmann::ordered_json run_cross_entropy(const BenchConfig& cfg) {
   return line;
 }
 
+// RMSNorm over (rows, C) or silu(g)·u over (rows, F): forward + backward, composite or fused.
+nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
+  const bool norm = cfg.impl.rfind("rms_norm", 0) == 0, fused = cfg.impl.find("_fused") != std::string::npos;
+  const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  const int64_t width = norm ? cfg.hidden : cfg.ffn;
+  torch::manual_seed(static_cast<int64_t>(cfg.seed));
+  auto a = torch::randn({cfg.rows, width}).to(dtype).requires_grad_();  // x, or g
+  auto b = norm ? (torch::rand({width}) + 0.5).requires_grad_()        // an fp32 weight, as in training
+                : torch::randn({cfg.rows, width}).to(dtype).requires_grad_();  // u
+  const auto grad_out = torch::randn({cfg.rows, width}).to(norm ? torch::kFloat : dtype);
+  auto step = [&] {
+    a.mutable_grad() = torch::Tensor();
+    b.mutable_grad() = torch::Tensor();
+    torch::Tensor y;  // (rows, width)
+    if (norm) {
+      y = fused ? memopt::nn::fused_rms_norm(a, b, 1e-5) : memopt::nn::rms_norm_composite(a, b, 1e-5);
+    } else {
+      y = fused ? memopt::nn::fused_swiglu(a, b) : torch::silu(a) * b;
+    }
+    y.backward(grad_out.to(y.scalar_type()));
+  };
+  const auto t = time_steps(cfg, step);
+  nlohmann::ordered_json line{{"suite", "fused"},   {"name", norm ? "rms_norm" : "swiglu"}, {"impl", cfg.impl},
+                              {"dtype", cfg.dtype}, {"rows", cfg.rows}, {"width", width}};
+  line["peak_tracked_mib"] = mib(t.peak_bytes);
+  line["ms"] = t.ms;
+  line["ms_min"] = t.ms_min;
+  line["inputs_mib"] = mib(t.live_before);
+  return line;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_attention: one forward+backward of attention or of the LM loss, one path per run"};
-  app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked (LM loss)")
-      ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked"}));
+  app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked (LM loss); "
+                 "rms_norm | rms_norm_fused | swiglu | swiglu_fused (nn/fused.hpp)")
+      ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked", "rms_norm", "rms_norm_fused",
+                             "swiglu", "swiglu_fused"}));
   app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--batch", cfg.batch, "B")->check(CLI::PositiveNumber);
   app.add_option("--heads", cfg.heads, "H")->check(CLI::PositiveNumber);
@@ -182,10 +221,12 @@ int main(int argc, char** argv) {
   app.add_flag("--bidirectional", cfg.bidirectional, "no causal mask");
   app.add_option("--q_block", cfg.q_block, "blockwise: query positions per block")->check(CLI::PositiveNumber);
   app.add_option("--kv_block", cfg.kv_block, "blockwise: key positions per block")->check(CLI::PositiveNumber);
-  app.add_option("--rows", cfg.rows, "cross-entropy: rows N")->check(CLI::PositiveNumber);
-  app.add_option("--hidden", cfg.hidden, "cross-entropy: hidden size C")->check(CLI::PositiveNumber);
+  app.add_option("--rows", cfg.rows, "cross-entropy, rms_norm, swiglu: rows N")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", cfg.hidden, "cross-entropy, rms_norm: hidden size C")->check(CLI::PositiveNumber);
   app.add_option("--vocab", cfg.vocab, "cross-entropy: vocabulary V")->check(CLI::PositiveNumber);
   app.add_option("--chunk", cfg.chunk, "ce_chunked: rows per chunk")->check(CLI::PositiveNumber);
+  app.add_option("--ffn", cfg.ffn, "swiglu: width F")->check(CLI::PositiveNumber);
+  app.add_option("--dtype", cfg.dtype, "rms_norm, swiglu: fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--steps", cfg.steps, "timed forward+backward passes")->check(CLI::PositiveNumber);
   app.add_option("--warmup", cfg.warmup, "untimed passes first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", cfg.threads, "intra-op threads (0: all available CPUs)")->check(CLI::NonNegativeNumber);
@@ -196,7 +237,9 @@ int main(int argc, char** argv) {
   memopt::init(memopt::RuntimeOptions().threads(cfg.threads));  // tracker before any tensor
 
   return memopt::bench::print_line([&] {
-    auto line = cfg.is_attention() ? run_attention(cfg) : run_cross_entropy(cfg);
+    auto line = cfg.is_attention()     ? run_attention(cfg)
+                : cfg.is_elementwise() ? run_elementwise(cfg)
+                                       : run_cross_entropy(cfg);
     line["steps"] = cfg.steps;
     line["threads"] = at::get_num_threads();
     return line;

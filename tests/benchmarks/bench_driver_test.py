@@ -24,7 +24,7 @@ assert R.parse(["-h", "--bogus"]).help
 for bad, usage in ((["--bogus"], True), (["bogus"], False), (["-"], True), ([""], False)):
     try: R.parse(bad); raise SystemExit("no error")
     except R.BadArguments as e: assert e.show_usage == usage, bad
-assert list(SUITES) == "trainer bf16_gemm profile distill distill_quality adamw8bit lora attention stack allocator moe moe_budget moe_quality gritlm gritlm_quality estimator planner data tokenizer dist collectives load".split()
+assert list(SUITES) == "trainer bf16_gemm profile distill distill_quality adamw8bit lora attention fused stack allocator moe moe_budget moe_quality gritlm gritlm_quality estimator planner data tokenizer dist collectives load".split()
 
 # annotation (jq's //=): appended when missing, null or false; kept otherwise; non-objects unchanged
 a = core.annotate

@@ -48,6 +48,7 @@ struct EstimatorCase {
   bool nf4 = false;
   double high = 0.10;  // the largest over-prediction allowed (LoRA's estimate keeps full fine-tuning's backward
                        // transients: it errs high, by 5-16% measured)
+  bool fused = false;  // LlamaConfig::fused_kernels
 };
 
 struct Measured {
@@ -87,7 +88,7 @@ Measured measure(MakeModel&& make_model, const memopt::memory::PolicyDesc& polic
 
 }  // namespace
 
-TEST_CASE("the estimator predicts the tracker's peak within 10% on eighteen configurations (LLaMA, MoE, distillation, "
+TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty configurations (LLaMA, MoE, distillation, "
           "LoRA, QLoRA up to 20% high)", "[estimator]") {
   REQUIRE(memopt::memory::Tracker::instance().installed());
   const std::vector<EstimatorCase> cases = {
@@ -127,6 +128,10 @@ TEST_CASE("the estimator predicts the tracker's peak within 10% on eighteen conf
        "Trainer<recompute::EveryBlock, precision::Fp32, accum::Runtime, state::Resident>", 8, true, true, 0.20},
       {0, "none", "bf16", "resident", 1, 2, 0, 64, false, 0, 0.0,
        "Trainer<recompute::None, precision::Bf16Autocast, accum::Runtime, state::Resident>", 8, true, true, 0.20},
+      {0, "none", "fp32", "resident", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>", 0, true, false, 0.10, true},
+      {0, "none", "bf16-pure", "resident", 2, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Bf16Pure, accum::Runtime, state::Resident>", 0, true, false, 0.10, true},
   };
   const int64_t micro = 4;
   for (const auto& c : cases) {
@@ -141,7 +146,8 @@ TEST_CASE("the estimator predicts the tracker's peak within 10% on eighteen conf
                       .attention_kind(c.blockwise ? memopt::nn::AttentionKind::kBlockwise
                                                   : memopt::nn::AttentionKind::kMath)
                       .loss_chunk_size(c.loss_chunk)
-                      .dropout(c.dropout);
+                      .dropout(c.dropout)
+                      .fused_kernels(c.fused);
     const auto moe = memopt::models::MoeConfig().base(config).num_experts(c.experts > 0 ? c.experts : 4).top_k(2);
     const auto student = memopt::models::LlamaConfig(config).vocab_size(513).causal(false);
     const auto kd = memopt::models::DistillOptions(512).top_k(c.experts < 0 ? -c.experts : 0);
@@ -171,7 +177,7 @@ TEST_CASE("the estimator predicts the tracker's peak within 10% on eighteen conf
                             return lm(model);
                           }, policies, micro, c.seq, 512);
     const double error = static_cast<double>(predicted.peak) / static_cast<double>(measured.peak) - 1.0;
-    INFO(policies.name() << (c.experts > 0 ? " MoE" : c.experts < 0 ? " distillation" : "") << (c.blockwise ? " blockwise" : "") << (c.dropout > 0 ? " dropout" : "")
+    INFO(policies.name() << (c.experts > 0 ? " MoE" : c.experts < 0 ? " distillation" : "") << (c.blockwise ? " blockwise" : "") << (c.dropout > 0 ? " dropout" : "") << (c.fused ? " fused" : "")
                          << (c.lora_rank > 0 ? (c.nf4 ? " QLoRA" : " LoRA") : "") << ": predicted "
                          << memopt::memory::mib(predicted.peak) << " MiB, measured "
                          << memopt::memory::mib(measured.peak) << " MiB\n" << predicted.table());

@@ -17,6 +17,7 @@ SUITES: dict[str, Callable[[Context], list[Step]]] = {
     "adamw8bit": training.adamw8bit,
     "lora": lora.lora,
     "attention": kernels.attention,
+    "fused": kernels.fused,
     "stack": training.stack,
     "allocator": training.allocator,
     "moe": moe.moe,

@@ -1,4 +1,4 @@
-"""The kernel and model suites: attention, estimator, planner."""
+"""The kernel and model suites: attention, fused, estimator, planner."""
 from __future__ import annotations
 
 import json
@@ -49,6 +49,31 @@ def attention(ctx: Context) -> list[Step]:
     passes = "--warmup 0 --steps 1 --rows 512" if ctx.quick else "--warmup 1 --steps 2"
     steps += [attention_run(ctx, impl, ["--impl", impl, *passes.split()]) for impl in ("ce_full", "ce_chunked")]
     return steps + [Derive(["ce_chunked", "ce_full"], L.attention_ratio, "ratio_ce_chunked_to_ce_full")]
+
+
+# ---- suite: fused ----
+# nn/fused.hpp's kernels next to their ATen composites: forward + backward of RMSNorm (an fp32
+# weight, as in training) and of SwiGLU's silu(g)·u, at the trainer suite's two shapes (2048
+# rows: 8 × 256 and 4 × 512 tokens; C 256 / 512, F 704 / 1408), fp32 and bf16 (bf16 SwiGLU
+# runs the composite both ways: the line shows it). One process per kernel, impl and dtype;
+# a ratio line each (fused / composite; the target: ms < 1). ~1 min (--quick: 256 rows).
+FUSED_SHAPES = ((256, 704), (512, 1408))
+
+
+def fused(ctx: Context) -> list[Step]:
+    steps: list[Step] = [Build(["memopt_bench_attention"])]
+    rows, passes = ("256", "--warmup 1 --steps 2") if ctx.quick else ("2048", "--warmup 2 --steps 10")
+    for dim, ffn in FUSED_SHAPES:
+        for dtype in ("fp32", "bf16"):
+            for kernel, width in (("rms_norm", f"--hidden {dim}"), ("swiglu", f"--ffn {ffn}")):
+                keys = []
+                for impl in (kernel, f"{kernel}_fused"):
+                    key = f"{impl}-{dtype}-{dim}"
+                    args = ["--impl", impl, "--dtype", dtype, "--rows", rows, *width.split(), *passes.split()]
+                    steps.append(attention_run(ctx, key, args))
+                    keys.append(key)
+                steps.append(Derive(keys[::-1], L.fused_ratio, f"ratio_{kernel}_fused_to_{kernel}"))
+    return steps
 
 
 # ---- suite: estimator ----

@@ -116,11 +116,16 @@ def profile(ctx: Context) -> list[Step]:
             args = f"{shape} --precision {precision} --recompute none"
             args = smoke(args) if ctx.quick else args + " --warmup 1 --steps 2"
             key = f"profile/{size}-{precision}"
-            steps += [Log(f"profile {size} {precision}: {args} --profile (attention auto, then math)"),
+            steps += [Log(f"profile {size} {precision}: {args} --profile (attention auto, then math; "
+                          "fused kernels, then composites)"),
                       trainer_run(ctx, "memopt", key, [*args.split(), "--profile"]),
                       trainer_run(ctx, "memopt", f"{key}-math", [*args.split(), "--profile", "--attention", "math"]),
+                      trainer_run(ctx, "memopt", f"{key}-composite", [*args.split(), "--profile", "--fused_kernels",
+                                                                      "false"]),
                       trainer_run(ctx, "pytorch", key, args.split()),
                       Derive([f"{key}/memopt", f"{key}-math/memopt"], L.attention_kind_ratio, "ratio attention auto / math"),
+                      Derive([f"{key}/memopt", f"{key}-composite/memopt"], L.fused_kernels_ratio,
+                             "ratio fused kernels / composites"),
                       Derive([f"{key}/memopt", f"{key}/pytorch"], L.trainer_ratio, "ratio memopt / eager")]
     return steps
 

@@ -63,9 +63,15 @@ struct LlamaConfig {
   /// Rows per chunk of the output projection fused with the loss in loss_sum (the (B·T, V)
   /// logits are never held); 0: the full logits. A runtime choice: not part of config.json.
   TORCH_ARG(int64_t, loss_chunk_size) = 0;
+  /// The norms and SwiGLU product as nn/fused.hpp's CPU kernels (same values: fp32 within
+  /// 1e-6; one (B, T, F) tensor less kept per layer). A runtime choice: not part of config.json.
+  TORCH_ARG(bool, fused_kernels) = false;
 
 
  public:
+  nn::RMSNormOptions norm_options() const {
+    return nn::RMSNormOptions(hidden_size_).eps(rms_norm_eps_).fused(fused_kernels_);
+  }
   int64_t ffn_size() const {
     if (intermediate_size_ > 0) return intermediate_size_;
     const int64_t raw = (8 * hidden_size_ + 2) / 3;
@@ -156,6 +162,7 @@ inline memory::ModelDesc describe(const LlamaConfig& c) {
   d.attention = c.attention_kind();
   d.loss_chunk_size = c.loss_chunk_size();
   d.dropout = c.dropout() > 0;
+  d.fused_kernels = c.fused_kernels();
   return d;
 }
 
@@ -212,11 +219,10 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   explicit LlamaDecoderLayerImpl(LlamaConfig config) : config(config) { reset(); }
   void reset() override {
     self_attn = register_module("self_attn", nn::Attention(config.attention_options()));
-    mlp = register_module("mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size())));
-    input_layernorm = register_module(
-        "input_layernorm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
-    post_attention_layernorm = register_module(
-        "post_attention_layernorm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
+    mlp = register_module(
+        "mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size()).fused(config.fused_kernels())));
+    input_layernorm = register_module("input_layernorm", nn::RMSNorm(config.norm_options()));
+    post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(config.norm_options()));
   }
 
   /// x (B, T, C), cos/sin (T, D) -> (B, T, C)
@@ -251,7 +257,7 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size(), config.hidden_size()));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < config.num_hidden_layers(); ++i) layers->push_back(LlamaDecoderLayer(config));
-    norm = register_module("norm", nn::RMSNorm(nn::RMSNormOptions(config.hidden_size()).eps(config.rms_norm_eps())));
+    norm = register_module("norm", nn::RMSNorm(config.norm_options()));
   }
 
   /// tokens (B, T) -> hidden states (B, T, C); each block runs through the policy. `mask`

@@ -345,9 +345,9 @@ class MoeDecoderLayerImpl : public torch::nn::Cloneable<MoeDecoderLayerImpl> {
     self_attn = register_module("self_attn", nn::Attention(base.attention_options()));
     block_sparse_moe = register_module("block_sparse_moe", MoeLayer(config.layer_options()));
     input_layernorm =
-        register_module("input_layernorm", nn::RMSNorm(nn::RMSNormOptions(base.hidden_size()).eps(base.rms_norm_eps())));
+        register_module("input_layernorm", nn::RMSNorm(base.norm_options()));
     post_attention_layernorm = register_module(
-        "post_attention_layernorm", nn::RMSNorm(nn::RMSNormOptions(base.hidden_size()).eps(base.rms_norm_eps())));
+        "post_attention_layernorm", nn::RMSNorm(base.norm_options()));
   }
 
   /// x (B, T, C), cos/sin (T, D) -> MoeBlockOutput::pack(y (B, T, C), router statistics)
@@ -395,7 +395,7 @@ class MoeLMImpl : public torch::nn::Cloneable<MoeLMImpl> {
     layers = model->register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < base.num_hidden_layers(); ++i) layers->push_back(MoeDecoderLayer(config));
     norm = model->register_module("norm",
-                                  nn::RMSNorm(nn::RMSNormOptions(base.hidden_size()).eps(base.rms_norm_eps())));
+                                  nn::RMSNorm(base.norm_options()));
     lm_head = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(base.hidden_size(), base.vocab_size()).bias(false)));
     torch::NoGradGuard no_grad;

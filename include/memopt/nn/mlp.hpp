@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "memopt/nn/fused.hpp"
 #include "memopt/nn/linear.hpp"
 
 #include "memopt/policies/recompute.hpp"
@@ -18,6 +19,8 @@ struct SwiGLUOptions {
       : hidden_size_(hidden_size), intermediate_size_(intermediate_size) {}
   TORCH_ARG(int64_t, hidden_size);
   TORCH_ARG(int64_t, intermediate_size);
+  /// nn::fused_swiglu for silu(gate) · up (one pass each way; keeps gate and up only).
+  TORCH_ARG(bool, fused) = false;
 };
 
 class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
@@ -35,8 +38,13 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
   /// recompute::Selective recomputes silu(gate) · up in backward; the matmul outputs stay.
   template <RecomputePolicy Recompute>
   torch::Tensor forward(const torch::Tensor& x, const Recompute& ckpt) {  // (B, T, C) -> (B, T, C)
-    auto gated = run_cheap(ckpt, [](const std::vector<torch::Tensor>& in) { return torch::silu(in[0]) * in[1]; },
-                           {gate_proj(x), up_proj(x)});  // (B, T, F)
+    const bool fused = options.fused();
+    auto gated = run_cheap(
+        ckpt,
+        [fused](const std::vector<torch::Tensor>& in) {
+          return fused ? fused_swiglu(in[0], in[1]) : torch::silu(in[0]) * in[1];
+        },
+        {gate_proj(x), up_proj(x)});  // (B, T, F)
     return down_proj(gated);                             // (B, T, C)
   }
 

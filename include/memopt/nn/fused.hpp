@@ -1,0 +1,329 @@
+// memopt/nn/fused.hpp — fused CPU kernels for the elementwise parts of a LLaMA block, each
+// an autograd function that replaces an ATen composite's passes over memory with one, and
+// keeps fewer tensors for backward:
+//   rms_norm(x, w, eps)  one pass forward (sum of squares, then scale), one backward (dx, dw);
+//                        keeps x and one fp32 rstd per row (the composite keeps x², the mean,
+//                        rsqrt and x·rsqrt besides);
+//   swiglu(g, u)         silu(g)·u; keeps g and u (the composite keeps silu(g) too: one
+//                        (B, T, F) tensor less per layer), backward in one pass.
+// Same mathematics and roundings as the composites in nn/rmsnorm.hpp and nn/mlp.hpp (fp32
+// ≤ 1e-6 of the largest entry; bf16 rounded where the composite rounds), threads through
+// at::parallel_for. They run for contiguous CPU tensors, fp32 or bf16 (RMSNorm) and fp32
+// (SwiGLU); anything else (a GPU, fp16, fp64) runs the composite, so a model may choose them
+// everywhere (LlamaConfig::fused_kernels). scripts/bench kernels measures them.
+//
+// Plain C++ loops written for GCC's auto-vectoriser (at -O3), cloned per ISA (AVX-512, AVX2,
+// baseline; picked at load) since a header-only library gets the user's flags, not ATen's
+// per-ISA builds; and an exp of our own (Cephes' polynomial, ≤ 2 ulp): std::exp does not
+// vectorise.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace memopt::detail::fused {
+
+// e^x for float, within 2 ulp on [-87, 87] (|x| clamped to 87; NaN stays NaN only through the
+// callers' products). Branch-free, and its clamp works on the bits: a float compare would stop
+// GCC from vectorising the loop (-ftrapping-math), as would std::exp's libm call.
+inline float exp(float x) {
+  int32_t xi;
+  std::memcpy(&xi, &x, sizeof xi);
+  constexpr int32_t kMaxMagnitude = 0x42AE0000;  // 87.0f
+  const int32_t magnitude = std::min(xi & 0x7FFFFFFF, kMaxMagnitude);
+  xi = (xi & static_cast<int32_t>(0x80000000u)) | magnitude;
+  std::memcpy(&x, &xi, sizeof x);
+  const float shifted = x * 1.44269504088896341f + 12582912.f;  // 1.5·2^23 + round(x / ln 2)
+  const float n = shifted - 12582912.f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x − n ln 2, ln 2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);  // n sits in the low mantissa bits
+  bits = (bits - 0x4B400000 + 127) << 23;     // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline float sigmoid(float x) { return 1.f / (1.f + fused::exp(-x)); }
+
+// fp32/bf16 to and from float. bf16 on the bits (round to nearest even, NaN kept, as
+// c10::BFloat16 does), branch-free: c10's conversion tests isnan, which stops vectorisation.
+inline float to_float(float v) { return v; }
+inline float to_float(c10::BFloat16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+template <class T>
+inline T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    return c10::BFloat16(static_cast<uint16_t>(nan ? 0x7FC0u : rounded), c10::BFloat16::from_bits());
+  }
+}
+
+// Rounds to T and back (the composite's cast to the input dtype); identity for float.
+template <class T>
+inline float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
+
+// Σ f(j) for j < n in kLanes independent partial sums: a float reduction the compiler may
+// vectorise without -ffast-math (it keeps each partial sum's order).
+inline constexpr int64_t kLanes = 16;
+template <class F>
+inline float lane_sum(int64_t n, F&& f) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t k = 0; k < kLanes; ++k) acc[k] += f(j + k);
+  for (; j < n; ++j) acc[0] += f(j);
+  float total = 0.f;
+  for (int64_t k = 0; k < kLanes; ++k) total += acc[k];
+  return total;
+}
+
+// Rows per parallel task: about 16 K elements.
+inline int64_t grain_rows(int64_t C) { return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(C, 1)); }
+
+// The row and element loops, cloned per ISA where GCC can (ifunc: the best for the running
+// CPU is picked at load), so they vectorise with AVX2/AVX-512 without the user's -m flags.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && __GNUC__ >= 11
+#define MEMOPT_FUSED_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MEMOPT_FUSED_CLONES
+#endif
+
+// ---- RMSNorm: y = w · T(x · rstd), rstd = 1 / sqrt(mean(x²) + eps) in fp32 ----
+
+template <class T, class W, class O>
+MEMOPT_FUSED_CLONES void rms_norm_forward_rows(const T* x, const W* w, O* y, float* rstd, int64_t begin,
+                                               int64_t end, int64_t C, float eps) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * C;
+    O* yr = y + r * C;
+    const float ss = lane_sum(C, [xr](int64_t j) {
+      const float v = to_float(xr[j]);
+      return v * v;
+    });
+    const float s = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
+    rstd[r] = s;
+    for (int64_t j = 0; j < C; ++j)
+      yr[j] = from_float<O>(to_float(w[j]) * round_to<T>(to_float(xr[j]) * s));
+  }
+}
+
+// dx = rstd · (g − xn · mean(g · xn)) with g = T(dy · w) and xn = x · rstd; dw += Σ_rows dy · T(xn).
+// g: C floats of scratch.
+template <class T, class W, class O>
+MEMOPT_FUSED_CLONES void rms_norm_backward_rows(const O* dy, const T* x, const W* w, const float* rstd, T* dx,
+                                                float* dw, float* g, int64_t begin, int64_t end, int64_t C) {
+  for (int64_t r = begin; r < end; ++r) {
+    const O* dyr = dy + r * C;
+    const T* xr = x + r * C;
+    const float s = rstd[r];
+    for (int64_t j = 0; j < C; ++j) {
+      const float d = to_float(dyr[j]);
+      g[j] = round_to<T>(round_to<O>(d * to_float(w[j])));
+      dw[j] += d * round_to<T>(to_float(xr[j]) * s);
+    }
+    const float mean = lane_sum(C, [&](int64_t j) { return g[j] * to_float(xr[j]) * s; }) /
+                       static_cast<float>(C);
+    T* dxr = dx + r * C;
+    for (int64_t j = 0; j < C; ++j) dxr[j] = from_float<T>(s * (g[j] - to_float(xr[j]) * s * mean));
+  }
+}
+
+template <class T, class W, class O>
+void rms_norm_forward(const T* x, const W* w, O* y, float* rstd, int64_t rows, int64_t C, float eps) {
+  at::parallel_for(0, rows, grain_rows(C), [&](int64_t begin, int64_t end) {
+    rms_norm_forward_rows(x, w, y, rstd, begin, end, C, eps);
+  });
+}
+
+template <class T, class W, class O>
+void rms_norm_backward(const O* dy, const T* x, const W* w, const float* rstd, T* dx, float* dw, int64_t rows,
+                       int64_t C) {
+  const int64_t threads = at::get_num_threads();
+  std::vector<float> partial(static_cast<size_t>(threads * C), 0.f);  // per-thread dw
+  std::vector<float> scratch(static_cast<size_t>(threads * C));        // per-thread g
+  at::parallel_for(0, rows, grain_rows(C), [&](int64_t begin, int64_t end) {
+    const int64_t t = at::get_thread_num();
+    rms_norm_backward_rows(dy, x, w, rstd, dx, partial.data() + t * C, scratch.data() + t * C, begin, end, C);
+  });
+  for (int64_t t = 0; t < threads; ++t)
+    for (int64_t j = 0; j < C; ++j) dw[j] += partial[t * C + j];
+}
+
+// ---- SwiGLU: y = T(T(silu(g)) · u) ----
+
+inline constexpr int64_t kGrainElements = int64_t{1} << 14;
+
+template <class T>
+MEMOPT_FUSED_CLONES void swiglu_forward_range(const T* g, const T* u, T* y, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float a = to_float(g[i]);
+    y[i] = from_float<T>(round_to<T>(a * sigmoid(a)) * to_float(u[i]));
+  }
+}
+
+// du = T(dy · T(silu(g))); dg = T(T(dy · u) · σ(g)(1 + g(1 − σ(g)))).
+template <class T>
+MEMOPT_FUSED_CLONES void swiglu_backward_range(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t begin,
+                                               int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float a = to_float(g[i]), d = to_float(dy[i]);
+    const float sg = sigmoid(a);
+    du[i] = from_float<T>(d * round_to<T>(a * sg));
+    dg[i] = from_float<T>(round_to<T>(d * to_float(u[i])) * (sg * (1.f + a * (1.f - sg))));
+  }
+}
+
+template <class T>
+void swiglu_forward(const T* g, const T* u, T* y, int64_t n) {
+  at::parallel_for(0, n, kGrainElements, [&](int64_t begin, int64_t end) { swiglu_forward_range(g, u, y, begin, end); });
+}
+
+template <class T>
+void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n) {
+  at::parallel_for(0, n, kGrainElements,
+                   [&](int64_t begin, int64_t end) { swiglu_backward_range(dy, g, u, dg, du, begin, end); });
+}
+
+// Calls fn with a null pointer of the C++ type of `dtype` (fp32 or bf16).
+template <class Fn>
+void with_type(c10::ScalarType dtype, Fn&& fn) {
+  if (dtype == torch::kFloat) {
+    fn(static_cast<float*>(nullptr));
+  } else {
+    fn(static_cast<c10::BFloat16*>(nullptr));
+  }
+}
+
+inline bool kernel_dtype(c10::ScalarType t) { return t == torch::kFloat || t == torch::kBFloat16; }
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               double eps) {
+    const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
+    const auto out_type = at::promote_types(x.scalar_type(), w.scalar_type());
+    auto y = torch::empty(x.sizes(), x.options().dtype(out_type));
+    auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
+    with_type(x.scalar_type(), [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      with_type(w.scalar_type(), [&](auto* wt) {
+        using W = std::remove_pointer_t<decltype(wt)>;
+        with_type(out_type, [&](auto* ot) {
+          using O = std::remove_pointer_t<decltype(ot)>;
+          rms_norm_forward(x.data_ptr<T>(), w.data_ptr<W>(), y.data_ptr<O>(), rstd.data_ptr<float>(), rows, C,
+                           static_cast<float>(eps));
+        });
+      });
+    });
+    ctx->save_for_backward({x, w, rstd});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const auto dy = grads[0].contiguous();
+    const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
+    auto dx = torch::empty_like(x);
+    auto dw = torch::zeros({C}, w.options().dtype(torch::kFloat));
+    with_type(x.scalar_type(), [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      with_type(w.scalar_type(), [&](auto* wt) {
+        using W = std::remove_pointer_t<decltype(wt)>;
+        with_type(dy.scalar_type(), [&](auto* ot) {
+          using O = std::remove_pointer_t<decltype(ot)>;
+          rms_norm_backward(dy.data_ptr<O>(), x.data_ptr<T>(), w.data_ptr<W>(), rstd.data_ptr<float>(),
+                            dx.data_ptr<T>(), dw.data_ptr<float>(), rows, C);
+        });
+      });
+    });
+    return {dx, dw.to(w.scalar_type()), torch::Tensor()};
+  }
+};
+
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& g, const torch::Tensor& u) {
+    auto y = torch::empty_like(g);
+    swiglu_forward(g.data_ptr<float>(), u.data_ptr<float>(), y.data_ptr<float>(), g.numel());
+    ctx->save_for_backward({g, u});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &g = saved[0], &u = saved[1];
+    const auto dy = grads[0].to(torch::kFloat).contiguous();
+    auto dg = torch::empty_like(g), du = torch::empty_like(u);
+    swiglu_backward(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
+                    du.data_ptr<float>(), g.numel());
+    return {dg, du};
+  }
+};
+
+}  // namespace memopt::detail::fused
+
+namespace memopt::nn {
+
+/// The composite RMSNorm of nn/rmsnorm.hpp: w · T(x · rsqrt(mean(x²) + eps)), in fp32, T = x's dtype.
+inline torch::Tensor rms_norm_composite(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  auto h = x.to(torch::kFloat);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return w * h.to(x.scalar_type());
+}
+
+/// RMSNorm over the last dimension, fused (one pass each way) for contiguous fp32/bf16 CPU
+/// tensors, the composite otherwise. x (..., C), w (C) -> (..., C) in promote(x, w).
+inline torch::Tensor fused_rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  namespace f = memopt::detail::fused;
+  const bool kernel = x.is_cpu() && w.is_cpu() && f::kernel_dtype(x.scalar_type()) &&
+                      f::kernel_dtype(w.scalar_type()) && x.is_contiguous() && w.is_contiguous() &&
+                      w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0);
+  if (!kernel) return rms_norm_composite(x, w, eps);
+  return f::RmsNormFunction::apply(x, w, eps);
+}
+
+/// silu(g) · u, fused (one pass each way, keeps g and u only) for contiguous fp32 CPU tensors
+/// of one shape, the composite otherwise (bf16 too: the kernel's bf16 conversions made it
+/// 0.65× the composite on an AVX2 EPYC, where ATen's silu has its own AVX2 build).
+/// g, u (..., F) -> (..., F).
+inline torch::Tensor fused_swiglu(const torch::Tensor& g, const torch::Tensor& u) {
+  const bool kernel = g.is_cpu() && u.is_cpu() && g.scalar_type() == torch::kFloat &&
+                      u.scalar_type() == torch::kFloat && g.sizes() == u.sizes() && g.is_contiguous() &&
+                      u.is_contiguous();
+  if (!kernel) return torch::silu(g) * u;
+  return memopt::detail::fused::SwigluFunction::apply(g, u);
+}
+
+}  // namespace memopt::nn

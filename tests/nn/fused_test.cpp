@@ -1,0 +1,167 @@
+// tests/nn/fused_test.cpp — memopt/nn/fused.hpp: the fused RMSNorm and SwiGLU equal their
+// ATen composites (values and gradients; fp32 within 1e-6 of the largest entry, bf16 within
+// the composite's own rounding error against fp64), keep less for backward, fall back to the
+// composite where the kernel does not apply, and a LLaMA with fused_kernels trains as one
+// without. Its exp is within 2 ulp of std::exp.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <memopt/memory/tracker.hpp>
+#include <memopt/models/llama.hpp>
+#include <memopt/nn/fused.hpp>
+#include <memopt/nn/mlp.hpp>
+#include <memopt/nn/rmsnorm.hpp>
+#include <memopt/policies/recompute.hpp>
+
+#include "nn/fixtures.hpp"
+#include "support.hpp"
+
+namespace {
+
+using memopt::test::max_abs_diff;
+
+// fp32: the kernels sum x² and g·x̂ in 16 partial sums (the composite in ATen's order):
+// measured ≤ 3.7e-7 of the largest entry; 1e-6 fails on a real mistake (a dropped eps, a
+// mean over C − 1, a missing bf16 rounding move entries by ≥ 1e-3 here).
+constexpr double kFp32Rel = 1e-6;
+
+struct Grads {
+  torch::Tensor y, da, db;
+};
+
+// y = f(a, b) and the gradients of sum(y · dy), in double for comparison.
+template <class F>
+Grads run(F&& f, const torch::Tensor& a0, const torch::Tensor& b0, const torch::Tensor& dy) {
+  auto a = a0.detach().clone().requires_grad_(), b = b0.detach().clone().requires_grad_();
+  auto y = f(a, b);
+  y.backward(dy.to(y.scalar_type()));
+  return {y.detach().to(torch::kDouble), a.grad().to(torch::kDouble), b.grad().to(torch::kDouble)};
+}
+
+double rel_diff(const torch::Tensor& got, const torch::Tensor& want) {
+  return max_abs_diff(got, want) / std::max(want.abs().max().item<double>(), 1e-30);
+}
+
+// fp32 kernel vs composite within kFp32Rel, for y and both gradients.
+void check_fp32(const Grads& got, const Grads& want) {
+  INFO("y " << rel_diff(got.y, want.y) << ", da " << rel_diff(got.da, want.da) << ", db "
+            << rel_diff(got.db, want.db));
+  CHECK(rel_diff(got.y, want.y) <= kFp32Rel);
+  CHECK(rel_diff(got.da, want.da) <= kFp32Rel);
+  CHECK(rel_diff(got.db, want.db) <= kFp32Rel);
+}
+
+// bf16: the kernel's error against fp64 within twice the composite's own (plus a bf16 ulp at
+// the largest entry, for entries the composite happens to round exactly).
+void check_bf16(const Grads& got, const Grads& composite, const Grads& exact) {
+  auto within = [](const torch::Tensor& g, const torch::Tensor& c, const torch::Tensor& e, const char* what) {
+    const double ulp = std::ldexp(e.abs().max().item<double>(), -8);
+    INFO(what << ": fused error " << max_abs_diff(g, e) << ", composite error " << max_abs_diff(c, e));
+    CHECK(max_abs_diff(g, e) <= 2 * max_abs_diff(c, e) + ulp);
+  };
+  within(got.y, composite.y, exact.y, "y");
+  within(got.da, composite.da, exact.da, "da");
+  within(got.db, composite.db, exact.db, "db");
+}
+
+}  // namespace
+
+TEST_CASE("fused exp is within 2 ulp of std::exp and clamps |x| at 87", "[nn][fused]") {
+  double worst = 0;
+  for (float x = -87.f; x <= 87.f; x += 0.01317f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(memopt::detail::fused::exp(x) - want) / want);
+  }
+  INFO("max relative error " << worst);
+  CHECK(worst <= 2 * 5.97e-8);  // 2 ulp (2^-24 relative each)
+  CHECK(memopt::detail::fused::exp(-1000.f) == memopt::detail::fused::exp(-87.f));
+  CHECK(std::isfinite(memopt::detail::fused::exp(1000.f)));
+}
+
+TEST_CASE("fused_rms_norm equals the composite RMSNorm, values and gradients", "[nn][fused]") {
+  torch::manual_seed(11);
+  const double eps = 0.1;  // ~1% of mean(x²) here: a dropped or misplaced eps fails
+  auto fused = [eps](const torch::Tensor& x, const torch::Tensor& w) { return memopt::nn::fused_rms_norm(x, w, eps); };
+  auto composite = [eps](const torch::Tensor& x, const torch::Tensor& w) {
+    return memopt::nn::rms_norm_composite(x, w, eps);
+  };
+  // Rows of 37 and 5 (not multiples of the 16 lanes) and 512; 3-D; enough rows for both threads.
+  // (Not C = 1: there dx is all cancellation, eps · g / (x² + eps), and only its sign is robust.)
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{50, 37}, {3, 40, 512}, {4, 5}}) {
+    DYNAMIC_SECTION("shape " << torch::IntArrayRef(shape)) {
+      const auto x = torch::randn(shape) * 3;
+      const auto w = torch::rand({shape.back()}) + 0.5;
+      const auto dy = torch::randn(shape);
+      check_fp32(run(fused, x, w, dy), run(composite, x, w, dy));
+      // bf16 input with an fp32 weight (fp32 result), and with a bf16 weight (bf16 result).
+      const auto exact = run(composite, x.to(torch::kBFloat16).to(torch::kDouble), w.to(torch::kDouble), dy);
+      const auto xb = x.to(torch::kBFloat16);
+      check_bf16(run(fused, xb, w, dy), run(composite, xb, w, dy), exact);
+      const auto exact_bw =
+          run(composite, xb.to(torch::kDouble), w.to(torch::kBFloat16).to(torch::kDouble), dy);
+      check_bf16(run(fused, xb, w.to(torch::kBFloat16), dy), run(composite, xb, w.to(torch::kBFloat16), dy),
+                 exact_bw);
+      CHECK(memopt::nn::fused_rms_norm(xb, w, eps).scalar_type() == torch::kFloat);
+      CHECK(memopt::nn::fused_rms_norm(xb, w.to(torch::kBFloat16), eps).scalar_type() == torch::kBFloat16);
+    }
+  }
+  SECTION("the module's fused option runs it") {
+    memopt::nn::RMSNorm plain(memopt::nn::RMSNormOptions(24)), fast(memopt::nn::RMSNormOptions(24).fused(true));
+    const auto x = torch::randn({5, 24});
+    CHECK(max_abs_diff(fast(x), plain(x)) <= kFp32Rel * plain(x).abs().max().item<double>());
+  }
+}
+
+TEST_CASE("fused_swiglu equals silu(g) · u, values and gradients, keeping one tensor less", "[nn][fused]") {
+  torch::manual_seed(12);
+  auto fused = [](const torch::Tensor& g, const torch::Tensor& u) { return memopt::nn::fused_swiglu(g, u); };
+  auto composite = [](const torch::Tensor& g, const torch::Tensor& u) { return torch::silu(g) * u; };
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{7, 33}, {2, 64, 352}}) {
+    DYNAMIC_SECTION("shape " << torch::IntArrayRef(shape)) {
+      const auto g = torch::randn(shape) * 4, u = torch::randn(shape), dy = torch::randn(shape);
+      check_fp32(run(fused, g, u, dy), run(composite, g, u, dy));
+    }
+  }
+  SECTION("saturated inputs: silu(±90) and its gradient as ATen's") {
+    const auto g = torch::tensor({-90.f, -30.f, 0.f, 30.f, 90.f}), u = torch::ones({5}), dy = torch::ones({5});
+    const auto got = run(fused, g, u, dy), want = run(composite, g, u, dy);
+    CHECK(max_abs_diff(got.y, want.y) <= 1e-5);
+    CHECK(max_abs_diff(got.da, want.da) <= 1e-6);
+  }
+  SECTION("backward keeps g and u only: one (…, F) tensor less than the composite") {
+    auto& tracker = memopt::memory::Tracker::instance();
+    const auto g = torch::randn({16, 256}).requires_grad_(), u = torch::randn({16, 256}).requires_grad_();
+    auto kept = [&](auto&& f) {
+      const int64_t before = tracker.live_bytes();
+      auto y = f(g, u);
+      return tracker.live_bytes() - before;  // y and what the graph saved
+    };
+    const int64_t tensor_bytes = g.numel() * 4;
+    CHECK(kept(composite) - kept(fused) == tensor_bytes);
+  }
+  SECTION("bf16, fp16, non-contiguous and mixed inputs run the composite") {
+    const auto g = torch::randn({6, 10}), u = torch::randn({6, 10});
+    for (const auto dtype : {torch::kBFloat16, torch::kHalf, torch::kDouble}) {
+      CHECK(torch::equal(memopt::nn::fused_swiglu(g.to(dtype), u.to(dtype)), composite(g.to(dtype), u.to(dtype))));
+    }
+    CHECK(torch::equal(memopt::nn::fused_swiglu(g.t(), u.t()), composite(g.t(), u.t())));
+    const auto x = torch::randn({10, 6});
+    CHECK(torch::equal(memopt::nn::fused_rms_norm(x.t(), torch::ones({10}), 1e-5),
+                       memopt::nn::rms_norm_composite(x.t(), torch::ones({10}), 1e-5)));
+  }
+}
+
+TEST_CASE("a LLaMA with fused_kernels trains as one without", "[nn][fused][llama]") {
+  using namespace memopt::test::nn;  // NOLINT: the fixtures of the nn tests
+  torch::manual_seed(14);
+  memopt::models::Llama plain(small_llama(true));
+  auto fused = copy_of(plain, small_llama(true).fused_kernels(true));
+  const auto batch = small_batch(2, 40, 97);
+  check_same_training(fused, plain, batch, memopt::recompute::None{});
+  check_same_training(fused, plain, batch, memopt::recompute::Selective{});
+}
