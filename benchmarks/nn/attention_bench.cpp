@@ -4,8 +4,9 @@
 //   ATen's SDPA (--impl sdpa: LibTorch 2.x's CPU flash kernel, memory linear in L) or memopt's
 //   blockwise path (--impl blockwise); or the LM head's loss with the full (N, V) logits
 //   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked); or RMSNorm
-//   and SwiGLU's silu(g)·u as ATen composites (--impl rms_norm | swiglu) or nn/fused.hpp's
-//   kernels (--impl rms_norm_fused | swiglu_fused), --dtype fp32 | bf16.
+//   SwiGLU's silu(g)·u and RoPE on q and k as ATen composites (--impl rms_norm | swiglu |
+//   rope) or nn/fused.hpp's kernels (--impl rms_norm_fused | swiglu_fused | rope_fused),
+//   --dtype fp32 | bf16.
 // Prints one JSON line; math prints a "skipped" line where it would need more than --max_gib.
 //
 //   memopt_bench_attention --impl blockwise --L 4096
@@ -32,6 +33,7 @@
 #include "memopt/nn/attention.hpp"
 #include "memopt/nn/cross_entropy.hpp"
 #include "memopt/nn/fused.hpp"
+#include "memopt/nn/rope.hpp"
 #include "memopt/runtime.hpp"
 
 namespace {
@@ -59,7 +61,9 @@ struct BenchConfig {
   uint64_t seed = 1234;
 
   bool is_attention() const { return impl == "math" || impl == "sdpa" || impl == "blockwise"; }
-  bool is_elementwise() const { return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0; }
+  bool is_elementwise() const {
+    return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0 || impl.rfind("rope", 0) == 0;
+  }
 };
 
 // The math path's peak, in fp32 (B, H, L, L) tensors: measured 3.0 at L = 2048 and 4096
@@ -175,29 +179,49 @@ nlohmann::ordered_json run_cross_entropy(const BenchConfig& cfg) {
   return line;
 }
 
-// RMSNorm over (rows, C) or silu(g)·u over (rows, F): forward + backward, composite or fused.
+// RMSNorm over (rows, C), silu(g)·u over (rows, F) or RoPE on q and k (1, rows, heads,
+// head_dim): forward + backward, composite or fused.
 nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
-  const bool norm = cfg.impl.rfind("rms_norm", 0) == 0, fused = cfg.impl.find("_fused") != std::string::npos;
+  const std::string kernel = cfg.impl.substr(0, cfg.impl.find("_fused"));
+  const bool fused = kernel != cfg.impl;
   const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
-  const int64_t width = norm ? cfg.hidden : cfg.ffn;
+  const auto rand = [&](std::vector<int64_t> shape) { return torch::randn(shape).to(dtype).requires_grad_(); };
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
-  auto a = torch::randn({cfg.rows, width}).to(dtype).requires_grad_();  // x, or g
-  auto b = norm ? (torch::rand({width}) + 0.5).requires_grad_()        // an fp32 weight, as in training
-                : torch::randn({cfg.rows, width}).to(dtype).requires_grad_();  // u
-  const auto grad_out = torch::randn({cfg.rows, width}).to(norm ? torch::kFloat : dtype);
+  torch::Tensor a, b;  // x and an fp32 weight (as in training); g and u; q and k
+  int64_t width = 0;
+  if (kernel == "rms_norm") {
+    width = cfg.hidden;
+    a = rand({cfg.rows, width});
+    b = (torch::rand({width}) + 0.5).requires_grad_();
+  } else if (kernel == "swiglu") {
+    width = cfg.ffn;
+    a = rand({cfg.rows, width});
+    b = rand({cfg.rows, width});
+  } else {
+    width = cfg.heads * cfg.head_dim;
+    a = rand({1, cfg.rows, cfg.heads, cfg.head_dim});
+    b = rand({1, cfg.rows, cfg.heads, cfg.head_dim});
+  }
+  const auto [cos, sin] = memopt::nn::rope_tables(cfg.rows, cfg.head_dim, 10000.0, torch::kCPU);  // (rows, D)
+  const auto grad_out = torch::randn({kernel == "rope" ? 2 * cfg.rows * width : cfg.rows * width});
   auto step = [&] {
     a.mutable_grad() = torch::Tensor();
     b.mutable_grad() = torch::Tensor();
-    torch::Tensor y;  // (rows, width)
-    if (norm) {
+    torch::Tensor y;  // every output, flattened
+    if (kernel == "rms_norm") {
       y = fused ? memopt::nn::fused_rms_norm(a, b, 1e-5) : memopt::nn::rms_norm_composite(a, b, 1e-5);
-    } else {
+    } else if (kernel == "swiglu") {
       y = fused ? memopt::nn::fused_swiglu(a, b) : torch::silu(a) * b;
+    } else {
+      const auto [q, k] = fused ? memopt::nn::fused_rope(a, b, cos, sin)
+                                : std::pair{memopt::nn::apply_rope(a.transpose(1, 2), cos, sin),
+                                            memopt::nn::apply_rope(b.transpose(1, 2), cos, sin)};
+      y = torch::cat({q.reshape({-1}), k.reshape({-1})});
     }
-    y.backward(grad_out.to(y.scalar_type()));
+    y.backward(grad_out.view_as(y).to(y.scalar_type()));
   };
   const auto t = time_steps(cfg, step);
-  nlohmann::ordered_json line{{"suite", "fused"},   {"name", norm ? "rms_norm" : "swiglu"}, {"impl", cfg.impl},
+  nlohmann::ordered_json line{{"suite", "fused"},   {"name", kernel},       {"impl", cfg.impl},
                               {"dtype", cfg.dtype}, {"rows", cfg.rows}, {"width", width}};
   line["peak_tracked_mib"] = mib(t.peak_bytes);
   line["ms"] = t.ms;
@@ -211,9 +235,9 @@ int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_attention: one forward+backward of attention or of the LM loss, one path per run"};
   app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked (LM loss); "
-                 "rms_norm | rms_norm_fused | swiglu | swiglu_fused (nn/fused.hpp)")
+                 "rms_norm | swiglu | rope, each also _fused (nn/fused.hpp)")
       ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked", "rms_norm", "rms_norm_fused",
-                             "swiglu", "swiglu_fused"}));
+                             "swiglu", "swiglu_fused", "rope", "rope_fused"}));
   app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--batch", cfg.batch, "B")->check(CLI::PositiveNumber);
   app.add_option("--heads", cfg.heads, "H")->check(CLI::PositiveNumber);

@@ -1,4 +1,4 @@
-// tests/nn/fused_test.cpp — memopt/nn/fused.hpp: the fused RMSNorm and SwiGLU equal their
+// tests/nn/fused_test.cpp — memopt/nn/fused.hpp: the fused RMSNorm, RoPE and SwiGLU equal their
 // ATen composites (values and gradients; fp32 within 1e-6 of the largest entry, bf16 within
 // the composite's own rounding error against fp64), keep less for backward, fall back to the
 // composite where the kernel does not apply, and a LLaMA with fused_kernels trains as one
@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -16,6 +17,7 @@
 #include <memopt/nn/fused.hpp>
 #include <memopt/nn/mlp.hpp>
 #include <memopt/nn/rmsnorm.hpp>
+#include <memopt/nn/rope.hpp>
 #include <memopt/policies/recompute.hpp>
 
 #include "nn/fixtures.hpp"
@@ -125,6 +127,9 @@ TEST_CASE("fused_swiglu equals silu(g) · u, values and gradients, keeping one t
     DYNAMIC_SECTION("shape " << torch::IntArrayRef(shape)) {
       const auto g = torch::randn(shape) * 4, u = torch::randn(shape), dy = torch::randn(shape);
       check_fp32(run(fused, g, u, dy), run(composite, g, u, dy));
+      const auto gb = g.to(torch::kBFloat16), ub = u.to(torch::kBFloat16), dyb = dy.to(torch::kBFloat16);
+      check_bf16(run(fused, gb, ub, dyb), run(composite, gb, ub, dyb),
+                 run(composite, gb.to(torch::kDouble), ub.to(torch::kDouble), dyb.to(torch::kDouble)));
     }
   }
   SECTION("saturated inputs: silu(±90) and its gradient as ATen's") {
@@ -144,15 +149,48 @@ TEST_CASE("fused_swiglu equals silu(g) · u, values and gradients, keeping one t
     const int64_t tensor_bytes = g.numel() * 4;
     CHECK(kept(composite) - kept(fused) == tensor_bytes);
   }
-  SECTION("bf16, fp16, non-contiguous and mixed inputs run the composite") {
+  SECTION("fp16, fp64, non-contiguous and mixed inputs run the composite") {
     const auto g = torch::randn({6, 10}), u = torch::randn({6, 10});
-    for (const auto dtype : {torch::kBFloat16, torch::kHalf, torch::kDouble}) {
+    CHECK(torch::equal(memopt::nn::fused_swiglu(g, u.to(torch::kBFloat16)), composite(g, u.to(torch::kBFloat16))));
+    for (const auto dtype : {torch::kHalf, torch::kDouble}) {
       CHECK(torch::equal(memopt::nn::fused_swiglu(g.to(dtype), u.to(dtype)), composite(g.to(dtype), u.to(dtype))));
     }
     CHECK(torch::equal(memopt::nn::fused_swiglu(g.t(), u.t()), composite(g.t(), u.t())));
     const auto x = torch::randn({10, 6});
     CHECK(torch::equal(memopt::nn::fused_rms_norm(x.t(), torch::ones({10}), 1e-5),
                        memopt::nn::rms_norm_composite(x.t(), torch::ones({10}), 1e-5)));
+  }
+}
+
+TEST_CASE("fused_rope equals apply_rope on q and k together, values and gradients", "[nn][fused]") {
+  torch::manual_seed(13);
+  const int64_t B = 2, T = 9, H = 4, KV = 2, D = 16;
+  const auto [cos, sin] = memopt::nn::rope_tables(T, D, 10000.0, torch::kCPU);  // (T, D)
+  // Both outputs, flattened into one: q (B, H, T, D) then k (B, KV, T, D).
+  auto joined = [](const std::pair<torch::Tensor, torch::Tensor>& qk) {
+    return torch::cat({qk.first.reshape({-1}), qk.second.reshape({-1})});
+  };
+  auto fused = [&](const torch::Tensor& q, const torch::Tensor& k) { return joined(memopt::nn::fused_rope(q, k, cos, sin)); };
+  auto composite = [&](const torch::Tensor& q, const torch::Tensor& k) {
+    return joined({memopt::nn::apply_rope(q.transpose(1, 2), cos, sin), memopt::nn::apply_rope(k.transpose(1, 2), cos, sin)});
+  };
+  const auto q = torch::randn({B, T, H, D}), k = torch::randn({B, T, KV, D});  // as the projections make them
+  const auto dy = torch::randn({(H + KV) * B * T * D});
+  check_fp32(run(fused, q, k, dy), run(composite, q, k, dy));
+  const auto qb = q.to(torch::kBFloat16), kb = k.to(torch::kBFloat16);
+  check_bf16(run(fused, qb, kb, dy), run(composite, qb, kb, dy),
+             run(composite, qb.to(torch::kDouble), kb.to(torch::kDouble), dy));
+  SECTION("the outputs are (B, H, T, D) views, as attention takes them") {
+    const auto [rq, rk] = memopt::nn::fused_rope(q, k, cos, sin);
+    CHECK(rq.sizes() == torch::IntArrayRef({B, H, T, D}));
+    CHECK(rk.sizes() == torch::IntArrayRef({B, KV, T, D}));
+    CHECK(rq.strides() == memopt::nn::apply_rope(q.transpose(1, 2), cos, sin).strides());
+  }
+  SECTION("other layouts and dtypes run apply_rope") {
+    const auto qt = q.transpose(1, 2).contiguous().transpose(1, 2);  // (B, T, H, D) strided
+    CHECK(torch::equal(fused(qt, k), composite(qt, k)));
+    CHECK(torch::equal(fused(q.to(torch::kDouble), k.to(torch::kDouble)),
+                       composite(q.to(torch::kDouble), k.to(torch::kDouble))));
   }
 }
 

@@ -53,10 +53,11 @@ def attention(ctx: Context) -> list[Step]:
 
 # ---- suite: fused ----
 # nn/fused.hpp's kernels next to their ATen composites: forward + backward of RMSNorm (an fp32
-# weight, as in training) and of SwiGLU's silu(g)·u, at the trainer suite's two shapes (2048
-# rows: 8 × 256 and 4 × 512 tokens; C 256 / 512, F 704 / 1408), fp32 and bf16 (bf16 SwiGLU
-# runs the composite both ways: the line shows it). One process per kernel, impl and dtype;
-# a ratio line each (fused / composite; the target: ms < 1). ~1 min (--quick: 256 rows).
+# weight, as in training), of SwiGLU's silu(g)·u and of RoPE on q and k, at the trainer suite's
+# two shapes (2048 rows: 8 × 256 and 4 × 512 tokens; C 256 / 512, F 704 / 1408, 8 heads of
+# 32 / 64), fp32 and bf16. One process per kernel, impl and dtype; a ratio line each (fused /
+# composite; the target: ms < 1).
+# ~1 min (--quick: 256 rows).
 FUSED_SHAPES = ((256, 704), (512, 1408))
 
 
@@ -65,7 +66,8 @@ def fused(ctx: Context) -> list[Step]:
     rows, passes = ("256", "--warmup 1 --steps 2") if ctx.quick else ("2048", "--warmup 2 --steps 10")
     for dim, ffn in FUSED_SHAPES:
         for dtype in ("fp32", "bf16"):
-            for kernel, width in (("rms_norm", f"--hidden {dim}"), ("swiglu", f"--ffn {ffn}")):
+            for kernel, width in (("rms_norm", f"--hidden {dim}"), ("swiglu", f"--ffn {ffn}"),
+                                  ("rope", f"--heads 8 --head_dim {dim // 8}")):
                 keys = []
                 for impl in (kernel, f"{kernel}_fused"):
                     key = f"{impl}-{dtype}-{dim}"

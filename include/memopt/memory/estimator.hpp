@@ -113,7 +113,7 @@ struct PerElement {
 //   bf16-pure: all bf16 except the norms' fp32 internals and the fp32 softmax.
 //   selective: the norms, the attention core and silu(gate)·up are recomputed in backward.
 //   fused kernels (not selective): each norm keeps its input and a per-row rstd, not x·rsqrt;
-//     in fp32 the SwiGLU product keeps gate and up, not silu(gate) (bf16 runs the composite).
+//     the SwiGLU product keeps gate and up, not silu(gate).
 //   dropout: the noise of the two residual dropouts and of the attention probabilities, and
 //     the dropped probabilities.
 //   mixture of experts (sorted dispatch): the (B, T, F) terms over top_k rows per token, plus
@@ -129,7 +129,7 @@ inline PerElement block_saved(const DtypeDesc& p, bool selective, const ModelDes
   }
   if (m.fused_kernels && !selective) {
     b.btc -= 2 * (p.half_weights ? 2 : 4);  // the two norms' x·rsqrt
-    if (!p.half_matmuls) b.btf -= 4;        // silu(gate)
+    b.btf -= p.half_matmuls ? 2 : 4;        // silu(gate)
   }
   if (!math) b.bhtt = 0;  // blockwise: a (B, H, T) log-sum-exp only
   if (m.dropout) {        // each dropout saves its scaled noise; the dropped probabilities feed PV

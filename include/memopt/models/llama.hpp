@@ -63,8 +63,8 @@ struct LlamaConfig {
   /// Rows per chunk of the output projection fused with the loss in loss_sum (the (B·T, V)
   /// logits are never held); 0: the full logits. A runtime choice: not part of config.json.
   TORCH_ARG(int64_t, loss_chunk_size) = 0;
-  /// The norms and SwiGLU product as nn/fused.hpp's CPU kernels (same values: fp32 within
-  /// 1e-6; one (B, T, F) tensor less kept per layer). A runtime choice: not part of config.json.
+  /// The norms, RoPE and the SwiGLU product as nn/fused.hpp's CPU kernels (same values: fp32
+  /// within 1e-6; less kept for backward). A runtime choice: not part of config.json.
   TORCH_ARG(bool, fused_kernels) = false;
 
 
@@ -104,7 +104,8 @@ struct LlamaConfig {
         .dropout(dropout_)
         .kind(attention_kind_)
         .q_block(attention_block_size_ > 0 ? attention_block_size_ : nn::kAttentionQBlock)
-        .kv_block(attention_block_size_ > 0 ? attention_block_size_ : nn::kAttentionKvBlock);
+        .kv_block(attention_block_size_ > 0 ? attention_block_size_ : nn::kAttentionKvBlock)
+        .fused_rope(fused_kernels_);
   }
 
   void validate() const {

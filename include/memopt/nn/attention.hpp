@@ -5,12 +5,14 @@
 // (attention_choice.hpp). The attention functions themselves are in attention_kernels.hpp.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "memopt/nn/attention_choice.hpp"
 #include "memopt/nn/attention_kernels.hpp"
+#include "memopt/nn/fused.hpp"
 #include "memopt/nn/linear.hpp"
 #include "memopt/nn/rope.hpp"
 #include "memopt/policies/recompute.hpp"
@@ -34,6 +36,8 @@ struct AttentionOptions {
   /// Blocks of the blockwise path: query and key positions per block.
   TORCH_ARG(int64_t, q_block) = kAttentionQBlock;
   TORCH_ARG(int64_t, kv_block) = kAttentionKvBlock;
+  /// RoPE on q and k as nn::fused_rope (one pass each way on the CPU) instead of apply_rope.
+  TORCH_ARG(bool, fused_rope) = false;
 };
 
 /// The attention pattern of one call, overriding the module's options: causal or not, and
@@ -92,11 +96,8 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
     const bool causal = mask.causal.value_or(options.causal());
     const torch::Tensor key_padding = mask.key_padding;
     const int64_t D = head_dim();
-    auto q = q_proj(x).view({B, T, H, D}).transpose(1, 2);   // (B, H, T, D)
-    auto k = k_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
-    auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
-    q = apply_rope(q, cos, sin);
-    k = apply_rope(k, cos, sin);
+    const auto [q, k] = rotate(q_proj(x).view({B, T, H, D}), k_proj(x).view({B, T, KV, D}), cos, sin);
+    const auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // q (B, H, T, D); k, v (B, KV, T, D)
     torch::Tensor y;  // (B, H, T, D)
     if (options.kind() == AttentionKind::kBlockwise) {
       auto blockwise = BlockwiseAttentionOptions().causal(causal).key_padding_mask(key_padding);
@@ -119,6 +120,14 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
 
   AttentionOptions options;
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  // RoPE on q (B, T, H, D) and k (B, T, KV, D) -> (B, H, T, D), (B, KV, T, D).
+  std::pair<torch::Tensor, torch::Tensor> rotate(const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& cos, const torch::Tensor& sin) const {
+    if (options.fused_rope()) return fused_rope(q, k, cos, sin);
+    return {apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)};
+  }
 };
 TORCH_MODULE(Attention);
 

@@ -4,13 +4,15 @@
 //   rms_norm(x, w, eps)  one pass forward (sum of squares, then scale), one backward (dx, dw);
 //                        keeps x and one fp32 rstd per row (the composite keeps x², the mean,
 //                        rsqrt and x·rsqrt besides);
+//   rope(q, k)           q and k rotated in one node, one pass each, from the projections
+//                        (B, T, heads, D) layout; keeps the cos/sin tables only;
 //   swiglu(g, u)         silu(g)·u; keeps g and u (the composite keeps silu(g) too: one
 //                        (B, T, F) tensor less per layer), backward in one pass.
-// Same mathematics and roundings as the composites in nn/rmsnorm.hpp and nn/mlp.hpp (fp32
-// ≤ 1e-6 of the largest entry; bf16 rounded where the composite rounds), threads through
-// at::parallel_for. They run for contiguous CPU tensors, fp32 or bf16 (RMSNorm) and fp32
-// (SwiGLU); anything else (a GPU, fp16, fp64) runs the composite, so a model may choose them
-// everywhere (LlamaConfig::fused_kernels). scripts/bench kernels measures them.
+// Same mathematics and roundings as the composites in nn/rmsnorm.hpp, nn/rope.hpp and
+// nn/mlp.hpp (fp32 ≤ 1e-6 of the largest entry; bf16 rounded where the composite rounds),
+// threads through detail/parallel.hpp (at::parallel_for is serial in code built without
+// -fopenmp). They run for contiguous fp32 or bf16 CPU tensors; anything else (a GPU, fp16,
+// fp64) runs the composite, so a model may choose them everywhere (LlamaConfig::fused_kernels). `scripts/bench fused` measures them.
 //
 // Plain C++ loops written for GCC's auto-vectoriser (at -O3), cloned per ISA (AVX-512, AVX2,
 // baseline; picked at load) since a header-only library gets the user's flags, not ATen's
@@ -18,7 +20,6 @@
 // vectorise.
 #pragma once
 
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -27,9 +28,13 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
+
+#include "memopt/detail/parallel.hpp"
+#include "memopt/nn/rope.hpp"
 
 namespace memopt::detail::fused {
 
@@ -159,7 +164,7 @@ MEMOPT_FUSED_CLONES void rms_norm_backward_rows(const O* dy, const T* x, const W
 
 template <class T, class W, class O>
 void rms_norm_forward(const T* x, const W* w, O* y, float* rstd, int64_t rows, int64_t C, float eps) {
-  at::parallel_for(0, rows, grain_rows(C), [&](int64_t begin, int64_t end) {
+  parallel_chunks(rows, grain_rows(C), [&](int64_t begin, int64_t end, int64_t) {
     rms_norm_forward_rows(x, w, y, rstd, begin, end, C, eps);
   });
 }
@@ -167,15 +172,14 @@ void rms_norm_forward(const T* x, const W* w, O* y, float* rstd, int64_t rows, i
 template <class T, class W, class O>
 void rms_norm_backward(const O* dy, const T* x, const W* w, const float* rstd, T* dx, float* dw, int64_t rows,
                        int64_t C) {
-  const int64_t threads = at::get_num_threads();
-  std::vector<float> partial(static_cast<size_t>(threads * C), 0.f);  // per-thread dw
-  std::vector<float> scratch(static_cast<size_t>(threads * C));        // per-thread g
-  at::parallel_for(0, rows, grain_rows(C), [&](int64_t begin, int64_t end) {
-    const int64_t t = at::get_thread_num();
-    rms_norm_backward_rows(dy, x, w, rstd, dx, partial.data() + t * C, scratch.data() + t * C, begin, end, C);
+  const int64_t chunks = parallel_chunk_count(rows, grain_rows(C));
+  std::vector<float> partial(static_cast<size_t>(chunks * C), 0.f);  // per-chunk dw
+  std::vector<float> scratch(static_cast<size_t>(chunks * C));        // per-chunk g
+  parallel_chunks(rows, grain_rows(C), [&](int64_t begin, int64_t end, int64_t chunk) {
+    rms_norm_backward_rows(dy, x, w, rstd, dx, partial.data() + chunk * C, scratch.data() + chunk * C, begin, end, C);
   });
-  for (int64_t t = 0; t < threads; ++t)
-    for (int64_t j = 0; j < C; ++j) dw[j] += partial[t * C + j];
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j = 0; j < C; ++j) dw[j] += partial[c * C + j];
 }
 
 // ---- SwiGLU: y = T(T(silu(g)) · u) ----
@@ -204,13 +208,14 @@ MEMOPT_FUSED_CLONES void swiglu_backward_range(const T* dy, const T* g, const T*
 
 template <class T>
 void swiglu_forward(const T* g, const T* u, T* y, int64_t n) {
-  at::parallel_for(0, n, kGrainElements, [&](int64_t begin, int64_t end) { swiglu_forward_range(g, u, y, begin, end); });
+  parallel_chunks(n, kGrainElements,
+                  [&](int64_t begin, int64_t end, int64_t) { swiglu_forward_range(g, u, y, begin, end); });
 }
 
 template <class T>
 void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n) {
-  at::parallel_for(0, n, kGrainElements,
-                   [&](int64_t begin, int64_t end) { swiglu_backward_range(dy, g, u, dg, du, begin, end); });
+  parallel_chunks(n, kGrainElements,
+                  [&](int64_t begin, int64_t end, int64_t) { swiglu_backward_range(dy, g, u, dg, du, begin, end); });
 }
 
 // Calls fn with a null pointer of the C++ type of `dtype` (fp32 or bf16).
@@ -271,11 +276,69 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// ---- RoPE: y = T(x · cos + rotate_half(x) · sin), rotate_half(x) = (−x₂, x₁) over the halves ----
+
+// Rows of D (b, t, h) in a (B, T, heads, D) tensor; cos/sin (T, D) fp32. sign +1 applies the
+// rotation (forward), −1 its transpose (backward: dx = dy · cos + rotate_halfᵀ(dy · sin)).
+template <class T>
+MEMOPT_FUSED_CLONES void rope_rows(const T* x, const float* cos, const float* sin, T* y, int64_t begin, int64_t end,
+                                   int64_t T_len, int64_t heads, int64_t D, float sign) {
+  const int64_t half = D / 2;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t t = (r / heads) % T_len;
+    const T* xr = x + r * D;
+    T* yr = y + r * D;
+    const float* c = cos + t * D;
+    const float* s = sin + t * D;
+    // forward: y₁ = x₁c₁ − x₂s₁, y₂ = x₂c₂ + x₁s₂; backward: dx₁ = dy₁c₁ + dy₂s₂, dx₂ = dy₂c₂ − dy₁s₁.
+    const float* s_first = sign > 0 ? s : s + half;
+    const float* s_second = sign > 0 ? s + half : s;
+    for (int64_t j = 0; j < half; ++j)
+      yr[j] = from_float<T>(to_float(xr[j]) * c[j] - sign * to_float(xr[j + half]) * s_first[j]);
+    for (int64_t j = 0; j < half; ++j)
+      yr[half + j] = from_float<T>(to_float(xr[half + j]) * c[half + j] + sign * to_float(xr[j]) * s_second[j]);
+  }
+}
+
+// x (B, T, heads, D) contiguous -> the rotated copy, same layout.
+inline torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, float sign) {
+  auto y = torch::empty_like(x);
+  const int64_t T_len = x.size(1), heads = x.size(2), D = x.size(3), rows = x.numel() / D;
+  with_type(x.scalar_type(), [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    parallel_chunks(rows, grain_rows(D), [&](int64_t begin, int64_t end, int64_t) {
+      rope_rows(x.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), y.data_ptr<T>(), begin, end, T_len,
+                heads, D, sign);
+    });
+  });
+  return y;
+}
+
+class RopeFunction : public torch::autograd::Function<RopeFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                                                const torch::Tensor& k, const torch::Tensor& cos,
+                                                const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});  // the tables only: the rotation needs no activation
+    return {rope(q, cos, sin, 1.f), rope(k, cos, sin, 1.f)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto back = [&](const torch::Tensor& g) { return g.defined() ? rope(g.contiguous(), saved[0], saved[1], -1.f) : g; };
+    return {back(grads[0]), back(grads[1]), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& g, const torch::Tensor& u) {
     auto y = torch::empty_like(g);
-    swiglu_forward(g.data_ptr<float>(), u.data_ptr<float>(), y.data_ptr<float>(), g.numel());
+    with_type(g.scalar_type(), [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      swiglu_forward(g.data_ptr<T>(), u.data_ptr<T>(), y.data_ptr<T>(), g.numel());
+    });
     ctx->save_for_backward({g, u});
     return y;
   }
@@ -284,10 +347,13 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &g = saved[0], &u = saved[1];
-    const auto dy = grads[0].to(torch::kFloat).contiguous();
+    const auto dy = grads[0].to(g.scalar_type()).contiguous();
     auto dg = torch::empty_like(g), du = torch::empty_like(u);
-    swiglu_backward(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
-                    du.data_ptr<float>(), g.numel());
+    with_type(g.scalar_type(), [&](auto* t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      swiglu_backward(dy.data_ptr<T>(), g.data_ptr<T>(), u.data_ptr<T>(), dg.data_ptr<T>(), du.data_ptr<T>(),
+                      g.numel());
+    });
     return {dg, du};
   }
 };
@@ -314,16 +380,36 @@ inline torch::Tensor fused_rms_norm(const torch::Tensor& x, const torch::Tensor&
   return f::RmsNormFunction::apply(x, w, eps);
 }
 
-/// silu(g) · u, fused (one pass each way, keeps g and u only) for contiguous fp32 CPU tensors
-/// of one shape, the composite otherwise (bf16 too: the kernel's bf16 conversions made it
-/// 0.65× the composite on an AVX2 EPYC, where ATen's silu has its own AVX2 build).
-/// g, u (..., F) -> (..., F).
+/// silu(g) · u, fused (one pass each way, keeps g and u only) for contiguous fp32/bf16 CPU
+/// tensors of one shape and dtype, the composite otherwise. g, u (..., F) -> (..., F).
 inline torch::Tensor fused_swiglu(const torch::Tensor& g, const torch::Tensor& u) {
-  const bool kernel = g.is_cpu() && u.is_cpu() && g.scalar_type() == torch::kFloat &&
-                      u.scalar_type() == torch::kFloat && g.sizes() == u.sizes() && g.is_contiguous() &&
+  namespace f = memopt::detail::fused;
+  const bool kernel = g.is_cpu() && u.is_cpu() && f::kernel_dtype(g.scalar_type()) &&
+                      g.scalar_type() == u.scalar_type() && g.sizes() == u.sizes() && g.is_contiguous() &&
                       u.is_contiguous();
   if (!kernel) return torch::silu(g) * u;
   return memopt::detail::fused::SwigluFunction::apply(g, u);
+}
+
+/// RoPE on q (B, T, H, D) and k (B, T, KV, D), as projections make them, with cos/sin (T, D)
+/// fp32: returns the rotated q and k as (B, H, T, D) and (B, KV, T, D) (transposed views, as
+/// attention takes them). One pass each way for contiguous fp32/bf16 CPU inputs, keeping
+/// nothing but the tables; nn/rope.hpp's apply_rope otherwise.
+inline std::pair<torch::Tensor, torch::Tensor> fused_rope(const torch::Tensor& q, const torch::Tensor& k,
+                                                          const torch::Tensor& cos, const torch::Tensor& sin) {
+  namespace f = memopt::detail::fused;
+  auto fits = [&](const torch::Tensor& x) {
+    return x.is_cpu() && x.dim() == 4 && f::kernel_dtype(x.scalar_type()) && x.is_contiguous() &&
+           x.size(3) % 2 == 0 && cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3);
+  };
+  const bool tables = cos.is_cpu() && sin.is_cpu() && cos.scalar_type() == torch::kFloat &&
+                      sin.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() &&
+                      cos.sizes() == sin.sizes();
+  if (!(tables && fits(q) && fits(k) && q.scalar_type() == k.scalar_type())) {
+    return {apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)};
+  }
+  const auto out = f::RopeFunction::apply(q, k, cos, sin);
+  return {out[0].transpose(1, 2), out[1].transpose(1, 2)};
 }
 
 }  // namespace memopt::nn
