@@ -132,6 +132,21 @@ TEST_CASE("attention_auto runs SDPA for dropout and the blockwise kernel for cau
   CHECK(memopt::nn::attention_choices().size() == before);
 }
 
+TEST_CASE("attention_auto runs the blockwise kernel with its blocks, and blocks make a shape of their own",
+          "[attention][choice]") {
+  auto q = torch::randn({2, 2, 40, 8});
+  const auto plain = AttentionShape::of(q, q, q, true, true);
+  const auto blocked = AttentionShape::of(q, q, q, true, true, 8, 16);
+  CHECK(plain.key() != blocked.key());
+  CHECK(blocked.str() == "B2 H2/2 T40x40 D8 causal padded Float blocks 8x16");
+  auto mask = torch::ones({2, 40}, torch::kBool);
+  mask[1].narrow(0, 30, 10).fill_(false);
+  const auto y = memopt::nn::attention_auto(q, q, q, true, 0.0, false, mask, 8, 16);  // causal + padded: blockwise
+  const auto want = memopt::nn::attention_blockwise(
+      q, q, q, memopt::nn::BlockwiseAttentionOptions().causal(true).key_padding_mask(mask).q_block(8).kv_block(16));
+  CHECK(torch::equal(y, want));
+}
+
 TEST_CASE("measure_attention and attention_auto reject bad options and shapes with a HINT", "[attention][choice]") {
   using Catch::Matchers::Contains;
   const auto shape = unseen_shape(8, true);

@@ -84,7 +84,7 @@ inline Result run(const Case& c, const Inputs& in, Path path, c10::ScalarType dt
   if (path == Path::kSdpa) {
     out = memopt::nn::attention_sdpa(q, k, v, c.causal, 0.0, false, in.mask);
   } else if (path == Path::kAuto) {
-    out = memopt::nn::attention_auto(q, k, v, c.causal, 0.0, false, in.mask);
+    out = memopt::nn::attention_auto(q, k, v, c.causal, 0.0, false, in.mask, c.q_block, c.kv_block);
   } else if (path == Path::kBlockwise) {
     out = memopt::nn::attention_blockwise(q, k, v,
                                           memopt::nn::BlockwiseAttentionOptions()

@@ -105,7 +105,8 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
     } else if (options.kind() == AttentionKind::kSdpa) {
       y = attention_sdpa(q, k, v, causal, options.dropout(), is_training(), key_padding);
     } else if (options.kind() == AttentionKind::kAuto) {
-      y = attention_auto(q, k, v, causal, options.dropout(), is_training(), key_padding);
+      y = attention_auto(q, k, v, causal, options.dropout(), is_training(), key_padding, options.q_block(),
+                         options.kv_block());
     } else {
       const bool training = is_training();
       const double dropout = options.dropout();

@@ -50,10 +50,13 @@ struct AttentionShape {
   // The strides of q, k and v: a (B, T, H, D) projection seen as (B, H, T, D) runs slower in
   // some kernels than a contiguous one, so the probe copies the layout too.
   std::array<int64_t, 4> q_strides{}, k_strides{}, v_strides{};
+  // The blockwise kernel's query and key blocks (what it would run with: part of its speed).
+  int64_t q_block = kAttentionQBlock, kv_block = kAttentionKvBlock;
 
-  /// The shape of attention(q, k, v): q (B, H, Tq, D), k and v (B, KV, Tk, D).
+  /// The shape of attention(q, k, v): q (B, H, Tq, D), k and v (B, KV, Tk, D); the blockwise
+  /// kernel with q_block × kv_block blocks.
   static AttentionShape of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
-                           bool padded) {
+                           bool padded, int64_t q_block = kAttentionQBlock, int64_t kv_block = kAttentionKvBlock) {
     auto strides = [](const torch::Tensor& x) {
       std::array<int64_t, 4> s{};
       for (int64_t d = 0; d < 4; ++d) s[d] = x.stride(d);
@@ -62,7 +65,8 @@ struct AttentionShape {
     return {q.device().type(), q.device().index(), q.scalar_type(), memopt::detail::matmul_dtype(q),
             q.size(0),         q.size(1),          k.size(1),       q.size(2),
             k.size(2),         q.size(3),          causal,          padded,
-            strides(q),        strides(k),         strides(v)};
+            strides(q),        strides(k),         strides(v),      q_block,
+            kv_block};
   }
 
   bool contiguous() const {
@@ -75,16 +79,25 @@ struct AttentionShape {
   auto key() const {
     return std::make_tuple(static_cast<int>(device), static_cast<int>(device_index), static_cast<int>(dtype),
                            static_cast<int>(autocast), batch, heads, kv_heads, q_len, kv_len, head_dim, causal, padded,
-                           q_strides, k_strides, v_strides);
+                           q_strides, k_strides, v_strides, q_block, kv_block);
   }
   bool operator<(const AttentionShape& o) const { return key() < o.key(); }
 
   /// "B8 H8/8 T512x512 D64 causal Float" (for logs and benchmark lines; "strided" when q, k or v
-  /// is a view of another layout).
+  /// is a view of another layout, "blocks 64x128" when not the default blocks).
   std::string str() const {
-    return fmt::format("B{} H{}/{} T{}x{} D{} {}{} {}{}{}", batch, heads, kv_heads, q_len, kv_len, head_dim,
+    const bool default_blocks = q_block == kAttentionQBlock && kv_block == kAttentionKvBlock;
+    return fmt::format("B{} H{}/{} T{}x{} D{} {}{} {}{}{}{}", batch, heads, kv_heads, q_len, kv_len, head_dim,
                        causal ? "causal" : "bidirectional", padded ? " padded" : "", c10::toString(autocast),
-                       contiguous() ? "" : " strided", device == c10::kCUDA ? " cuda" : "");
+                       contiguous() ? "" : " strided",
+                       default_blocks ? "" : fmt::format(" blocks {}x{}", q_block, kv_block),
+                       device == c10::kCUDA ? " cuda" : "");
+  }
+
+  /// The blockwise kernel's options on this shape (causal, blocks), with `key_padding_mask`.
+  BlockwiseAttentionOptions blockwise(const torch::Tensor& key_padding_mask = {}) const {
+    return BlockwiseAttentionOptions().causal(causal).key_padding_mask(key_padding_mask).q_block(q_block).kv_block(
+        kv_block);
   }
 };
 
@@ -200,7 +213,7 @@ inline AttentionChoice measure_attention(const AttentionShape& shape, const Atte
     return attention_sdpa(q, k, v, shape.causal, 0.0, false, mask);
   });
   c.blockwise = memopt::detail::time_attention(shape, options.reps(), [&](auto& q, auto& k, auto& v, auto& mask) {
-    return attention_blockwise(q, k, v, BlockwiseAttentionOptions().causal(shape.causal).key_padding_mask(mask));
+    return attention_blockwise(q, k, v, shape.blockwise(mask));
   });
   c.kind = pick_attention(c.sdpa, c.blockwise, options.tie());
   return c;
@@ -223,21 +236,22 @@ inline std::vector<std::pair<AttentionShape, AttentionChoice>> attention_choices
   return {t.choices.begin(), t.choices.end()};
 }
 
-/// attention_sdpa's conventions, on whichever of SDPA and attention_blockwise choose_attention
-/// measured faster on this shape. Dropout in training runs SDPA (the blockwise kernel has none),
-/// and causal attention with key padding the blockwise kernel (SDPA would need a (T, T) mask),
-/// both without measuring.
+/// attention_sdpa's conventions, on whichever of SDPA and attention_blockwise (with q_block ×
+/// kv_block blocks) choose_attention measured faster on this shape. Dropout in training runs
+/// SDPA (the blockwise kernel has none), and causal attention with key padding the blockwise
+/// kernel (SDPA would need a (T, T) mask), both without measuring.
 ///   auto y = memopt::nn::attention_auto(q, k, v, /*causal=*/true, 0.0, false);  // (B, H, T, D)
 inline torch::Tensor attention_auto(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                     bool causal, double dropout, bool training,
-                                    const torch::Tensor& key_padding_mask = {}) {
+                                    const torch::Tensor& key_padding_mask = {}, int64_t q_block = kAttentionQBlock,
+                                    int64_t kv_block = kAttentionKvBlock) {
   const bool padded = key_padding_mask.defined();
-  if ((training && dropout > 0) || (causal && padded))
-    return attention_sdpa(q, k, v, causal, dropout, training, key_padding_mask);
+  if (training && dropout > 0) return attention_sdpa(q, k, v, causal, dropout, training, key_padding_mask);
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "memopt::nn::attention_auto: q must be (B, H, T, D) and k, v (B, KV, T, "
               "D) (got q ", q.sizes(), ", k ", k.sizes(), "). HINT: transpose(1, 2) a (B, T, H, D) projection.");
-  if (choose_attention(AttentionShape::of(q, k, v, causal, padded)).kind == AttentionKind::kBlockwise)
-    return attention_blockwise(q, k, v, BlockwiseAttentionOptions().causal(causal).key_padding_mask(key_padding_mask));
+  const auto shape = AttentionShape::of(q, k, v, causal, padded, q_block, kv_block);
+  if ((causal && padded) || choose_attention(shape).kind == AttentionKind::kBlockwise)
+    return attention_blockwise(q, k, v, shape.blockwise(key_padding_mask));
   return attention_sdpa(q, k, v, causal, 0.0, false, key_padding_mask);
 }
 
