@@ -72,11 +72,11 @@ TEST_CASE("bad Trainer options fail with the option, the value and a HINT", "[tr
 namespace {
 
 // Host reads during one step of a tiny LLaMA with the chunked loss over `micro` (one loader
-// batch per micro-batch), under accumulation policy Accum.
+// batch per micro-batch), under accumulation policy Accum; `fused`: LlamaConfig::fused_kernels.
 template <class Accum>
-int64_t host_reads_per_step(const std::vector<Batch>& micro, memopt::TrainerOptions options) {
+int64_t host_reads_per_step(const std::vector<Batch>& micro, memopt::TrainerOptions options, bool fused = false) {
   torch::manual_seed(3);
-  memopt::models::Llama model(tiny_llama(0.0).loss_chunk_size(8));
+  memopt::models::Llama model(tiny_llama(0.0).loss_chunk_size(8).fused_kernels(fused));
   memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Fp32, Accum> trainer(*model, options);
   ListLoader loader{micro};
   auto loss_fn = [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
@@ -98,6 +98,7 @@ TEST_CASE("a Trainer step reads the host once, however many micro-batches check 
   CHECK(host_reads_per_step<memopt::accum::Fixed<4>>(micro, memopt::TrainerOptions()) == 1);
   CHECK(host_reads_per_step<memopt::accum::Runtime>(micro, memopt::TrainerOptions().accum_steps(4)) == 1);
   CHECK(host_reads_per_step<memopt::accum::Fixed<4>>(micro, memopt::TrainerOptions().skip_nonfinite(false)) == 1);
+  CHECK(host_reads_per_step<memopt::accum::Fixed<4>>(micro, memopt::TrainerOptions(), /*fused=*/true) == 1);
 }
 
 TEST_CASE("a target outside the vocabulary stops the Trainer step before the update, naming it", "[trainer]") {

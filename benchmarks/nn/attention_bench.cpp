@@ -3,10 +3,10 @@
 //   attention (B=1, H=8, D=64, causal, fp32 by default) on the math path (--impl math),
 //   ATen's SDPA (--impl sdpa: LibTorch 2.x's CPU flash kernel, memory linear in L) or memopt's
 //   blockwise path (--impl blockwise); or the LM head's loss with the full (N, V) logits
-//   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked); or RMSNorm
-//   SwiGLU's silu(g)·u and RoPE on q and k as ATen composites (--impl rms_norm | swiglu |
-//   rope) or nn/fused.hpp's kernels (--impl rms_norm_fused | swiglu_fused | rope_fused),
-//   --dtype fp32 | bf16.
+//   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked; with its
+//   softmax as fused row kernels: ce_chunked_fused); or RMSNorm, SwiGLU's silu(g)·u and RoPE on
+//   q and k as ATen composites (--impl rms_norm | swiglu | rope) or nn/fused.hpp's kernels
+//   (--impl rms_norm_fused | swiglu_fused | rope_fused), --dtype fp32 | bf16.
 // Prints one JSON line; math prints a "skipped" line where it would need more than --max_gib.
 //
 //   memopt_bench_attention --impl blockwise --L 4096
@@ -159,9 +159,10 @@ nlohmann::ordered_json run_cross_entropy(const BenchConfig& cfg) {
     hidden.mutable_grad() = torch::Tensor();
     weight.mutable_grad() = torch::Tensor();
     torch::Tensor loss;
-    if (cfg.impl == "ce_chunked") {
-      loss = memopt::nn::chunked_cross_entropy_sum(hidden, weight, targets,
-                                                   memopt::nn::ChunkedCrossEntropyOptions().chunk_size(cfg.chunk));
+    if (cfg.impl.rfind("ce_chunked", 0) == 0) {
+      loss = memopt::nn::chunked_cross_entropy_sum(
+          hidden, weight, targets,
+          memopt::nn::ChunkedCrossEntropyOptions().chunk_size(cfg.chunk).fused(cfg.impl == "ce_chunked_fused"));
     } else {
       loss = torch::nn::functional::cross_entropy(hidden.matmul(weight.t()), targets,
                                                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
@@ -175,7 +176,7 @@ nlohmann::ordered_json run_cross_entropy(const BenchConfig& cfg) {
   line["ms"] = t.ms;
   line["ms_min"] = t.ms_min;
   line["inputs_mib"] = mib(t.live_before);
-  if (cfg.impl == "ce_chunked") line["chunk"] = cfg.chunk;
+  if (cfg.impl != "ce_full") line["chunk"] = cfg.chunk;
   return line;
 }
 
@@ -234,9 +235,11 @@ nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
 int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_attention: one forward+backward of attention or of the LM loss, one path per run"};
-  app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked (LM loss); "
+  app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked | ce_chunked_fused "
+                 "(LM loss); "
                  "rms_norm | swiglu | rope, each also _fused (nn/fused.hpp)")
-      ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked", "rms_norm", "rms_norm_fused",
+      ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked", "ce_chunked_fused", "rms_norm",
+                             "rms_norm_fused",
                              "swiglu", "swiglu_fused", "rope", "rope_fused"}));
   app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--batch", cfg.batch, "B")->check(CLI::PositiveNumber);

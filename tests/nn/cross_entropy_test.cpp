@@ -29,13 +29,13 @@ TEST_CASE("chunked_cross_entropy_sum equals the full logits' cross-entropy", "[c
   auto targets = torch::randint(V, {N});
   targets.index_put_({torch::rand({N}) < 0.2}, memopt::kIgnoreIndex);
   targets[0] = memopt::kIgnoreIndex;
-  for (const int64_t chunk : {int64_t{1}, int64_t{8}, int64_t{50}, int64_t{1000}}) {
-    DYNAMIC_SECTION("chunk " << chunk) {
+  for (const int64_t chunk : {int64_t{1}, int64_t{8}, int64_t{50}, int64_t{1000}}) for (const bool fused : {false, true}) {
+    DYNAMIC_SECTION("chunk " << chunk << (fused ? ", fused row kernels" : "")) {
       auto h_full = hidden0.clone().requires_grad_(), w_full = weight0.clone().requires_grad_();
       auto h = hidden0.clone().requires_grad_(), w = weight0.clone().requires_grad_();
       const auto want = full_cross_entropy_sum(h_full, w_full, targets);
       const auto got = memopt::nn::chunked_cross_entropy_sum(
-          h, w, targets, memopt::nn::ChunkedCrossEntropyOptions().chunk_size(chunk));
+          h, w, targets, memopt::nn::ChunkedCrossEntropyOptions().chunk_size(chunk).fused(fused));
       REQUIRE(got.scalar_type() == torch::kFloat);
       REQUIRE(got.dim() == 0);
       const double rel = std::abs(got.item<double>() - want.item<double>()) / want.item<double>();
@@ -48,7 +48,7 @@ TEST_CASE("chunked_cross_entropy_sum equals the full logits' cross-entropy", "[c
       CHECK(h.grad()[0].abs().max().item<double>() == 0.0);  // an ignored row gets no gradient
     }
   }
-  SECTION("bf16 autocast: logits in bf16, loss and dWeight in fp32") {
+  SECTION("bf16 autocast: logits in bf16, loss and dWeight in fp32") for (const bool fused : {false, true}) {
     auto h_full = hidden0.clone().requires_grad_(), w_full = weight0.clone().requires_grad_();
     auto h = hidden0.clone().requires_grad_(), w = weight0.clone().requires_grad_();
     torch::Tensor want, got;
@@ -56,7 +56,7 @@ TEST_CASE("chunked_cross_entropy_sum equals the full logits' cross-entropy", "[c
       memopt::detail::AutocastGuard guard({c10::kCPU, true, c10::kBFloat16});
       want = full_cross_entropy_sum(h_full, w_full, targets);
       got = memopt::nn::chunked_cross_entropy_sum(h, w, targets,
-                                                  memopt::nn::ChunkedCrossEntropyOptions().chunk_size(8));
+                                                  memopt::nn::ChunkedCrossEntropyOptions().chunk_size(8).fused(fused));
     }
     REQUIRE(got.scalar_type() == torch::kFloat);
     CHECK(std::abs(got.item<double>() - want.item<double>()) <= 1e-5 * std::abs(want.item<double>()));

@@ -202,4 +202,9 @@ TEST_CASE("a LLaMA with fused_kernels trains as one without", "[nn][fused][llama
   const auto batch = small_batch(2, 40, 97);
   check_same_training(fused, plain, batch, memopt::recompute::None{});
   check_same_training(fused, plain, batch, memopt::recompute::Selective{});
+  SECTION("with the chunked loss: its fused row kernels too") {
+    auto plain_chunked = copy_of(plain, small_llama(true).loss_chunk_size(24));  // 80 rows: ragged chunks
+    auto fused_chunked = copy_of(plain, small_llama(true).loss_chunk_size(24).fused_kernels(true));
+    check_same_training(fused_chunked, plain_chunked, batch, memopt::recompute::None{});
+  }
 }

@@ -55,15 +55,15 @@ def attention(ctx: Context) -> list[Step]:
 # nn/fused.hpp's kernels next to their ATen composites: forward + backward of RMSNorm (an fp32
 # weight, as in training), of SwiGLU's silu(g)·u and of RoPE on q and k, at the trainer suite's
 # two shapes (2048 rows: 8 × 256 and 4 × 512 tokens; C 256 / 512, F 704 / 1408, 8 heads of
-# 32 / 64), fp32 and bf16. One process per kernel, impl and dtype; a ratio line each (fused /
-# composite; the target: ms < 1).
+# 32 / 64), fp32 and bf16, and the chunked loss's softmax rows (N 2048, C 512, V 4096). One
+# process per kernel, impl and dtype; a ratio line each (fused / composite; the target: ms < 1).
 # ~1 min (--quick: 256 rows).
 FUSED_SHAPES = ((256, 704), (512, 1408))
 
 
 def fused(ctx: Context) -> list[Step]:
     steps: list[Step] = [Build(["memopt_bench_attention"])]
-    rows, passes = ("256", "--warmup 1 --steps 2") if ctx.quick else ("2048", "--warmup 2 --steps 10")
+    rows, passes = ("256", "--warmup 1 --steps 2") if ctx.quick else ("2048", "--warmup 3 --steps 20")
     for dim, ffn in FUSED_SHAPES:
         for dtype in ("fp32", "bf16"):
             for kernel, width in (("rms_norm", f"--hidden {dim}"), ("swiglu", f"--ffn {ffn}"),
@@ -75,7 +75,10 @@ def fused(ctx: Context) -> list[Step]:
                     steps.append(attention_run(ctx, key, args))
                     keys.append(key)
                 steps.append(Derive(keys[::-1], L.fused_ratio, f"ratio_{kernel}_fused_to_{kernel}"))
-    return steps
+    # The chunked loss's softmax (V 4096 as the trainer suite's, chunks of 1024 rows).
+    ce = ["--rows", rows, "--hidden", "512", "--vocab", "4096", *passes.split()]
+    steps += [attention_run(ctx, impl, ["--impl", impl, *ce]) for impl in ("ce_chunked", "ce_chunked_fused")]
+    return steps + [Derive(["ce_chunked_fused", "ce_chunked"], L.fused_ratio, "ratio_ce_chunked_fused_to_ce_chunked")]
 
 
 # ---- suite: estimator ----

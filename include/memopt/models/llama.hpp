@@ -63,8 +63,9 @@ struct LlamaConfig {
   /// Rows per chunk of the output projection fused with the loss in loss_sum (the (B·T, V)
   /// logits are never held); 0: the full logits. A runtime choice: not part of config.json.
   TORCH_ARG(int64_t, loss_chunk_size) = 0;
-  /// The norms, RoPE and the SwiGLU product as nn/fused.hpp's CPU kernels (same values: fp32
-  /// within 1e-6; less kept for backward). A runtime choice: not part of config.json.
+  /// The norms, RoPE, the SwiGLU product and the chunked loss's softmax as fused CPU kernels
+  /// (nn/fused.hpp; same values: fp32 within 1e-6; less kept for backward). A runtime choice:
+  /// not part of config.json.
   TORCH_ARG(bool, fused_kernels) = false;
 
 
@@ -374,7 +375,8 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
       auto hidden = model->forward(batch.inputs, ckpt);  // (B, T, C)
       return nn::chunked_cross_entropy_sum(
           hidden.reshape({-1, hidden.size(-1)}), lm_head->weight, batch.targets.reshape({-1}),
-          nn::ChunkedCrossEntropyOptions().chunk_size(config.loss_chunk_size()).ignore_index(kIgnoreIndex));
+          nn::ChunkedCrossEntropyOptions().chunk_size(config.loss_chunk_size()).ignore_index(kIgnoreIndex).fused(
+              config.fused_kernels()));
     }
     auto logits = forward(batch.inputs, ckpt);  // (B, T, V)
     return torch::nn::functional::cross_entropy(

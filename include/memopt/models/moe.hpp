@@ -480,7 +480,8 @@ class MoeLMImpl : public torch::nn::Cloneable<MoeLMImpl> {
     if (config.base().loss_chunk_size() > 0)
       return nn::chunked_cross_entropy_sum(
           h, lm_head->weight, t,
-          nn::ChunkedCrossEntropyOptions().chunk_size(config.base().loss_chunk_size()).ignore_index(kIgnoreIndex));
+          nn::ChunkedCrossEntropyOptions().chunk_size(config.base().loss_chunk_size()).ignore_index(kIgnoreIndex)
+              .fused(config.base().fused_kernels()));
     return torch::nn::functional::cross_entropy(
         lm_head(h).to(torch::kFloat), t,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));

@@ -13,6 +13,8 @@
 #include "memopt/batch.hpp"
 #include "memopt/detail/autocast.hpp"
 #include "memopt/detail/deferred_checks.hpp"
+#include "memopt/detail/parallel.hpp"
+#include "memopt/nn/fused.hpp"
 
 namespace memopt::nn {
 
@@ -26,18 +28,56 @@ struct ChunkedCrossEntropyOptions {
   TORCH_ARG(int64_t, chunk_size) = kCrossEntropyChunk;
   /// Targets equal to this take no loss (and give no gradient).
   TORCH_ARG(int64_t, ignore_index) = kIgnoreIndex;
+  /// The chunk's log-sum-exp and softmax gradient as fused CPU row kernels (one read pass
+  /// forward after the max, one read-write pass backward) instead of ATen's four and five.
+  TORCH_ARG(bool, fused) = false;
 };
 
 }  // namespace memopt::nn
 
 namespace memopt::detail {
 
+namespace fused {
+
+// lse[r] = log Σ_j exp(l[r, j] − m) + m with m the row's max; l (rows, V) fp32.
+MEMOPT_FUSED_CLONES inline void log_sum_exp_rows(const float* l, float* lse, int64_t begin, int64_t end, int64_t V) {
+  for (int64_t r = begin; r < end; ++r) {
+    const float* row = l + r * V;
+    float acc[kLanes];
+    for (int64_t k = 0; k < kLanes; ++k) acc[k] = row[std::min<int64_t>(k, V - 1)];
+    int64_t j = 0;
+    for (; j + kLanes <= V; j += kLanes)
+      for (int64_t k = 0; k < kLanes; ++k) acc[k] = acc[k] > row[j + k] ? acc[k] : row[j + k];
+    float m = acc[0];
+    for (int64_t k = 1; k < kLanes; ++k) m = m > acc[k] ? m : acc[k];
+    for (; j < V; ++j) m = m > row[j] ? m : row[j];
+    lse[r] = std::log(lane_sum(V, [row, m](int64_t i) { return fused::exp(row[i] - m); })) + m;
+  }
+}
+
+// In place: l[r, j] ← g · (exp(l[r, j] − lse[r]) − [j = t[r]]), 0 on rows whose target is ignored.
+MEMOPT_FUSED_CLONES inline void softmax_grad_rows(float* l, const float* lse, const int64_t* t, float g,
+                                                  int64_t ignore_index, int64_t begin, int64_t end, int64_t V) {
+  for (int64_t r = begin; r < end; ++r) {
+    float* row = l + r * V;
+    if (t[r] == ignore_index) {
+      std::fill(row, row + V, 0.f);
+      continue;
+    }
+    const float s = lse[r];
+    for (int64_t j = 0; j < V; ++j) row[j] = g * fused::exp(row[j] - s);
+    row[t[r]] -= g;
+  }
+}
+
+}  // namespace fused
+
 // chunked_cross_entropy_sum's autograd Function: hidden (N, C) and weight (V, C) in their
 // own dtypes, the matmuls in `dtype`; saves the inputs and the fp32 log-sum-exp (N).
 struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntropyFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets, int64_t dtype,
-                               int64_t chunk, int64_t ignore_index) {
+                               int64_t chunk, int64_t ignore_index, bool fused) {
     AutocastGuard no_autocast(without_autocast(hidden.device().type()));
     const auto ct = static_cast<c10::ScalarType>(dtype);
     const int64_t N = hidden.size(0), V = weight.size(0);
@@ -52,15 +92,22 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
       const auto t = targets.narrow(0, r0, n);
       const auto ignored = t.eq(ignore_index);
       const auto picked = logits.gather(1, t.masked_fill(ignored, 0).unsqueeze(1)).squeeze(1);  // (n)
-      const auto max = logits.amax(1, /*keepdim=*/true);                                         // (n, 1)
       auto lse_c = lse.narrow(0, r0, n);
-      lse_c.copy_(logits.sub_(max).exp_().sum(1).log_().add_(max.squeeze(1)));
+      if (fused) {
+        parallel_chunks(n, fused::grain_rows(V), [&](int64_t begin, int64_t end, int64_t) {
+          fused::log_sum_exp_rows(logits.data_ptr<float>(), lse_c.data_ptr<float>(), begin, end, V);
+        });
+      } else {
+        const auto max = logits.amax(1, /*keepdim=*/true);  // (n, 1)
+        lse_c.copy_(logits.sub_(max).exp_().sum(1).log_().add_(max.squeeze(1)));
+      }
       total.add_((lse_c - picked).masked_fill_(ignored, 0.0).sum(torch::kDouble));
     }
     ctx->save_for_backward({hidden, weight, targets, lse});
     ctx->saved_data["dtype"] = dtype;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["fused"] = fused;
     return total.to(torch::kFloat);
   }
 
@@ -70,6 +117,7 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
     const auto &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3];
     const auto ct = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
     const int64_t chunk = ctx->saved_data["chunk"].toInt(), ignore_index = ctx->saved_data["ignore_index"].toInt();
+    const bool fused = ctx->saved_data["fused"].toBool();
     const bool need_hidden = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
     AutocastGuard no_autocast(without_autocast(hidden.device().type()));
     const int64_t N = hidden.size(0), C = hidden.size(1), V = weight.size(0);
@@ -86,10 +134,18 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
       const auto h = hidden.narrow(0, r0, n).to(ct);  // (n, C)
       auto p = buf.logits(h, w);                      // (n, V) fp32
       const auto t = targets.narrow(0, r0, n);
-      const auto ignored = t.eq(ignore_index).unsqueeze(1);  // (n, 1)
-      p.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();      // softmax
-      p.scatter_add_(1, t.unsqueeze(1).masked_fill(ignored, 0), torch::full({n, 1}, -1.0, f32));  // - one-hot
-      p.mul_(g).masked_fill_(ignored, 0.0);                  // dLogits (n, V)
+      if (fused) {  // g read from memory: a CPU tensor, no item() (the Trainer counts host reads)
+        const float g_value = *g.contiguous().data_ptr<float>();
+        parallel_chunks(n, fused::grain_rows(V), [&](int64_t begin, int64_t end, int64_t) {
+          fused::softmax_grad_rows(p.data_ptr<float>(), lse.data_ptr<float>() + r0, t.data_ptr<int64_t>(), g_value,
+                                   ignore_index, begin, end, V);
+        });
+      } else {
+        const auto ignored = t.eq(ignore_index).unsqueeze(1);  // (n, 1)
+        p.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();      // softmax
+        p.scatter_add_(1, t.unsqueeze(1).masked_fill(ignored, 0), torch::full({n, 1}, -1.0, f32));  // - one-hot
+        p.mul_(g).masked_fill_(ignored, 0.0);                  // dLogits (n, V)
+      }
       const auto dl = buf.in_matmul_dtype(p);                // (n, V) in ct
       if (need_hidden) {
         auto dh = d_hidden.narrow(0, r0, n);  // (n, C)
@@ -103,7 +159,7 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
     }
     return {need_hidden ? d_hidden.to(hidden.scalar_type()) : torch::Tensor(),
             need_weight ? d_weight.to(weight.scalar_type()) : torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 
  private:
@@ -180,8 +236,9 @@ inline torch::Tensor chunked_cross_entropy_sum(const torch::Tensor& hidden, cons
   const auto safe_targets = targets.masked_fill(out_of_range, ignore_index);  // (N,)
   const auto autocast = memopt::detail::AutocastState::current(hidden.device().type());
   const auto dtype = autocast.enabled ? autocast.dtype : at::promote_types(hidden.scalar_type(), weight.scalar_type());
+  const bool fused = options.fused() && hidden.is_cpu() && weight.is_cpu();  // the row kernels are the CPU's
   return memopt::detail::ChunkedCrossEntropyFunction::apply(hidden, weight, safe_targets, static_cast<int64_t>(dtype),
-                                                    options.chunk_size(), options.ignore_index());
+                                                    options.chunk_size(), options.ignore_index(), fused);
 }
 
 }  // namespace memopt::nn
