@@ -5,8 +5,9 @@
 //   blockwise path (--impl blockwise); or the LM head's loss with the full (N, V) logits
 //   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked; with its
 //   softmax as fused row kernels: ce_chunked_fused); or RMSNorm, SwiGLU's silu(g)·u and RoPE on
-//   q and k as ATen composites (--impl rms_norm | swiglu | rope) or nn/fused.hpp's kernels
-//   (--impl rms_norm_fused | swiglu_fused | rope_fused), --dtype fp32 | bf16.
+//   q and k and the residual dropout-add (p 0.1) as ATen composites (--impl rms_norm | swiglu |
+//   rope | dropout_add) or memopt's fused kernels (--impl rms_norm_fused | swiglu_fused |
+//   rope_fused | dropout_add_fused), --dtype fp32 | bf16.
 // Prints one JSON line; math prints a "skipped" line where it would need more than --max_gib.
 //
 //   memopt_bench_attention --impl blockwise --L 4096
@@ -33,6 +34,7 @@
 #include "memopt/nn/attention.hpp"
 #include "memopt/nn/cross_entropy.hpp"
 #include "memopt/nn/fused.hpp"
+#include "memopt/nn/fused_dropout.hpp"
 #include "memopt/nn/rope.hpp"
 #include "memopt/runtime.hpp"
 
@@ -62,7 +64,8 @@ struct BenchConfig {
 
   bool is_attention() const { return impl == "math" || impl == "sdpa" || impl == "blockwise"; }
   bool is_elementwise() const {
-    return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0 || impl.rfind("rope", 0) == 0;
+    return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0 || impl.rfind("rope", 0) == 0 ||
+           impl.rfind("dropout_add", 0) == 0;
   }
 };
 
@@ -180,8 +183,8 @@ nlohmann::ordered_json run_cross_entropy(const BenchConfig& cfg) {
   return line;
 }
 
-// RMSNorm over (rows, C), silu(g)·u over (rows, F) or RoPE on q and k (1, rows, heads,
-// head_dim): forward + backward, composite or fused.
+// RMSNorm over (rows, C), silu(g)·u over (rows, F), RoPE on q and k (1, rows, heads,
+// head_dim) or x + dropout(r) over (rows, C): forward + backward, composite or fused.
 nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
   const std::string kernel = cfg.impl.substr(0, cfg.impl.find("_fused"));
   const bool fused = kernel != cfg.impl;
@@ -194,8 +197,8 @@ nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
     width = cfg.hidden;
     a = rand({cfg.rows, width});
     b = (torch::rand({width}) + 0.5).requires_grad_();
-  } else if (kernel == "swiglu") {
-    width = cfg.ffn;
+  } else if (kernel == "swiglu" || kernel == "dropout_add") {
+    width = kernel == "swiglu" ? cfg.ffn : cfg.hidden;
     a = rand({cfg.rows, width});
     b = rand({cfg.rows, width});
   } else {
@@ -213,6 +216,8 @@ nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
       y = fused ? memopt::nn::fused_rms_norm(a, b, 1e-5) : memopt::nn::rms_norm_composite(a, b, 1e-5);
     } else if (kernel == "swiglu") {
       y = fused ? memopt::nn::fused_swiglu(a, b) : torch::silu(a) * b;
+    } else if (kernel == "dropout_add") {  // the residual dropout of a LLaMA block, p 0.1
+      y = fused ? memopt::nn::fused_dropout_add(a, b, 0.1, true) : a + torch::dropout(b, 0.1, true);
     } else {
       const auto [q, k] = fused ? memopt::nn::fused_rope(a, b, cos, sin)
                                 : std::pair{memopt::nn::apply_rope(a.transpose(1, 2), cos, sin),
@@ -236,11 +241,11 @@ int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_attention: one forward+backward of attention or of the LM loss, one path per run"};
   app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked | ce_chunked_fused "
-                 "(LM loss); "
-                 "rms_norm | swiglu | rope, each also _fused (nn/fused.hpp)")
+                 "(LM loss); rms_norm | swiglu | rope | dropout_add, each also _fused (nn/fused.hpp, "
+                 "nn/fused_dropout.hpp)")
       ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked", "ce_chunked_fused", "rms_norm",
-                             "rms_norm_fused",
-                             "swiglu", "swiglu_fused", "rope", "rope_fused"}));
+                             "rms_norm_fused", "swiglu", "swiglu_fused", "rope", "rope_fused", "dropout_add",
+                             "dropout_add_fused"}));
   app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--batch", cfg.batch, "B")->check(CLI::PositiveNumber);
   app.add_option("--heads", cfg.heads, "H")->check(CLI::PositiveNumber);

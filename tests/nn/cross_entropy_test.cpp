@@ -2,6 +2,7 @@
 // logits' (values, gradients, ignored targets), its errors, and the LLaMA loss with chunks.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,20 @@ TEST_CASE("chunked_cross_entropy_sum equals the full logits' cross-entropy", "[c
     const double scale = w_full.grad().abs().max().item<double>();
     CHECK(max_abs_diff(w.grad(), w_full.grad()) <= 1e-2 * scale);
     CHECK(max_abs_diff(h.grad(), h_full.grad()) <= 1e-2 * h_full.grad().abs().max().item<double>());
+  }
+}
+
+TEST_CASE("a NaN logit makes the chunked loss NaN, fused or not, whatever its class", "[cross_entropy]") {
+  torch::manual_seed(4);
+  const auto h = torch::randn({6, 8});
+  auto w = torch::randn({10, 8});
+  w[7].fill_(std::nanf(""));  // class 7's logits are NaN in every row; no target is 7
+  const auto targets = torch::tensor({1, 2, 3, 4, 5, 6}, torch::kLong);
+  for (const bool fused : {false, true}) {
+    INFO("fused " << fused);
+    const auto loss = memopt::nn::chunked_cross_entropy_sum(
+        h, w, targets, memopt::nn::ChunkedCrossEntropyOptions().chunk_size(4).fused(fused));
+    CHECK(std::isnan(loss.item<double>()));  // not a finite loss that hides a broken weight
   }
 }
 

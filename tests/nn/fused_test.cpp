@@ -73,7 +73,7 @@ void check_bf16(const Grads& got, const Grads& composite, const Grads& exact) {
 
 }  // namespace
 
-TEST_CASE("fused exp is within 2 ulp of std::exp and clamps |x| at 87", "[nn][fused]") {
+TEST_CASE("fused exp is within 2 ulp of std::exp, clamps |x| at 87 and keeps NaN", "[nn][fused]") {
   double worst = 0;
   for (float x = -87.f; x <= 87.f; x += 0.01317f) {
     const double want = std::exp(static_cast<double>(x));
@@ -83,6 +83,8 @@ TEST_CASE("fused exp is within 2 ulp of std::exp and clamps |x| at 87", "[nn][fu
   CHECK(worst <= 2 * 5.97e-8);  // 2 ulp (2^-24 relative each)
   CHECK(memopt::detail::fused::exp(-1000.f) == memopt::detail::fused::exp(-87.f));
   CHECK(std::isfinite(memopt::detail::fused::exp(1000.f)));
+  CHECK(std::isnan(memopt::detail::fused::exp(std::nanf(""))));  // a NaN must reach the loss
+  CHECK(std::isnan(memopt::detail::fused::exp(-std::nanf(""))));
 }
 
 TEST_CASE("fused_rms_norm equals the composite RMSNorm, values and gradients", "[nn][fused]") {
@@ -170,9 +172,12 @@ TEST_CASE("fused_rope equals apply_rope on q and k together, values and gradient
   auto joined = [](const std::pair<torch::Tensor, torch::Tensor>& qk) {
     return torch::cat({qk.first.reshape({-1}), qk.second.reshape({-1})});
   };
-  auto fused = [&](const torch::Tensor& q, const torch::Tensor& k) { return joined(memopt::nn::fused_rope(q, k, cos, sin)); };
+  auto fused = [&](const torch::Tensor& q, const torch::Tensor& k) {
+    return joined(memopt::nn::fused_rope(q, k, cos, sin));
+  };
   auto composite = [&](const torch::Tensor& q, const torch::Tensor& k) {
-    return joined({memopt::nn::apply_rope(q.transpose(1, 2), cos, sin), memopt::nn::apply_rope(k.transpose(1, 2), cos, sin)});
+    return joined({memopt::nn::apply_rope(q.transpose(1, 2), cos, sin),
+                   memopt::nn::apply_rope(k.transpose(1, 2), cos, sin)});
   };
   const auto q = torch::randn({B, T, H, D}), k = torch::randn({B, T, KV, D});  // as the projections make them
   const auto dy = torch::randn({(H + KV) * B * T * D});

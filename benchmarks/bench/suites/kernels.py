@@ -53,7 +53,8 @@ def attention(ctx: Context) -> list[Step]:
 
 # ---- suite: fused ----
 # nn/fused.hpp's kernels next to their ATen composites: forward + backward of RMSNorm (an fp32
-# weight, as in training), of SwiGLU's silu(g)·u and of RoPE on q and k, at the trainer suite's
+# weight, as in training), of SwiGLU's silu(g)·u, of RoPE on q and k and of the residual
+# dropout-add (p 0.1; nn/fused_dropout.hpp), at the trainer suite's
 # two shapes (2048 rows: 8 × 256 and 4 × 512 tokens; C 256 / 512, F 704 / 1408, 8 heads of
 # 32 / 64), fp32 and bf16, and the chunked loss's softmax rows (N 2048, C 512, V 4096). One
 # process per kernel, impl and dtype; a ratio line each (fused / composite; the target: ms < 1).
@@ -67,7 +68,7 @@ def fused(ctx: Context) -> list[Step]:
     for dim, ffn in FUSED_SHAPES:
         for dtype in ("fp32", "bf16"):
             for kernel, width in (("rms_norm", f"--hidden {dim}"), ("swiglu", f"--ffn {ffn}"),
-                                  ("rope", f"--heads 8 --head_dim {dim // 8}")):
+                                  ("rope", f"--heads 8 --head_dim {dim // 8}"), ("dropout_add", f"--hidden {dim}")):
                 keys = []
                 for impl in (kernel, f"{kernel}_fused"):
                     key = f"{impl}-{dtype}-{dim}"

@@ -113,7 +113,8 @@ struct PerElement {
 //   bf16-pure: all bf16 except the norms' fp32 internals and the fp32 softmax.
 //   selective: the norms, the attention core and silu(gate)·up are recomputed in backward.
 //   fused kernels (not selective): each norm keeps its input and a per-row rstd, not x·rsqrt;
-//     the SwiGLU product keeps gate and up, not silu(gate).
+//     the SwiGLU product keeps gate and up, not silu(gate); (any recompute) the residual
+//     dropouts keep no noise.
 //   dropout: the noise of the two residual dropouts and of the attention probabilities, and
 //     the dropped probabilities.
 //   mixture of experts (sorted dispatch): the (B, T, F) terms over top_k rows per token, plus
@@ -134,7 +135,7 @@ inline PerElement block_saved(const DtypeDesc& p, bool selective, const ModelDes
   if (!math) b.bhtt = 0;  // blockwise: a (B, H, T) log-sum-exp only
   if (m.dropout) {        // each dropout saves its scaled noise; the dropped probabilities feed PV
     const double e = p.half_matmuls ? 2 : 4;
-    b.btc += 2 * e;
+    if (!m.fused_kernels) b.btc += 2 * e;  // fused into the residual adds: the masks are regenerated
     if (math) b.bhtt += 2 * e;
   }
   if (m.num_experts > 0) {  // per token: top_k gathered inputs and expert outputs, the router's fp32 logits/probs

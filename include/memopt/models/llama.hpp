@@ -21,6 +21,7 @@
 #include "memopt/memory/model_desc.hpp"
 #include "memopt/nn/attention.hpp"
 #include "memopt/nn/cross_entropy.hpp"
+#include "memopt/nn/fused_dropout.hpp"
 #include "memopt/nn/mlp.hpp"
 #include "memopt/nn/rmsnorm.hpp"
 #include "memopt/nn/rope.hpp"
@@ -64,8 +65,9 @@ struct LlamaConfig {
   /// logits are never held); 0: the full logits. A runtime choice: not part of config.json.
   TORCH_ARG(int64_t, loss_chunk_size) = 0;
   /// The norms, RoPE, the SwiGLU product and the chunked loss's softmax as fused CPU kernels
-  /// (nn/fused.hpp; same values: fp32 within 1e-6; less kept for backward). A runtime choice:
-  /// not part of config.json.
+  /// (nn/fused.hpp; same values: fp32 within 1e-6; less kept for backward), and the residual
+  /// dropouts fused into their adds (nn/fused_dropout.hpp: masks from another generator, not
+  /// kept). A runtime choice: not part of config.json.
   TORCH_ARG(bool, fused_kernels) = false;
 
 
@@ -239,9 +241,16 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
                         const Recompute& ckpt, const nn::AttentionMask& mask = {}) {
     const double p = config.dropout();
     auto a = self_attn->forward(cheap_norm(ckpt, input_layernorm, x), cos, sin, ckpt, mask);  // (B, T, C)
-    auto h = x + torch::dropout(a, p, is_training());                                   // (B, T, C)
+    auto h = residual(x, a, p);                                                          // (B, T, C)
     auto m = mlp->forward(cheap_norm(ckpt, post_attention_layernorm, h), ckpt);         // (B, T, C)
-    return h + torch::dropout(m, p, is_training());                                     // (B, T, C)
+    return residual(h, m, p);                                                            // (B, T, C)
+  }
+
+  /// x + dropout(branch): with fused_kernels the dropout is fused into the add (its mask is
+  /// regenerated in backward, not kept; nn/fused_dropout.hpp).
+  torch::Tensor residual(const torch::Tensor& x, const torch::Tensor& branch, double p) {
+    if (config.fused_kernels()) return nn::fused_dropout_add(x, branch, p, is_training());
+    return x + torch::dropout(branch, p, is_training());
   }
 
   LlamaConfig config;

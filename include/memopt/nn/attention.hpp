@@ -96,8 +96,12 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
     const bool causal = mask.causal.value_or(options.causal());
     const torch::Tensor key_padding = mask.key_padding;
     const int64_t D = head_dim();
-    const auto [q, k] = rotate(q_proj(x).view({B, T, H, D}), k_proj(x).view({B, T, KV, D}), cos, sin);
-    const auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // q (B, H, T, D); k, v (B, KV, T, D)
+    // q, k, v in this order, one statement each: an adapter's dropout draws from the generator
+    // in the order PEFT's LlamaAttention calls them (function arguments have no order).
+    const auto q_raw = q_proj(x).view({B, T, H, D});                // (B, T, H, D)
+    const auto k_raw = k_proj(x).view({B, T, KV, D});               // (B, T, KV, D)
+    const auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
+    const auto [q, k] = rotate(q_raw, k_raw, cos, sin);            // (B, H, T, D), (B, KV, T, D)
     torch::Tensor y;  // (B, H, T, D)
     if (options.kind() == AttentionKind::kBlockwise) {
       auto blockwise = BlockwiseAttentionOptions().causal(causal).key_padding_mask(key_padding);

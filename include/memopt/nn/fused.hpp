@@ -2,8 +2,8 @@
 // an autograd function that replaces an ATen composite's passes over memory with one, and
 // keeps fewer tensors for backward:
 //   rms_norm(x, w, eps)  one pass forward (sum of squares, then scale), one backward (dx, dw);
-//                        keeps x and one fp32 rstd per row (the composite keeps x², the mean,
-//                        rsqrt and x·rsqrt besides);
+//                        keeps x and one fp32 rstd per row (the composite keeps x·rsqrt too,
+//                        and for a bf16 x its fp32 copy);
 //   rope(q, k)           q and k rotated in one node, one pass each, from the projections
 //                        (B, T, heads, D) layout; keeps the cos/sin tables only;
 //   swiglu(g, u)         silu(g)·u; keeps g and u (the composite keeps silu(g) too: one
@@ -12,7 +12,9 @@
 // nn/mlp.hpp (fp32 ≤ 1e-6 of the largest entry; bf16 rounded where the composite rounds),
 // threads through detail/parallel.hpp (at::parallel_for is serial in code built without
 // -fopenmp). They run for contiguous fp32 or bf16 CPU tensors; anything else (a GPU, fp16,
-// fp64) runs the composite, so a model may choose them everywhere (LlamaConfig::fused_kernels). `scripts/bench fused` measures them.
+// fp64) runs the composite, so a model may choose them everywhere (LlamaConfig::fused_kernels).
+// nn/cross_entropy.hpp's chunked loss uses the same pieces for its softmax rows. `scripts/bench
+// fused` measures them all.
 //
 // Plain C++ loops written for GCC's auto-vectoriser (at -O3), cloned per ISA (AVX-512, AVX2,
 // baseline; picked at load) since a header-only library gets the user's flags, not ATen's
@@ -38,16 +40,17 @@
 
 namespace memopt::detail::fused {
 
-// e^x for float, within 2 ulp on [-87, 87] (|x| clamped to 87; NaN stays NaN only through the
-// callers' products). Branch-free, and its clamp works on the bits: a float compare would stop
-// GCC from vectorising the loop (-ftrapping-math), as would std::exp's libm call.
+// e^x for float, within 2 ulp on [-87, 87]; |x| clamped to 87 beyond (±inf too); NaN stays NaN
+// (a NaN logit must not vanish from a loss). Branch-free, its tests on the bits: a float
+// compare would stop GCC from vectorising the loop (-ftrapping-math), as would a libm call.
 inline float exp(float x) {
   int32_t xi;
   std::memcpy(&xi, &x, sizeof xi);
   constexpr int32_t kMaxMagnitude = 0x42AE0000;  // 87.0f
+  const int32_t nan = (0x7F800000 - (xi & 0x7FFFFFFF)) >> 31;  // all ones for NaN (no compare: see above)
   const int32_t magnitude = std::min(xi & 0x7FFFFFFF, kMaxMagnitude);
-  xi = (xi & static_cast<int32_t>(0x80000000u)) | magnitude;
-  std::memcpy(&x, &xi, sizeof x);
+  const int32_t clamped = (xi & static_cast<int32_t>(0x80000000u)) | magnitude;
+  std::memcpy(&x, &clamped, sizeof x);
   const float shifted = x * 1.44269504088896341f + 12582912.f;  // 1.5·2^23 + round(x / ln 2)
   const float n = shifted - 12582912.f;
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x − n ln 2, ln 2 in two parts
@@ -63,7 +66,13 @@ inline float exp(float x) {
   bits = (bits - 0x4B400000 + 127) << 23;     // 2^n
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  const float value = p * scale;
+  int32_t out;
+  std::memcpy(&out, &value, sizeof out);
+  out = (out & ~nan) | (xi & nan);  // NaN in, the same NaN out
+  float result;
+  std::memcpy(&result, &out, sizeof result);
+  return result;
 }
 
 inline float sigmoid(float x) { return 1.f / (1.f + fused::exp(-x)); }
@@ -326,7 +335,9 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto back = [&](const torch::Tensor& g) { return g.defined() ? rope(g.contiguous(), saved[0], saved[1], -1.f) : g; };
+    auto back = [&](const torch::Tensor& g) {
+      return g.defined() ? rope(g.contiguous(), saved[0], saved[1], -1.f) : g;
+    };
     return {back(grads[0]), back(grads[1]), torch::Tensor(), torch::Tensor()};
   }
 };
