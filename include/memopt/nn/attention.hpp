@@ -130,8 +130,7 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   // RoPE on q (B, T, H, D) and k (B, T, KV, D) -> (B, H, T, D), (B, KV, T, D).
   std::pair<torch::Tensor, torch::Tensor> rotate(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& cos, const torch::Tensor& sin) const {
-    if (options.fused_rope()) return fused_rope(q, k, cos, sin);
-    return {apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)};
+    return options.fused_rope() ? fused_rope(q, k, cos, sin) : apply_rope_qk(q, k, cos, sin);
   }
 };
 TORCH_MODULE(Attention);

@@ -405,7 +405,7 @@ inline torch::Tensor fused_swiglu(const torch::Tensor& g, const torch::Tensor& u
 /// RoPE on q (B, T, H, D) and k (B, T, KV, D), as projections make them, with cos/sin (T, D)
 /// fp32: returns the rotated q and k as (B, H, T, D) and (B, KV, T, D) (transposed views, as
 /// attention takes them). One pass each way for contiguous fp32/bf16 CPU inputs, keeping
-/// nothing but the tables; nn/rope.hpp's apply_rope otherwise.
+/// nothing but the tables; nn/rope.hpp's apply_rope_qk otherwise.
 inline std::pair<torch::Tensor, torch::Tensor> fused_rope(const torch::Tensor& q, const torch::Tensor& k,
                                                           const torch::Tensor& cos, const torch::Tensor& sin) {
   namespace f = memopt::detail::fused;
@@ -416,9 +416,7 @@ inline std::pair<torch::Tensor, torch::Tensor> fused_rope(const torch::Tensor& q
   const bool tables = cos.is_cpu() && sin.is_cpu() && cos.scalar_type() == torch::kFloat &&
                       sin.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() &&
                       cos.sizes() == sin.sizes();
-  if (!(tables && fits(q) && fits(k) && q.scalar_type() == k.scalar_type())) {
-    return {apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)};
-  }
+  if (!(tables && fits(q) && fits(k) && q.scalar_type() == k.scalar_type())) return apply_rope_qk(q, k, cos, sin);
   const auto out = f::RopeFunction::apply(q, k, cos, sin);
   return {out[0].transpose(1, 2), out[1].transpose(1, 2)};
 }

@@ -137,4 +137,12 @@ inline torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos
   return (x * cos + rotate_half(x) * sin).to(x.scalar_type());
 }
 
+/// apply_rope on q (B, T, H, D) and k (B, T, KV, D) as the projections make them: the rotated
+/// (B, H, T, D) and (B, KV, T, D) views attention takes (nn/fused.hpp's fused_rope does it in
+/// one node).
+inline std::pair<torch::Tensor, torch::Tensor> apply_rope_qk(const torch::Tensor& q, const torch::Tensor& k,
+                                                             const torch::Tensor& cos, const torch::Tensor& sin) {
+  return {apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)};
+}
+
 }  // namespace memopt::nn
