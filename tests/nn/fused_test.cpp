@@ -30,37 +30,37 @@ using memopt::test::max_abs_diff;
 // fp32: the kernels sum x² and g·x̂ in 16 partial sums (the composite in ATen's order):
 // measured ≤ 3.7e-7 of the largest entry; 1e-6 fails on a real mistake (a dropped eps, a
 // mean over C − 1, a missing bf16 rounding move entries by ≥ 1e-3 here).
-constexpr double kFp32Rel = 1e-6;
+constexpr double kFusedFp32Rel = 1e-6;
 
-struct Grads {
+struct FusedGrads {
   torch::Tensor y, da, db;
 };
 
 // y = f(a, b) and the gradients of sum(y · dy), in double for comparison.
 template <class F>
-Grads run(F&& f, const torch::Tensor& a0, const torch::Tensor& b0, const torch::Tensor& dy) {
+FusedGrads run_both(F&& f, const torch::Tensor& a0, const torch::Tensor& b0, const torch::Tensor& dy) {
   auto a = a0.detach().clone().requires_grad_(), b = b0.detach().clone().requires_grad_();
   auto y = f(a, b);
   y.backward(dy.to(y.scalar_type()));
   return {y.detach().to(torch::kDouble), a.grad().to(torch::kDouble), b.grad().to(torch::kDouble)};
 }
 
-double rel_diff(const torch::Tensor& got, const torch::Tensor& want) {
+double fused_rel_diff(const torch::Tensor& got, const torch::Tensor& want) {
   return max_abs_diff(got, want) / std::max(want.abs().max().item<double>(), 1e-30);
 }
 
-// fp32 kernel vs composite within kFp32Rel, for y and both gradients.
-void check_fp32(const Grads& got, const Grads& want) {
-  INFO("y " << rel_diff(got.y, want.y) << ", da " << rel_diff(got.da, want.da) << ", db "
-            << rel_diff(got.db, want.db));
-  CHECK(rel_diff(got.y, want.y) <= kFp32Rel);
-  CHECK(rel_diff(got.da, want.da) <= kFp32Rel);
-  CHECK(rel_diff(got.db, want.db) <= kFp32Rel);
+// fp32 kernel vs composite within kFusedFp32Rel, for y and both gradients.
+void check_fused_fp32(const FusedGrads& got, const FusedGrads& want) {
+  INFO("y " << fused_rel_diff(got.y, want.y) << ", da " << fused_rel_diff(got.da, want.da) << ", db "
+            << fused_rel_diff(got.db, want.db));
+  CHECK(fused_rel_diff(got.y, want.y) <= kFusedFp32Rel);
+  CHECK(fused_rel_diff(got.da, want.da) <= kFusedFp32Rel);
+  CHECK(fused_rel_diff(got.db, want.db) <= kFusedFp32Rel);
 }
 
 // bf16: the kernel's error against fp64 within twice the composite's own (plus a bf16 ulp at
 // the largest entry, for entries the composite happens to round exactly).
-void check_bf16(const Grads& got, const Grads& composite, const Grads& exact) {
+void check_fused_bf16(const FusedGrads& got, const FusedGrads& composite, const FusedGrads& exact) {
   auto within = [](const torch::Tensor& g, const torch::Tensor& c, const torch::Tensor& e, const char* what) {
     const double ulp = std::ldexp(e.abs().max().item<double>(), -8);
     INFO(what << ": fused error " << max_abs_diff(g, e) << ", composite error " << max_abs_diff(c, e));
@@ -101,15 +101,15 @@ TEST_CASE("fused_rms_norm equals the composite RMSNorm, values and gradients", "
       const auto x = torch::randn(shape) * 3;
       const auto w = torch::rand({shape.back()}) + 0.5;
       const auto dy = torch::randn(shape);
-      check_fp32(run(fused, x, w, dy), run(composite, x, w, dy));
+      check_fused_fp32(run_both(fused, x, w, dy), run_both(composite, x, w, dy));
       // bf16 input with an fp32 weight (fp32 result), and with a bf16 weight (bf16 result).
-      const auto exact = run(composite, x.to(torch::kBFloat16).to(torch::kDouble), w.to(torch::kDouble), dy);
+      const auto exact = run_both(composite, x.to(torch::kBFloat16).to(torch::kDouble), w.to(torch::kDouble), dy);
       const auto xb = x.to(torch::kBFloat16);
-      check_bf16(run(fused, xb, w, dy), run(composite, xb, w, dy), exact);
+      check_fused_bf16(run_both(fused, xb, w, dy), run_both(composite, xb, w, dy), exact);
       const auto exact_bw =
-          run(composite, xb.to(torch::kDouble), w.to(torch::kBFloat16).to(torch::kDouble), dy);
-      check_bf16(run(fused, xb, w.to(torch::kBFloat16), dy), run(composite, xb, w.to(torch::kBFloat16), dy),
-                 exact_bw);
+          run_both(composite, xb.to(torch::kDouble), w.to(torch::kBFloat16).to(torch::kDouble), dy);
+      check_fused_bf16(run_both(fused, xb, w.to(torch::kBFloat16), dy),
+                       run_both(composite, xb, w.to(torch::kBFloat16), dy), exact_bw);
       CHECK(memopt::nn::fused_rms_norm(xb, w, eps).scalar_type() == torch::kFloat);
       CHECK(memopt::nn::fused_rms_norm(xb, w.to(torch::kBFloat16), eps).scalar_type() == torch::kBFloat16);
     }
@@ -117,7 +117,7 @@ TEST_CASE("fused_rms_norm equals the composite RMSNorm, values and gradients", "
   SECTION("the module's fused option runs it") {
     memopt::nn::RMSNorm plain(memopt::nn::RMSNormOptions(24)), fast(memopt::nn::RMSNormOptions(24).fused(true));
     const auto x = torch::randn({5, 24});
-    CHECK(max_abs_diff(fast(x), plain(x)) <= kFp32Rel * plain(x).abs().max().item<double>());
+    CHECK(max_abs_diff(fast(x), plain(x)) <= kFusedFp32Rel * plain(x).abs().max().item<double>());
   }
 }
 
@@ -128,15 +128,15 @@ TEST_CASE("fused_swiglu equals silu(g) · u, values and gradients, keeping one t
   for (const auto& shape : std::vector<std::vector<int64_t>>{{7, 33}, {2, 64, 352}}) {
     DYNAMIC_SECTION("shape " << torch::IntArrayRef(shape)) {
       const auto g = torch::randn(shape) * 4, u = torch::randn(shape), dy = torch::randn(shape);
-      check_fp32(run(fused, g, u, dy), run(composite, g, u, dy));
+      check_fused_fp32(run_both(fused, g, u, dy), run_both(composite, g, u, dy));
       const auto gb = g.to(torch::kBFloat16), ub = u.to(torch::kBFloat16), dyb = dy.to(torch::kBFloat16);
-      check_bf16(run(fused, gb, ub, dyb), run(composite, gb, ub, dyb),
-                 run(composite, gb.to(torch::kDouble), ub.to(torch::kDouble), dyb.to(torch::kDouble)));
+      check_fused_bf16(run_both(fused, gb, ub, dyb), run_both(composite, gb, ub, dyb),
+                       run_both(composite, gb.to(torch::kDouble), ub.to(torch::kDouble), dyb.to(torch::kDouble)));
     }
   }
   SECTION("saturated inputs: silu(±90) and its gradient as ATen's") {
     const auto g = torch::tensor({-90.f, -30.f, 0.f, 30.f, 90.f}), u = torch::ones({5}), dy = torch::ones({5});
-    const auto got = run(fused, g, u, dy), want = run(composite, g, u, dy);
+    const auto got = run_both(fused, g, u, dy), want = run_both(composite, g, u, dy);
     CHECK(max_abs_diff(got.y, want.y) <= 1e-5);
     CHECK(max_abs_diff(got.da, want.da) <= 1e-6);
   }
@@ -181,10 +181,10 @@ TEST_CASE("fused_rope equals apply_rope on q and k together, values and gradient
   };
   const auto q = torch::randn({B, T, H, D}), k = torch::randn({B, T, KV, D});  // as the projections make them
   const auto dy = torch::randn({(H + KV) * B * T * D});
-  check_fp32(run(fused, q, k, dy), run(composite, q, k, dy));
+  check_fused_fp32(run_both(fused, q, k, dy), run_both(composite, q, k, dy));
   const auto qb = q.to(torch::kBFloat16), kb = k.to(torch::kBFloat16);
-  check_bf16(run(fused, qb, kb, dy), run(composite, qb, kb, dy),
-             run(composite, qb.to(torch::kDouble), kb.to(torch::kDouble), dy));
+  check_fused_bf16(run_both(fused, qb, kb, dy), run_both(composite, qb, kb, dy),
+                   run_both(composite, qb.to(torch::kDouble), kb.to(torch::kDouble), dy));
   SECTION("the outputs are (B, H, T, D) views, as attention takes them") {
     const auto [rq, rk] = memopt::nn::fused_rope(q, k, cos, sin);
     CHECK(rq.sizes() == torch::IntArrayRef({B, H, T, D}));
