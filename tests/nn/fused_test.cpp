@@ -213,3 +213,31 @@ TEST_CASE("a LLaMA with fused_kernels trains as one without", "[nn][fused][llama
     check_same_training(fused_chunked, plain_chunked, batch, memopt::recompute::None{});
   }
 }
+
+TEST_CASE("CUDA: a LLaMA with fused_kernels on the GPU (the composites) gives the CPU kernels' loss and gradients",
+          "[nn][fused][llama][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  using namespace memopt::test::nn;  // NOLINT: the fixtures of the nn tests
+  const torch::Device cuda(torch::kCUDA, 0);
+  // fp32 on both devices (TF32 off, LibTorch's default); the GPU sums in other orders.
+  constexpr double kTolerance = 1e-5;
+  torch::manual_seed(15);
+  const auto config = small_llama(true).fused_kernels(true).loss_chunk_size(24);
+  memopt::models::Llama cpu(config);
+  auto gpu = copy_of(cpu, config);
+  gpu->to(cuda);
+  const auto batch = small_batch(2, 40, 97);
+  const memopt::Batch on_gpu{batch.inputs.to(cuda), batch.targets.to(cuda)};
+  const auto loss_cpu = cpu->loss_sum(batch, memopt::recompute::Selective{});
+  const auto loss_gpu = gpu->loss_sum(on_gpu, memopt::recompute::Selective{});
+  loss_cpu.backward();
+  loss_gpu.backward();
+  CHECK(std::abs(loss_gpu.item<double>() - loss_cpu.item<double>()) <= kTolerance * std::abs(loss_cpu.item<double>()));
+  const auto want = cpu->named_parameters();
+  for (const auto& item : gpu->named_parameters()) {
+    INFO(item.key());
+    REQUIRE(item.value().grad().is_cuda());
+    const auto g = item.value().grad().cpu(), w = want[item.key()].grad();
+    CHECK(max_abs_diff(g, w) <= kTolerance * std::max(w.abs().max().item<double>(), 1e-12));
+  }
+}
