@@ -129,13 +129,14 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
     if (need_weight) d_weight = torch::zeros({V, C}, f32);                        // (V, C) fp32 accumulator
     if (need_weight && ct != torch::kFloat) d_weight_part = torch::empty({V, C}, w.options());
     Buffers buf(std::min(chunk, N), V, hidden.options(), ct);
+    // g read from memory: a CPU tensor, no item() (the Trainer counts host reads).
+    const float g_value = fused ? *g.contiguous().data_ptr<float>() : 0.f;
     for (int64_t r0 = 0; r0 < N && (need_hidden || need_weight); r0 += chunk) {
       const int64_t n = std::min(chunk, N - r0);
       const auto h = hidden.narrow(0, r0, n).to(ct);  // (n, C)
       auto p = buf.logits(h, w);                      // (n, V) fp32
       const auto t = targets.narrow(0, r0, n);
-      if (fused) {  // g read from memory: a CPU tensor, no item() (the Trainer counts host reads)
-        const float g_value = *g.contiguous().data_ptr<float>();
+      if (fused) {
         parallel_chunks(n, fused::grain_rows(V), [&](int64_t begin, int64_t end, int64_t) {
           fused::softmax_grad_rows(p.data_ptr<float>(), lse.data_ptr<float>() + r0, t.data_ptr<int64_t>(), g_value,
                                    ignore_index, begin, end, V);

@@ -239,6 +239,23 @@ void with_type(c10::ScalarType dtype, Fn&& fn) {
 
 inline bool kernel_dtype(c10::ScalarType t) { return t == torch::kFloat || t == torch::kBFloat16; }
 
+/// A tensor the kernels take: a contiguous fp32 or bf16 CPU tensor.
+inline bool kernel_tensor(const torch::Tensor& t) {
+  return t.is_cpu() && kernel_dtype(t.scalar_type()) && t.is_contiguous();
+}
+
+/// Two kernel tensors of one dtype and shape (SwiGLU's g and u, dropout-add's x and r).
+inline bool kernel_pair(const torch::Tensor& a, const torch::Tensor& b) {
+  return kernel_tensor(a) && kernel_tensor(b) && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
+}
+
+/// fn(static_cast<A*>(nullptr), static_cast<B*>(nullptr), static_cast<C*>(nullptr)) for the
+/// C++ types of three kernel dtypes.
+template <class Fn>
+void with_types(c10::ScalarType a, c10::ScalarType b, c10::ScalarType c, Fn&& fn) {
+  with_type(a, [&](auto* ta) { with_type(b, [&](auto* tb) { with_type(c, [&](auto* tc) { fn(ta, tb, tc); }); }); });
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
@@ -247,16 +264,12 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const auto out_type = at::promote_types(x.scalar_type(), w.scalar_type());
     auto y = torch::empty(x.sizes(), x.options().dtype(out_type));
     auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
-    with_type(x.scalar_type(), [&](auto* t) {
+    with_types(x.scalar_type(), w.scalar_type(), out_type, [&](auto* t, auto* wt, auto* ot) {
       using T = std::remove_pointer_t<decltype(t)>;
-      with_type(w.scalar_type(), [&](auto* wt) {
-        using W = std::remove_pointer_t<decltype(wt)>;
-        with_type(out_type, [&](auto* ot) {
-          using O = std::remove_pointer_t<decltype(ot)>;
-          rms_norm_forward(x.data_ptr<T>(), w.data_ptr<W>(), y.data_ptr<O>(), rstd.data_ptr<float>(), rows, C,
-                           static_cast<float>(eps));
-        });
-      });
+      using W = std::remove_pointer_t<decltype(wt)>;
+      using O = std::remove_pointer_t<decltype(ot)>;
+      rms_norm_forward(x.data_ptr<T>(), w.data_ptr<W>(), y.data_ptr<O>(), rstd.data_ptr<float>(), rows, C,
+                       static_cast<float>(eps));
     });
     ctx->save_for_backward({x, w, rstd});
     return y;
@@ -270,16 +283,12 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
     auto dx = torch::empty_like(x);
     auto dw = torch::zeros({C}, w.options().dtype(torch::kFloat));
-    with_type(x.scalar_type(), [&](auto* t) {
+    with_types(x.scalar_type(), w.scalar_type(), dy.scalar_type(), [&](auto* t, auto* wt, auto* ot) {
       using T = std::remove_pointer_t<decltype(t)>;
-      with_type(w.scalar_type(), [&](auto* wt) {
-        using W = std::remove_pointer_t<decltype(wt)>;
-        with_type(dy.scalar_type(), [&](auto* ot) {
-          using O = std::remove_pointer_t<decltype(ot)>;
-          rms_norm_backward(dy.data_ptr<O>(), x.data_ptr<T>(), w.data_ptr<W>(), rstd.data_ptr<float>(),
-                            dx.data_ptr<T>(), dw.data_ptr<float>(), rows, C);
-        });
-      });
+      using W = std::remove_pointer_t<decltype(wt)>;
+      using O = std::remove_pointer_t<decltype(ot)>;
+      rms_norm_backward(dy.data_ptr<O>(), x.data_ptr<T>(), w.data_ptr<W>(), rstd.data_ptr<float>(), dx.data_ptr<T>(),
+                        dw.data_ptr<float>(), rows, C);
     });
     return {dx, dw.to(w.scalar_type()), torch::Tensor()};
   }
@@ -384,9 +393,8 @@ inline torch::Tensor rms_norm_composite(const torch::Tensor& x, const torch::Ten
 /// tensors, the composite otherwise. x (..., C), w (C) -> (..., C) in promote(x, w).
 inline torch::Tensor fused_rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
   namespace f = memopt::detail::fused;
-  const bool kernel = x.is_cpu() && w.is_cpu() && f::kernel_dtype(x.scalar_type()) &&
-                      f::kernel_dtype(w.scalar_type()) && x.is_contiguous() && w.is_contiguous() &&
-                      w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0);
+  const bool kernel = f::kernel_tensor(x) && f::kernel_tensor(w) && w.dim() == 1 && x.dim() >= 1 &&
+                      x.size(-1) == w.size(0);
   if (!kernel) return rms_norm_composite(x, w, eps);
   return f::RmsNormFunction::apply(x, w, eps);
 }
@@ -395,10 +403,7 @@ inline torch::Tensor fused_rms_norm(const torch::Tensor& x, const torch::Tensor&
 /// tensors of one shape and dtype, the composite otherwise. g, u (..., F) -> (..., F).
 inline torch::Tensor fused_swiglu(const torch::Tensor& g, const torch::Tensor& u) {
   namespace f = memopt::detail::fused;
-  const bool kernel = g.is_cpu() && u.is_cpu() && f::kernel_dtype(g.scalar_type()) &&
-                      g.scalar_type() == u.scalar_type() && g.sizes() == u.sizes() && g.is_contiguous() &&
-                      u.is_contiguous();
-  if (!kernel) return torch::silu(g) * u;
+  if (!f::kernel_pair(g, u)) return torch::silu(g) * u;
   return memopt::detail::fused::SwigluFunction::apply(g, u);
 }
 
@@ -410,8 +415,7 @@ inline std::pair<torch::Tensor, torch::Tensor> fused_rope(const torch::Tensor& q
                                                           const torch::Tensor& cos, const torch::Tensor& sin) {
   namespace f = memopt::detail::fused;
   auto fits = [&](const torch::Tensor& x) {
-    return x.is_cpu() && x.dim() == 4 && f::kernel_dtype(x.scalar_type()) && x.is_contiguous() &&
-           x.size(3) % 2 == 0 && cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3);
+    return f::kernel_tensor(x) && x.dim() == 4 && x.size(3) % 2 == 0 && cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3);
   };
   const bool tables = cos.is_cpu() && sin.is_cpu() && cos.scalar_type() == torch::kFloat &&
                       sin.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() &&

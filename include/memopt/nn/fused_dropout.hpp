@@ -111,10 +111,7 @@ inline torch::Tensor fused_dropout_add(const torch::Tensor& x, const torch::Tens
   TORCH_CHECK(p >= 0 && p < 1, "memopt::nn::fused_dropout_add: p must be in [0, 1) (got ", p,
               "). HINT: dropout 0 turns it off.");
   if (!training || p == 0) return x + r;
-  const bool kernel = x.is_cpu() && r.is_cpu() && memopt::detail::fused::kernel_dtype(x.scalar_type()) &&
-                      x.scalar_type() == r.scalar_type() && x.sizes() == r.sizes() && x.is_contiguous() &&
-                      r.is_contiguous();
-  if (!kernel) return x + torch::dropout(r, p, training);
+  if (!memopt::detail::fused::kernel_pair(x, r)) return x + torch::dropout(r, p, training);
   return memopt::detail::fused::DropoutAddFunction::apply(x, r, p);
 }
 

@@ -10,8 +10,8 @@
 // m = β1·m + (1-β1)·g, v = β2·v + (1-β2)·g²; p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps),
 // with m and v dequantised to fp32 before and requantised (nearest code: #{boundaries < x},
 // as torch::bucketize on the midpoints of the map) after. On the CPU a fused kernel does this
-// per block of 256, the blocks of all 8-bit parameters split over at::get_num_threads()
-// threads (detail::adamw8bit_cpu_step: ~3.6x the time of torch::optim::AdamW's step on the
+// per block of 256, the blocks of all 8-bit parameters split over LibTorch's threads
+// (detail::adamw8bit_cpu_step: ~3.6x the time of torch::optim::AdamW's step on the
 // benchmark's LM); elsewhere (CUDA, bf16 or strided parameters) tensor operations do it chunk
 // by chunk, so fp32 temporaries stay bounded (AdamW8bitOptions::chunk_size). Parameters with
 // fewer than min_8bit_size (4096, bitsandbytes' min_8bit_size) elements keep fp32 moments,
@@ -28,8 +28,6 @@
 #include <limits>
 #include <memory>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -37,6 +35,7 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/optimizer_state.hpp"
+#include "memopt/detail/parallel.hpp"
 #include "memopt/optim/quantize.hpp"
 
 namespace memopt::optim {
@@ -91,35 +90,20 @@ inline void adamw8bit_cpu_block(const FusedWork& w, int64_t block, const CodeBoo
   }
 }
 
-/// Steps every block of `work`, split evenly over at::get_num_threads() threads. Plain
-/// std::threads, not at::parallel_for: with LibTorch's OpenMP backend that template runs
-/// serially in code compiled without -fopenmp, as memopt's (and its users') code is.
+/// Steps every block of `work`, in contiguous runs of blocks on LibTorch's threads
+/// (detail/parallel.hpp: at::parallel_for runs serially in code built without -fopenmp).
 inline void adamw8bit_cpu_step(const std::vector<FusedWork>& work, const CodeBook& book1, const CodeBook& book2) {
   constexpr int64_t kMinBlocksPerThread = 256;  // 64K elements: below that a thread costs more than it saves
   std::vector<int64_t> first_block{0};          // prefix sums of the blocks of each work item
   for (const auto& w : work) first_block.push_back(first_block.back() + num_quant_blocks(w.numel));
-  const int64_t total = first_block.back();
-  const int64_t threads =
-      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), total / kMinBlocksPerThread));
-  auto run = [&](int64_t lo, int64_t hi) {  // global blocks [lo, hi)
+  memopt::detail::parallel_chunks(first_block.back(), kMinBlocksPerThread, [&](int64_t lo, int64_t hi, int64_t) {
     size_t item = static_cast<size_t>(std::upper_bound(first_block.begin(), first_block.end(), lo) -
                                       first_block.begin() - 1);
-    for (int64_t block = lo; block < hi; ++block) {
+    for (int64_t block = lo; block < hi; ++block) {  // global blocks [lo, hi)
       while (block >= first_block[item + 1]) ++item;
       adamw8bit_cpu_block(work[item], block - first_block[item], book1, book2);
     }
-  };
-  std::vector<std::thread> helpers;
-  for (int64_t t = 1; t < threads; ++t) {
-    const int64_t lo = total * t / threads, hi = total * (t + 1) / threads;
-    try {
-      helpers.emplace_back(run, lo, hi);
-    } catch (const std::system_error&) {  // no thread to be had: this one does that share
-      run(lo, hi);
-    }
-  }
-  run(0, total / threads);
-  for (auto& h : helpers) h.join();
+  });
 }
 
 }  // namespace detail
