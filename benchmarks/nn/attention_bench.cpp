@@ -28,6 +28,7 @@
 #include <torch/torch.h>
 
 #include "bench_main.hpp"
+#include "memopt/bf16_gemm.hpp"
 #include "memopt/detail/version.hpp"
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/tracker.hpp"
@@ -35,6 +36,8 @@
 #include "memopt/nn/cross_entropy.hpp"
 #include "memopt/nn/fused.hpp"
 #include "memopt/nn/fused_dropout.hpp"
+#include "memopt/nn/nf4.hpp"
+#include "memopt/nn/qlora.hpp"
 #include "memopt/nn/rope.hpp"
 #include "memopt/runtime.hpp"
 
@@ -54,7 +57,8 @@ struct BenchConfig {
   int64_t hidden = 512;  // cross-entropy: C
   int64_t vocab = 32000;  // cross-entropy: V
   int64_t chunk = memopt::nn::kCrossEntropyChunk;
-  int64_t ffn = 1408;           // swiglu: F
+  int64_t ffn = 1408;           // swiglu: F; nf4_linear: out features
+  int64_t tile_kib = memopt::nn::kNf4TileBytes >> 10;  // nf4_linear_fused
   std::string dtype = "fp32";  // rms_norm, swiglu
   int64_t steps = 3;
   int64_t warmup = 1;
@@ -63,6 +67,7 @@ struct BenchConfig {
   uint64_t seed = 1234;
 
   bool is_attention() const { return impl == "math" || impl == "sdpa" || impl == "blockwise"; }
+  bool is_nf4() const { return impl.rfind("nf4_linear", 0) == 0; }
   bool is_elementwise() const {
     return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0 || impl.rfind("rope", 0) == 0 ||
            impl.rfind("dropout_add", 0) == 0;
@@ -235,17 +240,45 @@ nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
   line["inputs_mib"] = mib(t.live_before);
   return line;
 }
+// QLoRA's base matmul, y = x · deq(w)ᵀ over (rows, hidden) x and an NF4 (ffn, hidden) w, forward
+// + backward (dx): the whole weight dequantised at once, or tiles of --tile_kib (_fused).
+nlohmann::ordered_json run_nf4_linear(const BenchConfig& cfg) {
+  const bool tiled = cfg.impl == "nf4_linear_fused";
+  const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  if (dtype == torch::kBFloat16) memopt::bf16_gemm::enable();  // as a bf16 Trainer does: widened where it wins
+  torch::manual_seed(static_cast<int64_t>(cfg.seed));
+  const auto w = memopt::nn::quantize_nf4(torch::randn({cfg.ffn, cfg.hidden}) * 0.02);
+  auto x = torch::randn({cfg.rows, cfg.hidden}).to(dtype).requires_grad_();
+  const auto grad_out = torch::randn({cfg.rows, cfg.ffn}).to(dtype);
+  const int64_t tile_bytes = tiled ? cfg.tile_kib * 1024 : 0;
+  auto step = [&] {
+    x.mutable_grad() = torch::Tensor();
+    memopt::nn::nf4_linear(x, w, {}, tile_bytes).backward(grad_out);
+  };
+  const auto t = time_steps(cfg, step);
+  nlohmann::ordered_json line{{"suite", "fused"}, {"name", "nf4_linear"}, {"impl", cfg.impl}, {"dtype", cfg.dtype},
+                              {"rows", cfg.rows}, {"width", cfg.ffn},      {"in", cfg.hidden}};
+  if (tiled) line["tile_kib"] = cfg.tile_kib;
+  if (dtype == torch::kBFloat16) {
+    line["bf16_gemm"] = memopt::bf16_gemm::mode() == memopt::bf16_gemm::Mode::Native ? "native" : "fp32";
+  }
+  line["peak_tracked_mib"] = mib(t.peak_bytes);
+  line["ms"] = t.ms;
+  line["ms_min"] = t.ms_min;
+  line["inputs_mib"] = mib(t.live_before);
+  return line;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_attention: one forward+backward of attention or of the LM loss, one path per run"};
   app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked | ce_chunked_fused "
-                 "(LM loss); rms_norm | swiglu | rope | dropout_add, each also _fused (nn/fused.hpp, "
-                 "nn/fused_dropout.hpp)")
+                 "(LM loss); rms_norm | swiglu | rope | dropout_add | nf4_linear, each also _fused (nn/fused.hpp, "
+                 "nn/fused_dropout.hpp; nf4_linear: nn/qlora.hpp's tiles)")
       ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked", "ce_chunked_fused", "rms_norm",
                              "rms_norm_fused", "swiglu", "swiglu_fused", "rope", "rope_fused", "dropout_add",
-                             "dropout_add_fused"}));
+                             "dropout_add_fused", "nf4_linear", "nf4_linear_fused"}));
   app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--batch", cfg.batch, "B")->check(CLI::PositiveNumber);
   app.add_option("--heads", cfg.heads, "H")->check(CLI::PositiveNumber);
@@ -258,6 +291,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", cfg.vocab, "cross-entropy: vocabulary V")->check(CLI::PositiveNumber);
   app.add_option("--chunk", cfg.chunk, "ce_chunked: rows per chunk")->check(CLI::PositiveNumber);
   app.add_option("--ffn", cfg.ffn, "swiglu: width F")->check(CLI::PositiveNumber);
+  app.add_option("--tile_kib", cfg.tile_kib, "nf4_linear_fused: KiB of weight dequantised at a time")
+      ->check(CLI::PositiveNumber);
   app.add_option("--dtype", cfg.dtype, "rms_norm, swiglu: fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--steps", cfg.steps, "timed forward+backward passes")->check(CLI::PositiveNumber);
   app.add_option("--warmup", cfg.warmup, "untimed passes first")->check(CLI::NonNegativeNumber);
@@ -271,6 +306,7 @@ int main(int argc, char** argv) {
   return memopt::bench::print_line([&] {
     auto line = cfg.is_attention()     ? run_attention(cfg)
                 : cfg.is_elementwise() ? run_elementwise(cfg)
+                : cfg.is_nf4()         ? run_nf4_linear(cfg)
                                        : run_cross_entropy(cfg);
     line["steps"] = cfg.steps;
     line["threads"] = at::get_num_threads();

@@ -150,6 +150,68 @@ TEST_CASE("nf4_linear equals torch::linear with the dequantized weight and its d
   CHECK_FALSE(nf4_linear(x0, quantize_nf4(linear->weight), linear->bias).requires_grad());
 }
 
+TEST_CASE("nf4_linear in tiles equals the whole-weight path, and its transient peak is a tile, not the weight",
+          "[qlora][nn]") {
+  auto& tracker = memopt::memory::Tracker::instance();
+  REQUIRE(tracker.installed());
+  // 300 x 197 (odd in: blocks straddle rows and tiles); tiles of 4 KiB: 6 rows forward (in fp32),
+  // 4 columns backward, the last tile short.
+  torch::nn::Linear linear = make_linear(197, 300, /*bias=*/true, 7);
+  linear->weight.requires_grad_(false);
+  linear->bias.requires_grad_(false);
+  const Nf4Tensor w = quantize_nf4(linear->weight);
+  auto gen = at::detail::createCPUGenerator(8);
+  const torch::Tensor x0 = torch::randn({3, 7, 197}, gen);  // (3, 7, in)
+  const torch::Tensor g = torch::randn({3, 7, 300}, gen);   // (3, 7, out)
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    INFO(c10::toString(dtype));
+    auto run = [&](int64_t tile_bytes) {
+      torch::Tensor x = x0.to(dtype).clone().requires_grad_(true);  // a leaf of its own
+      const torch::Tensor y = nf4_linear(x, w, linear->bias, tile_bytes);
+      y.backward(g.to(dtype));
+      return std::pair{y.to(torch::kDouble), x.grad().to(torch::kDouble)};
+    };
+    const auto [y_whole, dx_whole] = run(0);
+    const auto [y_tiled, dx_tiled] = run(4096);
+    // fp32: the same products, summed in other blocks; bf16: fp32 sums rounded to bf16, the
+    // tiled forward rounding once more when it adds the bias: two half-ulps, 2^-8 of a value.
+    const double tol = dtype == torch::kFloat ? 1e-5 : 1.0 / 128;
+    CHECK(max_abs_diff(y_tiled, y_whole) <= tol * y_whole.abs().max().item<double>());
+    CHECK(max_abs_diff(dx_tiled, dx_whole) <= tol * dx_whole.abs().max().item<double>());
+  }
+  // The CPU kernel's values are code · absmax in fp32, then one rounding, bit for bit (what
+  // the ATen path that other devices take computes); its tiles are dequantize()'s.
+  const torch::Tensor scale = w.block_absmax().contiguous();
+  const torch::Tensor codes = torch::stack({w.packed.bitwise_right_shift(4), w.packed.bitwise_and(15)}, 1);
+  const torch::Tensor index = codes.view({-1}).slice(0, 0, w.numel).to(torch::kLong);  // (n,) 0..15
+  const torch::Tensor want = memopt::nn::nf4_map().index_select(0, index) *
+                             scale.repeat_interleave(w.blocksize).slice(0, 0, w.numel);  // (n,) fp32
+  CHECK(torch::equal(w.dequantize(torch::kFloat).view({-1}), want));
+  const torch::Tensor dense = w.dequantize(torch::kBFloat16);  // (300, 197)
+  CHECK(torch::equal(dense.view({-1}), want.to(torch::kBFloat16)));
+  using memopt::nn::detail::dequantize_nf4_cpu;
+  CHECK(torch::equal(dequantize_nf4_cpu(w, scale, 11 * 197, 197, 5, 197, torch::kBFloat16), dense.narrow(0, 11, 5)));
+  CHECK(torch::equal(dequantize_nf4_cpu(w, scale, 61, 197, 300, 9, torch::kBFloat16), dense.narrow(1, 61, 9)));
+  // Peak: forward + backward of a 1024 x 1024 weight in 64 KiB tiles stays far below the 4 MiB
+  // fp32 weight the whole-weight path makes: a tile, the blocks' fp32 scales (1/64 of the
+  // weight's fp32 bytes) and what dequantising them takes, x, y, dx: measured 289 KiB.
+  constexpr int64_t kDense = int64_t{1024} * 1024 * 4;
+  const Nf4Tensor big = quantize_nf4(torch::randn({1024, 1024}));
+  const torch::Tensor xb = torch::randn({4, 1024}).requires_grad_(true);
+  for (const int64_t tile_bytes : {int64_t{0}, int64_t{1} << 16}) {
+    INFO("tile_bytes " << tile_bytes);
+    tracker.reset_peaks();
+    const int64_t before = tracker.live_bytes();
+    nf4_linear(xb, big, {}, tile_bytes).sum().backward();
+    const int64_t transient = tracker.peak_bytes() - before;
+    if (tile_bytes == 0) {
+      CHECK(transient >= kDense);
+    } else {
+      CHECK(transient < kDense / 8);
+    }
+  }
+}
+
 TEST_CASE("A QLoRA Linear equals a LoRA Linear over the dequantized weight in fp32, with and without dropout",
           "[qlora][nn]") {
   for (const double dropout : {0.0, 0.25}) {

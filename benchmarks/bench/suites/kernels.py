@@ -58,7 +58,7 @@ def attention(ctx: Context) -> list[Step]:
 # two shapes (2048 rows: 8 × 256 and 4 × 512 tokens; C 256 / 512, F 704 / 1408, 8 heads of
 # 32 / 64), fp32 and bf16, and the chunked loss's softmax rows (N 2048, C 512, V 4096). One
 # process per kernel, impl and dtype; a ratio line each (fused / composite; the target: ms < 1).
-# ~1 min (--quick: 256 rows).
+# Then QLoRA's NF4 matmul, tiled against the whole weight. ~2 min (--quick: 256 rows).
 FUSED_SHAPES = ((256, 704), (512, 1408))
 
 
@@ -79,7 +79,22 @@ def fused(ctx: Context) -> list[Step]:
     # The chunked loss's softmax (V 4096 as the trainer suite's, chunks of 1024 rows).
     ce = ["--rows", rows, "--hidden", "512", "--vocab", "4096", *passes.split()]
     steps += [attention_run(ctx, impl, ["--impl", impl, *ce]) for impl in ("ce_chunked", "ce_chunked_fused")]
-    return steps + [Derive(["ce_chunked_fused", "ce_chunked"], L.fused_ratio, "ratio_ce_chunked_fused_to_ce_chunked")]
+    steps.append(Derive(["ce_chunked_fused", "ce_chunked"], L.fused_ratio, "ratio_ce_chunked_fused_to_ce_chunked"))
+    # QLoRA's base matmul (nn/qlora.hpp): the whole NF4 weight dequantised, or tiles of
+    # kNf4TileBytes, forward + dX, at the lora suite's shapes (an MLP projection of the 8 × 512
+    # and 12 × 1024 LLaMAs; the 7B shape's down_proj, 11008 -> 4096) in fp32 and bf16.
+    for tokens, d_in, d_out in ((2048, 512, 1408), (512, 1024, 2816), (256, 11008, 4096)):
+        nf4_passes = ("--warmup 0 --steps 1" if ctx.quick else "--warmup 1 --steps 5").split()
+        for dtype in ("fp32", "bf16"):
+            keys = []
+            for impl in ("nf4_linear", "nf4_linear_fused"):
+                key = f"{impl}-{dtype}-{d_in}x{d_out}"
+                args = ["--impl", impl, "--dtype", dtype, "--rows", str(256 if ctx.quick else tokens),
+                        "--hidden", str(d_in), "--ffn", str(d_out), *nf4_passes]
+                steps.append(attention_run(ctx, key, args))
+                keys.append(key)
+            steps.append(Derive(keys[::-1], L.fused_ratio, "ratio_nf4_linear_fused_to_nf4_linear"))
+    return steps
 
 
 # ---- suite: estimator ----

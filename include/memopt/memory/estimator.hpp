@@ -41,6 +41,7 @@
 #include "memopt/memory/model_desc.hpp"
 #include "memopt/memory/policy_desc.hpp"
 #include "memopt/memory/report.hpp"
+#include "memopt/nn/qlora.hpp"
 
 namespace memopt::memory {
 
@@ -183,20 +184,29 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double block_trainable = m.lora() ? P / static_cast<double>(m.num_layers) : block_params;
   const double head_trainable = m.lora() ? 0 : embed_params + C;
   double mlp_trainable = experts * 3 * C * F;  // the feed-forward's gradients
-  double largest_linear = 0;                   // QLoRA: the largest weight dequantised at once
+  // QLoRA: nf4_linear's transients on the CPU, the largest over the Linears: the weight's
+  // dequantised tile (the whole weight when it is within nn::kNf4TileBytes; else whole rows
+  // forward, whole columns backward, in the compute dtype) and its blocks' fp32 scales with the
+  // fp32 copy that double quantisation's dequantising makes (2 × 4 B per 64 weights).
+  const double compute_bytes = autocast || pure ? 2 : 4;
+  double dequant = 0;
   if (m.lora()) {
     mlp_trainable = 0;
     const auto linears = m.block_linears();
+    const auto tile_bytes = static_cast<double>(nn::kNf4TileBytes);
     for (size_t i = 0; i < linears.size(); ++i) {
       const double out = static_cast<double>(linears[i].first), in = static_cast<double>(linears[i].second);
-      largest_linear = std::max(largest_linear, out * in);
+      const double dense = out * in * compute_bytes;
+      const double tile = dense <= tile_bytes ? dense
+                                              : std::max(std::ceil(tile_bytes / (in * compute_bytes)) * in,
+                                                         std::ceil(tile_bytes / (out * compute_bytes)) * out) *
+                                                    compute_bytes;
+      dequant = std::max(dequant, tile + out * in / 8);
       if (i >= 4 && (m.lora_targets & (1u << i)))
         mlp_trainable += static_cast<double>(m.lora_rank * m.experts_per_linear(i)) * (out + in);
     }
   }
-  // nf4_linear's transients: the packed bytes as int32 look-up indices (2 B), the fp32 values
-  // (4 B) and their cast to the compute dtype (2 B), per weight of the largest Linear.
-  const double dequant = m.nf4_base ? largest_linear * (6 + (autocast || pure ? 2 : 0)) : 0;
+  if (!m.nf4_base) dequant = 0;
 
   Estimate e;
   e.parameters = m.frozen_bytes(pure ? 2 : 4) + static_cast<int64_t>((pure ? 2 : 4) * P);

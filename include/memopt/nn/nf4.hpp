@@ -35,6 +35,7 @@
 
 #include <torch/torch.h>
 
+#include "memopt/detail/parallel.hpp"
 #include "memopt/optim/quantize.hpp"
 
 namespace memopt::nn {
@@ -137,6 +138,46 @@ inline void check_blocksize(int64_t blocksize, const char* who) {
               blocksize, "). HINT: use 64, QLoRA's (Nf4Options's default).");
 }
 
+/// Elements [begin, end) of q's flattened weight into out[0, end - begin): code · absmax in fp32,
+/// then T's rounding (what the composite's fp32 product and .to(T) give, bit for bit). One pass
+/// over the packed bytes; `scale` (blocks,) fp32 from block_absmax().
+template <class T>
+void dequantize_nf4_range(const uint8_t* packed, const float* scale, int64_t blocksize, int64_t begin, int64_t end,
+                          T* out) {
+  for (int64_t e = begin; e < end;) {
+    const int64_t block = e / blocksize, stop = std::min(end, (block + 1) * blocksize);
+    const float s = scale[block];
+    for (; e < stop; ++e) {
+      const uint8_t byte = packed[e >> 1];
+      out[e - begin] = static_cast<T>(kNf4Codes[(e & 1) ? (byte & 15) : (byte >> 4)] * s);
+    }
+  }
+}
+
+/// A (rows, cols) tensor of `dtype` holding q's flattened elements first + r · stride + c, as
+/// dequantize_nf4_range computes them, on ATen's threads; q on the CPU. The whole weight:
+/// (q, scale, 0, 0, 1, numel); rows [r0, r0 + n) of an (out, in) weight: (r0 · in, in, n, in);
+/// its columns [c0, c0 + n): (c0, in, out, n).
+inline torch::Tensor dequantize_nf4_cpu(const Nf4Tensor& q, const torch::Tensor& scale, int64_t first, int64_t stride,
+                                        int64_t rows, int64_t cols, torch::ScalarType dtype) {
+  constexpr int64_t kGrain = int64_t{1} << 16;  // elements a chunk: below that a thread costs more than it saves
+  torch::Tensor out = torch::empty({rows, cols}, torch::TensorOptions().dtype(dtype));
+  const auto* packed = q.packed.data_ptr<uint8_t>();
+  const auto* s = scale.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(torch::kBFloat16, torch::kHalf, dtype, "dequantize_nf4_cpu", [&] {
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    memopt::detail::parallel_chunks(rows * cols, kGrain, [&](int64_t lo, int64_t hi, int64_t) {
+      for (int64_t f = lo; f < hi;) {  // f: flat index into out; one row's run at a time
+        const int64_t r = f / cols, c = f % cols, n = std::min(hi - f, cols - c);
+        const int64_t begin = first + r * stride + c;
+        dequantize_nf4_range(packed, s, q.blocksize, begin, begin + n, dst + f);
+        f += n;
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace detail
 
 /// Quantises a floating tensor of any shape to NF4, computing in fp32 (see the header comment).
@@ -223,8 +264,11 @@ inline torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype)
   const int64_t n = q.numel, bs = q.blocksize, full = n / bs * bs, blocks = q.num_blocks();
   TORCH_CHECK(scale.numel() == blocks, who, ": ", n, " elements in blocks of ", bs, " need ", blocks,
               " absmax (got ", scale.numel(), "). HINT: pass the Nf4Tensor that quantize_nf4 returned.");
-  // A byte holds two codes: one look-up in the (256, 2) table of code pairs, indexed by the
-  // packed bytes as int32 (index_select's narrowest index type): 2 B of index a weight, not 8.
+  if (q.packed.is_cpu() && q.packed.is_contiguous()) {  // one pass, no fp32 copy on the way
+    return detail::dequantize_nf4_cpu(q, scale.contiguous(), 0, 0, 1, n, dtype).view(q.shape);
+  }
+  // On other devices: one look-up in the (256, 2) table of code pairs (a byte holds two codes),
+  // indexed by the packed bytes as int32 (index_select's narrowest index type).
   const torch::Tensor pairs = detail::nf4_pair_map(q.packed.device());  // (256, 2) fp32
   torch::Tensor values =
       pairs.index_select(0, q.packed.to(torch::kInt)).view({-1}).slice(0, 0, n);  // (n,) fp32

@@ -2,8 +2,10 @@
 // held in NF4 (memopt/nn/nf4.hpp, 0.516 B/param with double quantisation instead of 2 or 4).
 // nf4_linear is the base's matmul as an autograd Function: it dequantises the weight for the
 // forward and again for the backward, each time freed on return, and saves only the 4-bit codes
-// and scales, never x or a dense weight, since the frozen weight needs no dW. A quantised
-// memopt::nn::Linear (memopt/nn/linear.hpp) runs it, with a LoRA adapter on top for QLoRA.
+// and scales, never x or a dense weight, since the frozen weight needs no dW. On the CPU it
+// dequantises kNf4TileBytes at a time (rows of the weight forward, columns backward), so no
+// dense copy of a weight larger than that exists at any moment.
+// A quantised memopt::nn::Linear (memopt/nn/linear.hpp) runs it, with a LoRA adapter on top.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,13 @@
 #include "memopt/nn/nf4.hpp"
 
 namespace memopt::nn {
+
+/// Bytes of dequantised weight nf4_linear makes at a time on the CPU (rows of the (out, in)
+/// weight forward, columns backward); 0: the whole weight at once. 4 MiB: as fast as the whole
+/// weight within the noise (0.9-1.07x its time, forward + dX, fp32 on a 2-core AVX2 EPYC) at
+/// 0.26x its peak for a 7B model's 11008 x 4096 projection; tiles of 1 MiB and less cost
+/// 1.2-3x the time, the products too narrow for the GEMM (`scripts/bench fused`).
+inline constexpr int64_t kNf4TileBytes = int64_t{4} << 20;
 
 namespace detail {
 
@@ -33,13 +42,24 @@ inline memopt::detail::AutocastState nf4_autocast_off(c10::DeviceType device) {
   return state;
 }
 
+/// Rows (forward) or columns (backward) of w that nf4_linear dequantises at a time, `lines` of
+/// `line_elements` each: 0 (the whole weight at once) off the CPU, for tile_bytes 0, and where
+/// one tile would hold them all; else ⌈tile_bytes / line bytes⌉.
+inline int64_t nf4_tile_lines(const Nf4Tensor& w, torch::ScalarType dtype, const torch::Device& device,
+                              int64_t tile_bytes, int64_t lines, int64_t line_elements) {
+  if (!device.is_cpu() || tile_bytes <= 0 || !w.packed.is_contiguous()) return 0;
+  const int64_t line_bytes = line_elements * static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t n = std::max<int64_t>(1, (tile_bytes + line_bytes - 1) / line_bytes);
+  return n >= lines ? 0 : n;
+}
+
 /// y = x · deq(w)ᵀ + b with dX = dY · deq(w) and no gradient for w or b. Saved for backward:
 /// w's packed codes and scales (references to the tensors the caller holds, no copy) and its
 /// metadata; the dense (out, in) weight lives only inside forward() and inside backward().
 struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const std::optional<torch::Tensor>& bias,  // none: no bias (not an input then)
-                               const Nf4Tensor& w) {  // (..., in) -> (..., out)
+                               const Nf4Tensor& w, int64_t tile_bytes) {  // (..., in) -> (..., out)
     const torch::ScalarType dtype = nf4_compute_dtype(x);
     ctx->save_for_backward({w.packed, w.absmax, w.absmax_quant.codes, w.absmax_quant.absmax, w.absmax_offset});
     ctx->saved_data["shape"] = w.shape;
@@ -48,9 +68,26 @@ struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
     ctx->saved_data["numel"] = w.numel;
     ctx->saved_data["compute_dtype"] = static_cast<int64_t>(dtype);
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["tile_bytes"] = tile_bytes;
     memopt::detail::AutocastGuard no_autocast(nf4_autocast_off(x.device().type()));
-    const torch::Tensor weight = w.dequantize(dtype);  // (out, in), freed on return
-    return torch::linear(x.to(dtype), weight, bias ? std::optional<torch::Tensor>(bias->to(dtype)) : std::nullopt);
+    const auto b = bias ? std::optional<torch::Tensor>(bias->to(dtype)) : std::nullopt;
+    const int64_t out = w.shape[0], in = w.shape[1];
+    const int64_t rows = nf4_tile_lines(w, dtype, x.device(), tile_bytes, out, in);
+    if (rows == 0) return torch::linear(x.to(dtype), w.dequantize(dtype), b);  // (out, in) freed on return
+    // Tiled: rows of w, each a block of y's columns. torch::mm, not mm_out: bf16_gemm (bf16 on
+    // CPUs without bf16 units) replaces mm's kernel, not mm.out's.
+    const torch::Tensor x2 = x.to(dtype).reshape({-1, in});             // (M, in)
+    torch::Tensor y = torch::empty({x2.size(0), out}, x2.options());  // (M, out)
+    const torch::Tensor scale = w.block_absmax().contiguous();
+    for (int64_t o0 = 0; o0 < out; o0 += rows) {
+      const int64_t t = std::min(rows, out - o0);
+      const torch::Tensor tile = nn::detail::dequantize_nf4_cpu(w, scale, o0 * in, in, t, in, dtype);  // (t, in)
+      y.narrow(1, o0, t).copy_(torch::mm(x2, tile.t()));                                              // (M, t)
+    }
+    if (b) y.add_(*b);
+    auto shape = x.sizes().vec();
+    shape.back() = out;
+    return y.view(shape);  // (..., out)
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -70,10 +107,26 @@ struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
       const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["compute_dtype"].toInt());
       const torch::Tensor& dy = grad_outputs[0];  // (..., out)
       memopt::detail::AutocastGuard no_autocast(nf4_autocast_off(dy.device().type()));
-      const torch::Tensor weight = w.dequantize(dtype);  // (out, in), freed on return
-      dx = dy.to(dtype).matmul(weight).to(static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+      const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      const int64_t out = w.shape[0], in = w.shape[1];
+      const int64_t cols = nf4_tile_lines(w, dtype, dy.device(), ctx->saved_data["tile_bytes"].toInt(), in, out);
+      if (cols == 0) {
+        dx = dy.to(dtype).matmul(w.dequantize(dtype)).to(x_dtype);  // (out, in) freed on return
+      } else {  // tiled: columns of w, each a block of dx's columns
+        const torch::Tensor dy2 = dy.to(dtype).reshape({-1, out});            // (M, out)
+        torch::Tensor dx2 = torch::empty({dy2.size(0), in}, dy2.options());  // (M, in)
+        const torch::Tensor scale = w.block_absmax().contiguous();
+        for (int64_t i0 = 0; i0 < in; i0 += cols) {
+          const int64_t t = std::min(cols, in - i0);
+          const torch::Tensor tile = nn::detail::dequantize_nf4_cpu(w, scale, i0, in, out, t, dtype);  // (out, t)
+          dx2.narrow(1, i0, t).copy_(torch::mm(dy2, tile));                                                // (M, t)
+        }
+        auto shape = dy.sizes().vec();
+        shape.back() = in;
+        dx = dx2.view(shape).to(x_dtype);
+      }
     }
-    return {dx, torch::Tensor(), torch::Tensor()};  // x, bias (frozen), w (no tensor input)
+    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};  // x, bias (frozen), w, tile_bytes
   }
 };
 
@@ -82,10 +135,12 @@ struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
 /// x · deq(w)ᵀ + bias for an (out, in) NF4 weight w, in autocast's dtype when autocast is on
 /// for x's device, else in x's (w is dequantised to it, bias cast to it). Gradient for x only:
 /// the weight is frozen, and a bias must be too (requires_grad false, or detached). Saves w's codes and scales
-/// for backward, not x and no dense weight: backward dequantises w again, freed after.
+/// for backward, not x and no dense weight: backward dequantises w again, freed after. On the
+/// CPU, tile_bytes of dense weight at a time (0: the whole weight at once).
 ///   memopt::nn::Nf4Tensor w = memopt::nn::quantize_nf4(linear->weight);
 ///   torch::Tensor y = memopt::nn::nf4_linear(x, w, linear->bias.detach());   // (B, T, in) -> (B, T, out)
-inline torch::Tensor nf4_linear(const torch::Tensor& x, const Nf4Tensor& w, const torch::Tensor& bias = {}) {
+inline torch::Tensor nf4_linear(const torch::Tensor& x, const Nf4Tensor& w, const torch::Tensor& bias = {},
+                                int64_t tile_bytes = kNf4TileBytes) {
   const char* who = "memopt::nn::nf4_linear";
   TORCH_CHECK(w.shape.size() == 2 && w.packed.defined(), who,
               ": w must be a quantised 2-d (out, in) weight (got shape ", c10::IntArrayRef(w.shape),
@@ -105,7 +160,10 @@ inline torch::Tensor nf4_linear(const torch::Tensor& x, const Nf4Tensor& w, cons
                 "is frozen). HINT: freeze it with bias.requires_grad_(false), or add a trainable bias outside.");
   }
   // An undefined Tensor argument would count as an input without a device; an empty optional does not.
-  return detail::Nf4LinearFunction::apply(x, bias.defined() ? std::optional<torch::Tensor>(bias) : std::nullopt, w);
+  TORCH_CHECK(tile_bytes >= 0, who, ": tile_bytes must be >= 0 (got ", tile_bytes,
+              "). HINT: 0 dequantises the whole weight at once; kNf4TileBytes is the default.");
+  return detail::Nf4LinearFunction::apply(x, bias.defined() ? std::optional<torch::Tensor>(bias) : std::nullopt, w,
+                                          tile_bytes);
 }
 
 }  // namespace memopt::nn
