@@ -23,7 +23,7 @@ namespace memopt::nn {
 /// weight forward, columns backward); 0: the whole weight at once. 4 MiB: as fast as the whole
 /// weight within the noise (0.8-1.0x its time, forward + dX, fp32 and bf16 on a 2-core AVX2
 /// EPYC) at 0.19-0.26x its peak for a 7B model's 11008 x 4096 projection; tiles of 1 MiB and
-/// less cost 1.2-3x the time, the products too narrow for the GEMM (`scripts/bench fused`).
+/// less cost 1.15-2.8x the time, the products too narrow for the GEMM (`scripts/bench fused`).
 inline constexpr int64_t kNf4TileBytes = int64_t{4} << 20;
 
 namespace detail {
