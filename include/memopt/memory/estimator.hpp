@@ -201,12 +201,11 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
                                               : std::max(std::ceil(tile_bytes / (in * compute_bytes)) * in,
                                                          std::ceil(tile_bytes / (out * compute_bytes)) * out) *
                                                     compute_bytes;
-      dequant = std::max(dequant, tile + out * in / 8);
+      if (m.nf4_base) dequant = std::max(dequant, tile + out * in / 8);
       if (i >= 4 && (m.lora_targets & (1u << i)))
         mlp_trainable += static_cast<double>(m.lora_rank * m.experts_per_linear(i)) * (out + in);
     }
   }
-  if (!m.nf4_base) dequant = 0;
 
   Estimate e;
   e.parameters = m.frozen_bytes(pure ? 2 : 4) + static_cast<int64_t>((pure ? 2 : 4) * P);

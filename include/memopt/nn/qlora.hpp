@@ -53,6 +53,22 @@ inline int64_t nf4_tile_lines(const Nf4Tensor& w, torch::ScalarType dtype, const
   return n >= lines ? 0 : n;
 }
 
+/// a (..., K) · B -> (..., N), B (K, N) made `cols` columns at a time by block(n0, t) -> (K, t),
+/// so no more of B than a block exists at once. torch::mm, not mm_out: bf16_gemm (bf16 on CPUs
+/// without bf16 units) replaces mm's kernel, not mm.out's.
+template <class Block>
+torch::Tensor matmul_by_column_blocks(const torch::Tensor& a, int64_t N, int64_t cols, const Block& block) {
+  const torch::Tensor a2 = a.reshape({-1, a.size(-1)});           // (M, K)
+  torch::Tensor y = torch::empty({a2.size(0), N}, a2.options());  // (M, N)
+  for (int64_t n0 = 0; n0 < N; n0 += cols) {
+    const int64_t t = std::min(cols, N - n0);
+    y.narrow(1, n0, t).copy_(torch::mm(a2, block(n0, t)));  // (M, t)
+  }
+  auto shape = a.sizes().vec();
+  shape.back() = N;
+  return y.view(shape);  // (..., N)
+}
+
 /// y = x · deq(w)ᵀ + b with dX = dY · deq(w) and no gradient for w or b. Saved for backward:
 /// w's packed codes and scales (references to the tensors the caller holds, no copy) and its
 /// metadata; the dense (out, in) weight lives only inside forward() and inside backward().
@@ -74,20 +90,12 @@ struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
     const int64_t out = w.shape[0], in = w.shape[1];
     const int64_t rows = nf4_tile_lines(w, dtype, x.device(), tile_bytes, out, in);
     if (rows == 0) return torch::linear(x.to(dtype), w.dequantize(dtype), b);  // (out, in) freed on return
-    // Tiled: rows of w, each a block of y's columns. torch::mm, not mm_out: bf16_gemm (bf16 on
-    // CPUs without bf16 units) replaces mm's kernel, not mm.out's.
-    const torch::Tensor x2 = x.to(dtype).reshape({-1, in});             // (M, in)
-    torch::Tensor y = torch::empty({x2.size(0), out}, x2.options());  // (M, out)
     const torch::Tensor scale = w.block_absmax().contiguous();
-    for (int64_t o0 = 0; o0 < out; o0 += rows) {
-      const int64_t t = std::min(rows, out - o0);
-      const torch::Tensor tile = nn::detail::dequantize_nf4_cpu(w, scale, o0 * in, in, t, in, dtype);  // (t, in)
-      y.narrow(1, o0, t).copy_(torch::mm(x2, tile.t()));                                              // (M, t)
-    }
+    torch::Tensor y = matmul_by_column_blocks(x.to(dtype), out, rows, [&](int64_t o0, int64_t t) {
+      return nn::detail::dequantize_nf4_cpu(w, scale, o0 * in, in, t, in, dtype).t();  // rows of w: (in, t)
+    });  // (..., out)
     if (b) y.add_(*b);
-    auto shape = x.sizes().vec();
-    shape.back() = out;
-    return y.view(shape);  // (..., out)
+    return y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -113,17 +121,10 @@ struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
       if (cols == 0) {
         dx = dy.to(dtype).matmul(w.dequantize(dtype)).to(x_dtype);  // (out, in) freed on return
       } else {  // tiled: columns of w, each a block of dx's columns
-        const torch::Tensor dy2 = dy.to(dtype).reshape({-1, out});            // (M, out)
-        torch::Tensor dx2 = torch::empty({dy2.size(0), in}, dy2.options());  // (M, in)
         const torch::Tensor scale = w.block_absmax().contiguous();
-        for (int64_t i0 = 0; i0 < in; i0 += cols) {
-          const int64_t t = std::min(cols, in - i0);
-          const torch::Tensor tile = nn::detail::dequantize_nf4_cpu(w, scale, i0, in, out, t, dtype);  // (out, t)
-          dx2.narrow(1, i0, t).copy_(torch::mm(dy2, tile));                                                // (M, t)
-        }
-        auto shape = dy.sizes().vec();
-        shape.back() = in;
-        dx = dx2.view(shape).to(x_dtype);
+        dx = matmul_by_column_blocks(dy.to(dtype), in, cols, [&](int64_t i0, int64_t t) {
+               return nn::detail::dequantize_nf4_cpu(w, scale, i0, in, out, t, dtype);  // columns of w: (out, t)
+             }).to(x_dtype);
       }
     }
     return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};  // x, bias (frozen), w, tile_bytes
