@@ -112,7 +112,10 @@ inline std::pair<torch::nn::Linear, torch::nn::Linear> register_lora(torch::nn::
 }
 
 /// result + B(A(dropout(x))) · scale in result's dtype, as PEFT's lora.Linear.forward: the
-/// adapter's input is x cast to A's dtype; dropout only in training.
+/// adapter's input is x cast to A's dtype; dropout only in training. Where result is in the
+/// adapter's dtype, one addmm(result, A(x), Bᵀ, alpha = scale) forms the sum: one (..., out)
+/// tensor instead of PEFT's three (B(h), its scaled copy, the sum) in forward, and none more in
+/// backward (the sum's gradient passes to result as it is, and scale applies to (..., rank)).
 inline torch::Tensor add_lora(const torch::Tensor& result, const torch::Tensor& x, torch::nn::Linear lora_A,
                               torch::nn::Linear lora_B, const LoraOptions& options, bool training) {
   torch::Tensor input = x.to(lora_A->weight.scalar_type());  // (..., in)
@@ -120,7 +123,12 @@ inline torch::Tensor add_lora(const torch::Tensor& result, const torch::Tensor& 
     namespace F = torch::nn::functional;
     input = F::dropout(input, F::DropoutFuncOptions().p(options.dropout()).training(true));
   }
-  return (result + lora_B(lora_A(input)) * options.scale()).to(result.scalar_type());  // (..., out)
+  if (result.scalar_type() != lora_B->weight.scalar_type())  // a bf16 base: PEFT's sum, cast back
+    return (result + lora_B(lora_A(input)) * options.scale()).to(result.scalar_type());  // (..., out)
+  const torch::Tensor h = lora_A(input);  // (..., rank)
+  const int64_t out = result.size(-1), rank = h.size(-1);
+  return torch::addmm(result.reshape({-1, out}), h.reshape({-1, rank}), lora_B->weight.t(), 1.0, options.scale())
+      .view(result.sizes());  // (..., out)
 }
 
 }  // namespace detail
