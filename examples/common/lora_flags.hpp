@@ -20,7 +20,7 @@
 #include <memopt/io/peft.hpp>
 #include <memopt/lora.hpp>
 #include <memopt/memory/model_desc.hpp>
-#include <memopt/planner.hpp>
+#include <memopt/planner/finetune.hpp>
 
 namespace examples {
 
