@@ -49,6 +49,7 @@ struct BenchConfig {
   std::string impl = "memopt";
   std::string attention = "auto";  // the model's AttentionKind (nn/attention_kernels.hpp)
   bool fused_kernels = true;       // LlamaConfig::fused_kernels (nn/fused.hpp)
+  int64_t loss_chunk = 0;          // LlamaConfig::loss_chunk_size: rows per chunk of the fused head + loss (0: logits)
   int64_t ffn = 0;  // SwiGLU width; 0: LlamaConfig's 8/3 rule
   std::string finetune = "full";
   bool profile = false;  // one more step after the timed ones, under LibTorch's profiler
@@ -113,6 +114,17 @@ BenchResult time_steps(const BenchConfig& cfg, StepFn&& step) {
   return r;
 }
 
+/// The tracker's peak of each phase of the step, {"forward": MiB, "backward": MiB, "optimizer": MiB}.
+nlohmann::ordered_json phase_peaks() {
+  using memopt::memory::Phase;
+  const auto snapshot = memopt::memory::Tracker::instance().snapshot();
+  auto out = nlohmann::ordered_json::object();
+  for (Phase p : {Phase::kForward, Phase::kBackward, Phase::kOptimizer})
+    out[std::string(memopt::memory::phase_name(p))] =
+        memopt::memory::mib(snapshot.phase_peak_bytes[static_cast<int>(p)]);
+  return out;
+}
+
 /// memopt's Trainer with the policy types picked in main().
 template <memopt::RecomputePolicy Recompute, memopt::PrecisionPolicy Precision>
 BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model, const memopt::memory::ModelDesc& desc) {
@@ -125,8 +137,10 @@ BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model, co
   LcgTokenLoader loader(cfg.micro, cfg.seq, cfg.vocab, cfg.seed);
   auto loss_fn = [&model](const memopt::Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); };
   BenchResult r = time_steps(cfg, [&] { return trainer.step(loader, loss_fn).loss.template item<double>(); });
-  r.estimated_peak =
-      memopt::memory::estimate(desc, {cfg.micro, cfg.seq}, memopt::memory::describe<Trainer>(cfg.accum)).peak;
+  const auto estimate =
+      memopt::memory::estimate(desc, {cfg.micro, cfg.seq}, memopt::memory::describe<Trainer>(cfg.accum));
+  r.estimated_peak = estimate.peak;
+  std::cerr << estimate.table();
   return r;
 }
 
@@ -195,6 +209,8 @@ int main(int argc, char** argv) {
                  "each shape, measured)")->capture_default_str();
   app.add_option("--fused_kernels", cfg.fused_kernels, "RMSNorm and SwiGLU as nn/fused.hpp's kernels (false: "
                  "ATen composites)")->capture_default_str();
+  app.add_option("--loss_chunk", cfg.loss_chunk, "rows per chunk of the fused output projection + loss (0: the "
+                 "whole (B*T, V) logits, as the peer)")->check(CLI::NonNegativeNumber);
   app.add_flag("--profile", cfg.profile, "profile one more step: the line's \"profile\" lists the top ops by self time");
   CLI11_PARSE(app, argc, argv);
   // Tracker and threads before any tensor or parallel work, for every --impl (the peer
@@ -211,7 +227,7 @@ int main(int argc, char** argv) {
     auto config = memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq);
     if (cfg.ffn > 0) config.intermediate_size(cfg.ffn);
     config.attention_kind(memopt::nn::parse_attention_kind(cfg.attention, "memopt_bench_trainer: --attention"));
-    config.fused_kernels(cfg.fused_kernels);
+    config.fused_kernels(cfg.fused_kernels).loss_chunk_size(cfg.loss_chunk);
     memopt::models::Llama model{nullptr};
     {
       std::optional<memopt::nn::QuantizeOnInit> nf4;  // qlora: each Linear weight NF4 once it exists
@@ -243,6 +259,7 @@ int main(int argc, char** argv) {
         {"step_ms", step_s * 1e3},
         {"step_ms_min", min_s * 1e3},
         {"peak_tracked_mib", memopt::memory::mib(memopt::memory::Tracker::instance().peak_bytes())},
+        {"phase_peak_mib", phase_peaks()},
         {"peak_rss_mib", memopt::memory::mib(memopt::memory::peak_rss_bytes())},
         {"loss_first", r.loss_first},
         {"loss_last", r.loss_last},
@@ -266,6 +283,7 @@ int main(int argc, char** argv) {
         {"ffn", config.ffn_size()},
         {"attention", cfg.attention},
         {"fused_kernels", cfg.fused_kernels},
+        {"loss_chunk", cfg.loss_chunk},
     };
     for (const auto& [shape, choice] : memopt::nn::attention_choices())  // what auto measured, per shape
       line["attention_choices"].push_back({{"shape", shape.str()},
