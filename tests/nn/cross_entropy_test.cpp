@@ -71,6 +71,39 @@ TEST_CASE("chunked_cross_entropy_sum equals the full logits' cross-entropy", "[c
   }
 }
 
+TEST_CASE("the chunked loss forms its gradients in forward: a frozen weight, no graph, one backward",
+          "[cross_entropy]") {
+  torch::manual_seed(6);
+  const int64_t N = 40, C = 12, V = 29;
+  const auto hidden0 = torch::randn({N, C});
+  const auto weight0 = torch::randn({V, C}) * 0.5;
+  const auto targets = torch::randint(V, {N});
+  const auto options = memopt::nn::ChunkedCrossEntropyOptions().chunk_size(16).fused(true);
+  SECTION("a frozen output projection (LoRA): dHidden alone, as the full logits give it") {
+    auto h_full = hidden0.clone().requires_grad_(), h = hidden0.clone().requires_grad_();
+    auto w = weight0.clone();
+    (full_cross_entropy_sum(h_full, w, targets) / 7.0).backward();
+    (memopt::nn::chunked_cross_entropy_sum(h, w, targets, options) / 7.0).backward();
+    CHECK(max_abs_diff(h.grad(), h_full.grad()) <= kFp32Atol);
+    CHECK_FALSE(w.grad().defined());
+  }
+  SECTION("without a graph: the same loss, nothing to differentiate") {
+    auto h = hidden0.clone().requires_grad_();
+    const auto with_graph = memopt::nn::chunked_cross_entropy_sum(h, weight0, targets, options);
+    torch::NoGradGuard no_grad;
+    const auto without = memopt::nn::chunked_cross_entropy_sum(h, weight0, targets, options);
+    CHECK_FALSE(without.requires_grad());
+    CHECK(without.item<double>() == with_graph.item<double>());
+  }
+  SECTION("a second backward through one loss is refused with a HINT") {
+    auto h = hidden0.clone().requires_grad_(), w = weight0.clone().requires_grad_();
+    const auto loss = memopt::nn::chunked_cross_entropy_sum(h, w, targets, options);
+    loss.backward({}, /*retain_graph=*/true);
+    memopt::test::require_error([&] { loss.backward(); }, "memopt::nn::chunked_cross_entropy_sum",
+                                {"backward ran twice", "HINT"});
+  }
+}
+
 TEST_CASE("a NaN logit makes the chunked loss NaN, fused or not, whatever its class", "[cross_entropy]") {
   torch::manual_seed(4);
   const auto h = torch::randn({6, 8});

@@ -271,10 +271,18 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   // The KD term's (rows, K) temporaries: the teacher's scaled log-probabilities, probabilities,
   // differences and products, next to the student's logits.
   const double kd_tmp = rows * static_cast<double>(m.kd_classes) * 4 * 7;
-  e.forward_peak = static_cast<int64_t>(std::max({fwd_block, fwd_end + logits + kd_tmp, statics + teacher_logits}));
+  // The chunked loss forms its gradients in forward: dHidden in the matmul dtype, and dWeight in
+  // fp32 (+ a bf16 product) when the head trains; its backward only scales them, in place.
+  const double head_grads = chunked && run.lm_head
+                                ? rows * C * (autocast || pure ? 2 : 4) + head_trainable * (autocast || pure ? 6 : 4)
+                                : 0;
+  e.forward_peak = static_cast<int64_t>(
+      std::max({fwd_block, fwd_end + logits + kd_tmp + head_grads, statics + teacher_logits}));
 
   // ---- backward moments ----
-  const double head_bwd = fwd_end + (run.lm_head ? chunk_rows * V * (m.kd ? 12 : 8) : 0);  // 2 (3 with KD) fp32 grads
+  const double head_bwd = fwd_end + (chunked ? head_grads
+                                     : run.lm_head ? chunk_rows * V * (m.kd ? 12 : 8)  // 2 (3 with KD) fp32 grads
+                                                   : 0);
   // lm_head and final norm first; stepped in backward: one block parameter's gradient and AdamW's
   // temporaries at a time
   const double block_largest = m.lora() ? largest : std::max({C * Q, C * KV, C * F});

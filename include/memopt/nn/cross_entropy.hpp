@@ -1,8 +1,9 @@
 // memopt/nn/cross_entropy.hpp — the output projection fused with cross-entropy, over row
 // chunks: the sum of CE(hidden Wᵀ, targets) without ever holding the (N, V) logits.
-// Forward keeps one log-sum-exp per row; backward recomputes a chunk's logits and forms
-// dHidden and dWeight chunk by chunk. Logits in the matmul dtype (autocast's when it is
-// on), softmax and loss in fp32, dWeight accumulated in fp32.
+// Forward forms each chunk's logits once, its loss, and (when a graph is recorded) its share
+// of dHidden and dWeight for a gradient of 1; backward scales them by the incoming gradient.
+// Logits in the matmul dtype (autocast's when it is on), softmax and loss in fp32, dWeight
+// accumulated in fp32.
 #pragma once
 
 #include <algorithm>
@@ -73,22 +74,32 @@ MEMOPT_FUSED_CLONES inline void softmax_grad_rows(float* l, const float* lse, co
 }  // namespace fused
 
 // chunked_cross_entropy_sum's autograd Function: hidden (N, C) and weight (V, C) in their
-// own dtypes, the matmuls in `dtype`; saves the inputs and the fp32 log-sum-exp (N).
+// own dtypes, the matmuls in `dtype`. With `grads` (a graph will be recorded), each chunk's
+// gradients are formed in forward, right after its loss, as Liger-Kernel's fused linear
+// cross-entropy does: the loss is the graph's last node, so its backward only scales them by
+// the incoming gradient, and no chunk's logits are computed twice. Saves dHidden (N, C) in the
+// matmul dtype (instead of hidden) and dWeight (V, C) fp32 for what needs a gradient.
 struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntropyFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets, int64_t dtype,
-                               int64_t chunk, int64_t ignore_index, bool fused) {
+                               int64_t chunk, int64_t ignore_index, bool fused, bool grads) {
     AutocastGuard no_autocast(without_autocast(hidden.device().type()));
     const auto ct = static_cast<c10::ScalarType>(dtype);
-    const int64_t N = hidden.size(0), V = weight.size(0);
+    const int64_t N = hidden.size(0), C = hidden.size(1), V = weight.size(0);
+    const bool need_hidden = grads && hidden.requires_grad(), need_weight = grads && weight.requires_grad();
     const auto f32 = hidden.options().dtype(torch::kFloat);
-    const auto w = weight.to(ct);                            // (V, C)
-    auto lse = torch::empty({N}, f32);                       // (N) log-sum-exp of each row's logits
+    const auto w = weight.to(ct);  // (V, C)
+    auto lse = torch::empty({N}, f32);  // (N) log-sum-exp of each row's logits
     auto total = torch::zeros({}, f32.dtype(torch::kDouble));
+    torch::Tensor d_hidden, d_weight, d_weight_part;
+    if (need_hidden) d_hidden = torch::empty({N, C}, hidden.options().dtype(ct));  // (N, C)
+    if (need_weight) d_weight = torch::zeros({V, C}, f32);                        // (V, C) fp32 accumulator
+    if (need_weight && ct != torch::kFloat) d_weight_part = torch::empty({V, C}, w.options());
     Buffers buf(std::min(chunk, N), V, hidden.options(), ct);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t n = std::min(chunk, N - r0);
-      auto logits = buf.logits(hidden.narrow(0, r0, n).to(ct), w);  // (n, V) fp32
+      const auto h = hidden.narrow(0, r0, n).to(ct);  // (n, C)
+      auto logits = buf.logits(h, w);                 // (n, V) fp32
       const auto t = targets.narrow(0, r0, n);
       const auto ignored = t.eq(ignore_index);
       const auto picked = logits.gather(1, t.masked_fill(ignored, 0).unsqueeze(1)).squeeze(1);  // (n)
@@ -99,55 +110,21 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
         });
       } else {
         const auto max = logits.amax(1, /*keepdim=*/true);  // (n, 1)
-        lse_c.copy_(logits.sub_(max).exp_().sum(1).log_().add_(max.squeeze(1)));
+        lse_c.copy_(logits.sub(max).exp_().sum(1).log_().add_(max.squeeze(1)));
       }
       total.add_((lse_c - picked).masked_fill_(ignored, 0.0).sum(torch::kDouble));
-    }
-    ctx->save_for_backward({hidden, weight, targets, lse});
-    ctx->saved_data["dtype"] = dtype;
-    ctx->saved_data["chunk"] = chunk;
-    ctx->saved_data["ignore_index"] = ignore_index;
-    ctx->saved_data["fused"] = fused;
-    return total.to(torch::kFloat);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3];
-    const auto ct = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
-    const int64_t chunk = ctx->saved_data["chunk"].toInt(), ignore_index = ctx->saved_data["ignore_index"].toInt();
-    const bool fused = ctx->saved_data["fused"].toBool();
-    const bool need_hidden = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
-    AutocastGuard no_autocast(without_autocast(hidden.device().type()));
-    const int64_t N = hidden.size(0), C = hidden.size(1), V = weight.size(0);
-    const auto f32 = hidden.options().dtype(torch::kFloat);
-    const auto g = grad_outputs[0].to(torch::kFloat);  // 0-dim
-    const auto w = weight.to(ct);                      // (V, C)
-    torch::Tensor d_hidden, d_weight, d_weight_part;
-    if (need_hidden) d_hidden = torch::empty({N, C}, hidden.options().dtype(ct));  // (N, C)
-    if (need_weight) d_weight = torch::zeros({V, C}, f32);                        // (V, C) fp32 accumulator
-    if (need_weight && ct != torch::kFloat) d_weight_part = torch::empty({V, C}, w.options());
-    Buffers buf(std::min(chunk, N), V, hidden.options(), ct);
-    // g read from memory: a CPU tensor, no item() (the Trainer counts host reads).
-    const float g_value = fused ? *g.contiguous().data_ptr<float>() : 0.f;
-    for (int64_t r0 = 0; r0 < N && (need_hidden || need_weight); r0 += chunk) {
-      const int64_t n = std::min(chunk, N - r0);
-      const auto h = hidden.narrow(0, r0, n).to(ct);  // (n, C)
-      auto p = buf.logits(h, w);                      // (n, V) fp32
-      const auto t = targets.narrow(0, r0, n);
-      if (fused) {
+      if (!need_hidden && !need_weight) continue;
+      if (fused) {  // logits <- softmax - one-hot (0 on ignored rows), in place
         parallel_chunks(n, fused::grain_rows(V), [&](int64_t begin, int64_t end, int64_t) {
-          fused::softmax_grad_rows(p.data_ptr<float>(), lse.data_ptr<float>() + r0, t.data_ptr<int64_t>(), g_value,
+          fused::softmax_grad_rows(logits.data_ptr<float>(), lse_c.data_ptr<float>(), t.data_ptr<int64_t>(), 1.f,
                                    ignore_index, begin, end, V);
         });
       } else {
-        const auto ignored = t.eq(ignore_index).unsqueeze(1);  // (n, 1)
-        p.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();      // softmax
-        p.scatter_add_(1, t.unsqueeze(1).masked_fill(ignored, 0), torch::full({n, 1}, -1.0, f32));  // - one-hot
-        p.mul_(g).masked_fill_(ignored, 0.0);                  // dLogits (n, V)
+        logits.sub_(lse_c.unsqueeze(1)).exp_();  // softmax
+        logits.scatter_add_(1, t.masked_fill(ignored, 0).unsqueeze(1), torch::full({n, 1}, -1.0, f32));  // - one-hot
+        logits.masked_fill_(ignored.unsqueeze(1), 0.0);
       }
-      const auto dl = buf.in_matmul_dtype(p);                // (n, V) in ct
+      const auto dl = buf.in_matmul_dtype(logits);  // dLoss/dLogits (n, V) in ct
       if (need_hidden) {
         auto dh = d_hidden.narrow(0, r0, n);  // (n, C)
         torch::mm_out(dh, dl, w);             // dHidden = dLogits W
@@ -158,9 +135,33 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
         d_weight.add_(torch::mm_out(d_weight_part, dl.t(), h));
       }
     }
-    return {need_hidden ? d_hidden.to(hidden.scalar_type()) : torch::Tensor(),
-            need_weight ? d_weight.to(weight.scalar_type()) : torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    ctx->save_for_backward({d_hidden, d_weight});
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    ctx->saved_data["used"] = false;
+    return total.to(torch::kFloat);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    TORCH_CHECK(!ctx->saved_data["used"].toBool(), "memopt::nn::chunked_cross_entropy_sum: backward ran twice "
+                "through one loss (retain_graph). HINT: its gradients are formed in forward and scaled in place by "
+                "the first backward; compute the loss again for another backward.");
+    ctx->saved_data["used"] = true;
+    const auto saved = ctx->get_saved_variables();
+    torch::Tensor d_hidden = saved[0], d_weight = saved[1];  // formed in forward for a gradient of 1
+    const auto hidden_dtype = static_cast<c10::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
+    const auto weight_dtype = static_cast<c10::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+    const auto& g = grad_outputs[0];  // 0-dim
+    const bool need_hidden = ctx->needs_input_grad(0) && d_hidden.defined() && g.defined();
+    const bool need_weight = ctx->needs_input_grad(1) && d_weight.defined() && g.defined();
+    // In place: the saved gradients are this node's own, and freed with it. g multiplies as a
+    // 0-dim tensor: in fp32 (opmath) for a bf16 dHidden, rounded once.
+    if (need_hidden) d_hidden.mul_(g);
+    if (need_weight) d_weight.mul_(g);
+    return {need_hidden ? d_hidden.to(hidden_dtype) : torch::Tensor(),
+            need_weight ? d_weight.to(weight_dtype) : torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 
  private:
@@ -201,8 +202,9 @@ namespace memopt::nn {
 /// Sum over the targets not equal to ignore_index of cross_entropy(hidden Wᵀ, target):
 /// the same value and gradients as
 ///   cross_entropy(hidden.matmul(weight.t()).to(kFloat), targets, reduction sum, ignore_index)
-/// without the (N, V) logits: they are computed chunk_size rows at a time, in forward and
-/// again in backward. hidden (N, C), weight (V, C), targets (N) int64; returns a 0-dim
+/// without the (N, V) logits: they are computed chunk_size rows at a time, once (the gradients
+/// are formed in forward when a graph is recorded: no backward runs through the loss twice,
+/// and retain_graph is refused). hidden (N, C), weight (V, C), targets (N) int64; returns a 0-dim
 /// fp32 tensor. The matmuls run in autocast's dtype when autocast is on, else in the
 /// inputs' (promoted) dtype.
 ///   auto loss = memopt::nn::chunked_cross_entropy_sum(h.reshape({-1, C}), lm_head->weight, targets.reshape({-1}));
@@ -238,8 +240,9 @@ inline torch::Tensor chunked_cross_entropy_sum(const torch::Tensor& hidden, cons
   const auto autocast = memopt::detail::AutocastState::current(hidden.device().type());
   const auto dtype = autocast.enabled ? autocast.dtype : at::promote_types(hidden.scalar_type(), weight.scalar_type());
   const bool fused = options.fused() && hidden.is_cpu() && weight.is_cpu();  // the row kernels are the CPU's
+  const bool grads = torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   return memopt::detail::ChunkedCrossEntropyFunction::apply(hidden, weight, safe_targets, static_cast<int64_t>(dtype),
-                                                    options.chunk_size(), options.ignore_index(), fused);
+                                                            options.chunk_size(), options.ignore_index(), fused, grads);
 }
 
 }  // namespace memopt::nn
