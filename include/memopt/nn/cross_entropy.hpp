@@ -104,13 +104,15 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
       const auto ignored = t.eq(ignore_index);
       const auto picked = logits.gather(1, t.masked_fill(ignored, 0).unsqueeze(1)).squeeze(1);  // (n)
       auto lse_c = lse.narrow(0, r0, n);
+      torch::Tensor sum;  // (n, 1) unfused: Σ exp(logits - max) of each row
       if (fused) {
         parallel_chunks(n, fused::grain_rows(V), [&](int64_t begin, int64_t end, int64_t) {
           fused::log_sum_exp_rows(logits.data_ptr<float>(), lse_c.data_ptr<float>(), begin, end, V);
         });
-      } else {
+      } else {  // logits <- exp(logits - max), in place
         const auto max = logits.amax(1, /*keepdim=*/true);  // (n, 1)
-        lse_c.copy_(logits.sub(max).exp_().sum(1).log_().add_(max.squeeze(1)));
+        sum = logits.sub_(max).exp_().sum(1, /*keepdim=*/true);  // (n, 1)
+        lse_c.copy_(sum.log().add_(max).squeeze(1));
       }
       total.add_((lse_c - picked).masked_fill_(ignored, 0.0).sum(torch::kDouble));
       if (!need_hidden && !need_weight) continue;
@@ -120,7 +122,7 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
                                    ignore_index, begin, end, V);
         });
       } else {
-        logits.sub_(lse_c.unsqueeze(1)).exp_();  // softmax
+        logits.div_(sum);  // softmax
         logits.scatter_add_(1, t.masked_fill(ignored, 0).unsqueeze(1), torch::full({n, 1}, -1.0, f32));  // - one-hot
         logits.masked_fill_(ignored.unsqueeze(1), 0.0);
       }
