@@ -50,6 +50,7 @@ struct BenchConfig {
   std::string attention = "auto";  // the model's AttentionKind (nn/attention_kernels.hpp)
   bool fused_kernels = true;       // LlamaConfig::fused_kernels (nn/fused.hpp)
   int64_t loss_chunk = 0;          // LlamaConfig::loss_chunk_size: rows per chunk of the fused head + loss (0: logits)
+  int64_t mlp_tiles = 1;           // LlamaConfig::mlp_row_tiles: the SwiGLU's rows in tiles, each recomputed
   int64_t ffn = 0;  // SwiGLU width; 0: LlamaConfig's 8/3 rule
   std::string finetune = "full";
   bool profile = false;  // one more step after the timed ones, under LibTorch's profiler
@@ -211,6 +212,8 @@ int main(int argc, char** argv) {
                  "ATen composites)")->capture_default_str();
   app.add_option("--loss_chunk", cfg.loss_chunk, "rows per chunk of the fused output projection + loss (0: the "
                  "whole (B*T, V) logits, as the peer)")->check(CLI::NonNegativeNumber);
+  app.add_option("--mlp_tiles", cfg.mlp_tiles, "the SwiGLU's rows (B*T) in this many tiles, each recomputed in "
+                 "backward (1: whole)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_flag("--profile", cfg.profile, "profile one more step: the line's \"profile\" lists the top ops by self time");
   CLI11_PARSE(app, argc, argv);
   // Tracker and threads before any tensor or parallel work, for every --impl (the peer
@@ -227,7 +230,7 @@ int main(int argc, char** argv) {
     auto config = memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq);
     if (cfg.ffn > 0) config.intermediate_size(cfg.ffn);
     config.attention_kind(memopt::nn::parse_attention_kind(cfg.attention, "memopt_bench_trainer: --attention"));
-    config.fused_kernels(cfg.fused_kernels).loss_chunk_size(cfg.loss_chunk);
+    config.fused_kernels(cfg.fused_kernels).loss_chunk_size(cfg.loss_chunk).mlp_row_tiles(cfg.mlp_tiles);
     memopt::models::Llama model{nullptr};
     {
       std::optional<memopt::nn::QuantizeOnInit> nf4;  // qlora: each Linear weight NF4 once it exists
@@ -284,6 +287,7 @@ int main(int argc, char** argv) {
         {"attention", cfg.attention},
         {"fused_kernels", cfg.fused_kernels},
         {"loss_chunk", cfg.loss_chunk},
+        {"mlp_tiles", cfg.mlp_tiles},
     };
     for (const auto& [shape, choice] : memopt::nn::attention_choices())  // what auto measured, per shape
       line["attention_choices"].push_back({{"shape", shape.str()},

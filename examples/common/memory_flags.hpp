@@ -4,6 +4,8 @@
 //   --release_cache_every N           every N steps, on every rank (after a barrier when data
 //                                     parallel), give freed memory back: malloc_trim on CPU, the
 //                                     CUDA caching allocator's cache in CUDA builds (0: never)
+//   --mlp_tiles N                     a LLaMA block's SwiGLU in N row tiles, each recomputed in
+//                                     backward (LlamaConfig::mlp_row_tiles; 1: whole)
 //   --preserve_rng_state true|false   checkpointed blocks save and replay the RNG state (true;
 //                                     false skips it: exact only for a model without dropout)
 #pragma once
@@ -24,6 +26,7 @@ struct MemoryFlags {
   std::string attention = "math";
   int64_t release_cache_every = 0;
   bool preserve_rng_state = true;
+  int64_t mlp_tiles = 1;
 
   /// Adds the flags; `release_default` is the example's default of --release_cache_every.
   void add_to(CLI::App& app, int64_t release_default = 0) {
@@ -36,6 +39,10 @@ struct MemoryFlags {
     app.add_option("--release_cache_every", release_cache_every,
                    "steps between releases of freed memory on every rank (malloc_trim; CUDA builds: "
                    "empty_cache), after a barrier when data parallel (0: never)")
+        ->capture_default_str();
+    app.add_option("--mlp_tiles", mlp_tiles,
+                   "a LLaMA block's SwiGLU over its rows (B*T) in this many tiles, each recomputed in backward: no "
+                   "(B, T, ffn) activation kept, one tile's held in backward, for one more pass of its matmuls")
         ->capture_default_str();
     app.add_option("--preserve_rng_state", preserve_rng_state,
                    "checkpointed blocks save the RNG state and replay it in the recompute, so dropout draws the "
@@ -58,11 +65,14 @@ struct MemoryFlags {
     (void)attention_kind(who);
     TORCH_CHECK(release_cache_every >= 0, who, ": --release_cache_every must be >= 0 (got ", release_cache_every,
                 "). HINT: 10 releases every 10 steps; 0 never");
+    TORCH_CHECK(mlp_tiles >= 1, who, ": --mlp_tiles must be >= 1 (got ", mlp_tiles,
+                "). HINT: 1 runs the MLP whole; 4 or 8 keep a quarter or an eighth of its activations");
   }
 
-  /// `config` with --attention applied (checked, naming `who`).
+  /// `config` with --attention and --mlp_tiles applied (checked, naming `who`).
   memopt::models::LlamaConfig apply(memopt::models::LlamaConfig config, const char* who) const {
-    return config.attention_kind(attention_kind(who));
+    check(who);
+    return config.attention_kind(attention_kind(who)).mlp_row_tiles(mlp_tiles);
   }
 
   /// Adds the cache release to `trainer` when asked: on every rank, with a barrier before the

@@ -1,6 +1,6 @@
 // Tests for memopt/memory/estimator.hpp: the estimator's peak within ±10% of the tracker's on
-// eighteen configurations spanning the policies (two MoE, one LLaMA → LLaDA distillation; two
-// LoRA and two QLoRA within -10% / +20%: their estimate errs high), reached through the planner's dispatch, and the estimate's parts following
+// twenty-five configurations spanning the policies (two MoE, one LLaMA → LLaDA distillation; LoRA
+// and QLoRA within -10% / +20%: their estimate errs high; four with the SwiGLU in row tiles), reached through the planner's dispatch, and the estimate's parts following
 // the policies.
 #include <catch2/catch.hpp>
 
@@ -49,6 +49,7 @@ struct EstimatorCase {
   double high = 0.10;  // the largest over-prediction allowed (LoRA's estimate keeps full fine-tuning's backward
                        // transients: it errs high, by 5-16% measured)
   bool fused = false;  // LlamaConfig::fused_kernels
+  int64_t mlp_tiles = 1;  // LlamaConfig::mlp_row_tiles
 };
 
 struct Measured {
@@ -88,7 +89,7 @@ Measured measure(MakeModel&& make_model, const memopt::memory::PolicyDesc& polic
 
 }  // namespace
 
-TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty-one configurations (LLaMA, MoE, distillation, "
+TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty-five configurations (LLaMA, MoE, distillation, "
           "LoRA, QLoRA up to 20% high)", "[estimator]") {
   REQUIRE(memopt::memory::Tracker::instance().installed());
   const std::vector<EstimatorCase> cases = {
@@ -134,6 +135,18 @@ TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty-one co
        "Trainer<recompute::None, precision::Bf16Pure, accum::Runtime, state::Resident>", 0, true, false, 0.10, true},
       {0, "none", "fp32", "resident", 1, 2, 0, 64, false, 0, 0.1,
        "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>", 0, true, false, 0.10, true},
+      // SwiGLU row tiles: full fine-tuning, LoRA and QLoRA
+      {0, "every", "fp32", "resident", 1, 3, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::EveryBlock, precision::Fp32, accum::Runtime, state::Resident>", 0, true, false, 0.10, false,
+       4},
+      {0, "none", "bf16", "resident", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Bf16Autocast, accum::Runtime, state::Resident>", 0, true, false, 0.10,
+       false, 4},
+      {0, "none", "fp32", "resident", 1, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>", 8, true, false, 0.20, false, 4},
+      {0, "every", "bf16", "int8", 1, 3, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::EveryBlock, precision::Bf16Autocast, accum::Runtime, state::Int8>", 8, true, true, 0.20,
+       false, 4},
   };
   const int64_t micro = 4;
   for (const auto& c : cases) {
@@ -149,7 +162,8 @@ TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty-one co
                                                   : memopt::nn::AttentionKind::kMath)
                       .loss_chunk_size(c.loss_chunk)
                       .dropout(c.dropout)
-                      .fused_kernels(c.fused);
+                      .fused_kernels(c.fused)
+                      .mlp_row_tiles(c.mlp_tiles);
     const auto moe = memopt::models::MoeConfig().base(config).num_experts(c.experts > 0 ? c.experts : 4).top_k(2);
     const auto student = memopt::models::LlamaConfig(config).vocab_size(513).causal(false);
     const auto kd = memopt::models::DistillOptions(512).top_k(c.experts < 0 ? -c.experts : 0);
@@ -179,7 +193,7 @@ TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty-one co
                             return lm(model);
                           }, policies, micro, c.seq, 512);
     const double error = static_cast<double>(predicted.peak) / static_cast<double>(measured.peak) - 1.0;
-    INFO(policies.name() << (c.experts > 0 ? " MoE" : c.experts < 0 ? " distillation" : "") << (c.blockwise ? " blockwise" : "") << (c.dropout > 0 ? " dropout" : "") << (c.fused ? " fused" : "")
+    INFO(policies.name() << (c.experts > 0 ? " MoE" : c.experts < 0 ? " distillation" : "") << (c.blockwise ? " blockwise" : "") << (c.dropout > 0 ? " dropout" : "") << (c.fused ? " fused" : "") << (c.mlp_tiles > 1 ? " MLP tiles" : "")
                          << (c.lora_rank > 0 ? (c.nf4 ? " QLoRA" : " LoRA") : "") << ": predicted "
                          << memopt::memory::mib(predicted.peak) << " MiB, measured "
                          << memopt::memory::mib(measured.peak) << " MiB\n" << predicted.table());

@@ -1,6 +1,7 @@
 // tests/nn/mlp_test.cpp — memopt/nn/mlp.hpp: SwiGLU is down(silu(gate x) · up x) with HF's
 // parameter names and no biases: values and every gradient against the formula written with
-// matmuls and a sigmoid, the same under recompute::Selective (which recomputes the product).
+// matmuls and a sigmoid, the same under recompute::Selective (which recomputes the product) and
+// in row tiles (each recomputed: no (B, T, F) tensor kept; LoRA dropout replayed tile by tile).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -9,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include <memopt/detail/checkpoint_function.hpp>
+#include <memopt/memory/tracker.hpp>
 #include <memopt/nn/mlp.hpp>
 #include <memopt/policies/recompute.hpp>
 
@@ -95,4 +98,86 @@ TEST_CASE("SwiGLU equals down(silu(gate x) · up x): values and every gradient",
     mlp->gate_proj->weight.copy_(swapped);
   }
   CHECK(max_abs_diff(mlp->forward(x), want.y) > 1e-3);
+}
+
+TEST_CASE("SwiGLU in row tiles equals the formula: values and every gradient, under each policy", "[nn][mlp]") {
+  torch::manual_seed(7);
+  for (const bool fused : {false, true}) {
+    SwiGLU mlp(SwiGLUOptions(kC, kF).fused(fused).row_tiles(3));  // 14 rows: tiles of 5, 5 and 4
+    const auto x = torch::randn({2, 7, kC});
+    const auto grad_out = torch::randn({2, 7, kC});
+    const Grads want = reference(mlp, x, grad_out);
+    INFO("fused " << fused);
+    check_close(run(mlp, x, grad_out, memopt::recompute::None{}), want, 1e-5);
+    check_close(run(mlp, x, grad_out, memopt::recompute::Selective{}), want, 1e-5);
+    // More tiles than rows: one row each.
+    mlp->options.row_tiles(20);
+    check_close(run(mlp, x, grad_out, memopt::recompute::None{}), want, 1e-5);
+    // Without grad mode (a checkpointed block's forward, evaluation): the tiles run plainly.
+    torch::NoGradGuard no_grad;
+    CHECK(max_abs_diff(mlp->forward(x), want.y) <= 1e-5 * want.y.abs().max().item<double>());
+  }
+}
+
+TEST_CASE("SwiGLU in row tiles keeps no (B, T, F) tensor for backward", "[nn][mlp]") {
+  constexpr int64_t C = 32, F = 256, rows = 64;
+  auto& tracker = memopt::memory::Tracker::instance();
+  const auto x = torch::randn({1, rows, C}).requires_grad_();
+  auto kept = [&](int64_t tiles) {
+    SwiGLU mlp(SwiGLUOptions(C, F).row_tiles(tiles));
+    const int64_t before = tracker.live_bytes();
+    auto y = mlp->forward(x);
+    return tracker.live_bytes() - before;  // y and what the graph saved
+  };
+  const int64_t whole = kept(1), tiled = kept(4);
+  INFO("whole " << whole << " B, tiled " << tiled << " B");
+  CHECK(whole >= 3 * rows * F * 4 + rows * C * 4);  // gate, up, silu(gate) · up, and the output
+  CHECK(tiled < rows * F * 4);                       // the output and 4 RNG states: less than one (B, T, F)
+}
+
+TEST_CASE("SwiGLU row tiles with LoRA dropout: a checkpointed block replays each tile's masks", "[nn][mlp][lora]") {
+  torch::manual_seed(8);
+  SwiGLU mlp(SwiGLUOptions(kC, kF).row_tiles(4));
+  for (auto* layer : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj})
+    (*layer)->add_adapter(memopt::nn::LoraOptions().rank(4).alpha(8).dropout(0.5));
+  {
+    torch::NoGradGuard no_grad;  // nonzero B: the adapters' gradients depend on every mask
+    for (auto* layer : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj})
+      (*layer)->lora_B->weight.normal_(0, 0.1);
+  }
+  const auto x = torch::randn({2, 9, kC}), grad_out = torch::randn({2, 9, kC});
+  // The adapters' gradients after one backward from the same seed: plain, or the whole MLP as a
+  // checkpointed block (its forward without grad mode, its tiles recomputed inside its backward).
+  auto grads = [&](bool outer_checkpoint) {
+    mlp->zero_grad();
+    auto leaf = x.clone().requires_grad_();
+    torch::manual_seed(99);
+    const auto self = mlp.ptr();
+    auto y = outer_checkpoint
+                 ? memopt::detail::checkpointed([self](const std::vector<torch::Tensor>& in) { return self->forward(in[0]); },
+                                                {leaf}, mlp->parameters())
+                 : mlp->forward(leaf);
+    y.backward(grad_out);
+    std::vector<torch::Tensor> g{leaf.grad()};
+    for (const auto& p : mlp->parameters())
+      if (p.requires_grad()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const auto plain = grads(false), nested = grads(true);
+  REQUIRE(plain.size() == 7);  // dx and 3 adapters' A and B
+  for (size_t i = 0; i < plain.size(); ++i) {
+    INFO("gradient " << i);
+    CHECK(max_abs_diff(nested[i], plain[i]) <= 1e-6 * plain[i].abs().max().item<double>());
+  }
+  // The masks matter: another seed gives other gradients.
+  mlp->zero_grad();
+  torch::manual_seed(100);
+  auto leaf = x.clone().requires_grad_();
+  mlp->forward(leaf).backward(grad_out);
+  CHECK(max_abs_diff(leaf.grad(), plain[0]) > 1e-4);
+}
+
+TEST_CASE("SwiGLU rejects row_tiles below 1", "[nn][mlp]") {
+  memopt::test::require_error([] { SwiGLU(SwiGLUOptions(kC, kF).row_tiles(0)); }, "memopt::nn::SwiGLU",
+                              {"row_tiles", "0"});
 }

@@ -236,6 +236,16 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
     if (!adapted({6})) per_block.btf -= input;           // silu(gate)·up, for down_proj
     outside_btc -= norm + input;                         // the final norm's x·rsqrt and output, for lm_head
   }
+  // SwiGLU row tiles (nn::SwiGLUOptions::row_tiles): each tile is checkpointed, so a block keeps no
+  // (B, T, F) tensor and its MLP input is the norm's output itself (fp32; bf16 when pure), which the
+  // tiles reference, instead of its matmul cast; backward recomputes one tile at a time.
+  const double tiles = m.num_experts > 0 ? 1 : static_cast<double>(std::max<int64_t>(m.mlp_row_tiles, 1));
+  const double tile_btf = per_block.btf;  // what a tile's recompute keeps, per (B, T, F) element
+  if (tiles > 1) {
+    const bool mlp_input_saved = !m.lora() || ((m.lora_targets >> 4) & 3u) != 0;  // gate or up adapted
+    per_block.btf = 0;
+    per_block.btc += (pure ? 2 : 4) - (mlp_input_saved ? (autocast || pure ? 2 : 4) : 0);
+  }
   const double full = per_block.bytes(B, T, m);
   const double input = btc * (pure ? 2 : 4);  // a checkpointed block keeps its input only
   std::vector<bool> recomputed(static_cast<size_t>(m.num_layers), false);
@@ -295,14 +305,16 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   // its (B, T, F) tensors and 30 B per (B, T, C) element of norm and residual tensors (measured).
   ModelDesc plain = m;
   plain.dropout = false;
-  const double ffn_btf = detail::block_saved(pol.precision, false, plain).btf;
+  const double ffn_btf = tiles > 1 ? 0 : detail::block_saved(pol.precision, false, plain).btf;
   const double mlp_saved = B * T * (F * static_cast<double>(m.ffn_rows()) * ffn_btf + C * 30);
   for (int64_t i = m.num_layers - 1; i >= 0; --i) {
     const auto u = static_cast<size_t>(i);
     const double recompute = recomputed[u] ? full + block_cast : 0;
     const double at_top = live + recompute + grads + dequant;
-    const double mlp_moment =
-        at_top + 2 * B * T * F * static_cast<double>(m.ffn_rows()) * (pure || autocast ? 2 : 4) + 2 * btc * 4;
+    const double mlp_moment = at_top +
+                              B * T * F * static_cast<double>(m.ffn_rows()) *
+                                  ((tiles > 1 ? tile_btf : 0) + 2 * (pure || autocast ? 2 : 4)) / tiles +
+                              2 * btc * 4;
     const double attn_moment = at_top - mlp_saved + (math ? B * m.num_heads * T * T * (autocast || pure ? 6 : 8) : 0) +
                                (grads_held > 0 || in_backward ? 0 : grad_e * mlp_trainable);
     bwd_peak = std::max({bwd_peak, mlp_moment, attn_moment});

@@ -27,6 +27,7 @@ struct ModelDesc {
   int64_t loss_chunk_size = 0;  // > 0: the head and loss run fused by chunks (no (B·T, V) logits)
   bool dropout = false;         // dropout masks are saved too
   bool fused_kernels = false;   // nn/fused.hpp's norms, RoPE and SwiGLU: no x·rsqrt, no silu(gate) kept
+  int64_t mlp_row_tiles = 1;    // > 1: the SwiGLU in row tiles, each recomputed: no (B, T, F) kept
   int64_t frozen_parameter_bytes = 0;  // a distillation teacher's weights (no gradients, no state)
   int64_t teacher_target_bytes = 0;    // per token: the teacher's logits (dense) or top-k values + indices
   int64_t teacher_vocab = 0;           // > 0: the teacher's (B, T, V) logits exist while its targets are made

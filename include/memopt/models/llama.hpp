@@ -69,6 +69,10 @@ struct LlamaConfig {
   /// dropouts fused into their adds (nn/fused_dropout.hpp: masks from another generator, not
   /// kept). A runtime choice: not part of config.json.
   TORCH_ARG(bool, fused_kernels) = false;
+  /// > 1: each block's SwiGLU runs its rows (B·T) in this many tiles, each recomputed in
+  /// backward (nn::SwiGLUOptions::row_tiles): no (B, T, F) activation kept, one tile's held in
+  /// backward, for one more pass of the MLP's matmuls. A runtime choice: not part of config.json.
+  TORCH_ARG(int64_t, mlp_row_tiles) = 1;
 
 
  public:
@@ -145,6 +149,8 @@ struct LlamaConfig {
     TORCH_CHECK(attention_kind_ != nn::AttentionKind::kBlockwise || dropout_ == 0,
                 "memopt::models::LlamaConfig: the blockwise attention has no dropout (got dropout ", dropout_,
                 "). HINT: use attention_kind(AttentionKind::kMath) for dropout, or set dropout 0.");
+    TORCH_CHECK(mlp_row_tiles_ >= 1, "memopt::models::LlamaConfig: mlp_row_tiles must be >= 1 (got ", mlp_row_tiles_,
+                "). HINT: 1 runs the MLP's rows in one piece; 4 or 8 keep a quarter or an eighth of its activations.");
     TORCH_CHECK(attention_block_size_ >= 0 && loss_chunk_size_ >= 0,
                 "memopt::models::LlamaConfig: attention_block_size and loss_chunk_size must be >= 0 (got ",
                 attention_block_size_, " and ", loss_chunk_size_, "). HINT: 0 picks the default.");
@@ -167,6 +173,7 @@ inline memory::ModelDesc describe(const LlamaConfig& c) {
   d.loss_chunk_size = c.loss_chunk_size();
   d.dropout = c.dropout() > 0;
   d.fused_kernels = c.fused_kernels();
+  d.mlp_row_tiles = c.mlp_row_tiles();
   return d;
 }
 
@@ -224,7 +231,9 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   void reset() override {
     self_attn = register_module("self_attn", nn::Attention(config.attention_options()));
     mlp = register_module(
-        "mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size()).fused(config.fused_kernels())));
+        "mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size())
+                                  .fused(config.fused_kernels())
+                                  .row_tiles(config.mlp_row_tiles())));
     input_layernorm = register_module("input_layernorm", nn::RMSNorm(config.norm_options()));
     post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(config.norm_options()));
   }

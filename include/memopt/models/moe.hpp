@@ -308,6 +308,7 @@ inline memory::ModelDesc describe(const MoeConfig& c) {
               "the sorted dispatch (got the dense one). HINT: estimate with MoeDispatch::kSorted; the dense "
               "dispatch adds (tokens, experts, capacity) one-hot tensors.");
   memory::ModelDesc d = describe(c.base());
+  d.mlp_row_tiles = 1;  // the experts run whole (no SwiGLU row tiles)
   d.num_experts = c.num_experts();
   d.top_k = c.top_k();
   d.checkpoint_experts = c.checkpoint_experts();

@@ -1,13 +1,19 @@
 // memopt/nn/mlp.hpp — the SwiGLU feed-forward of LLaMA: down(silu(gate(x)) · up(x)),
-// no biases, HF parameter names (gate_proj, up_proj, down_proj).
+// no biases, HF parameter names (gate_proj, up_proj, down_proj). With row_tiles > 1 it runs
+// tile by tile over the rows (B·T), each tile under activation checkpointing: no (B, T, F)
+// tensor is kept for backward, and backward holds one tile's (B·T / tiles, F) at a time
+// (Unsloth's and Arctic's "tiled MLP"; the tile's matmuls run again in backward).
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "memopt/nn/fused.hpp"
 #include "memopt/nn/linear.hpp"
+
+#include "memopt/detail/checkpoint_function.hpp"
 
 #include "memopt/policies/recompute.hpp"
 
@@ -21,12 +27,19 @@ struct SwiGLUOptions {
   TORCH_ARG(int64_t, intermediate_size);
   /// nn::fused_swiglu for silu(gate) · up (one pass each way; keeps gate and up only).
   TORCH_ARG(bool, fused) = false;
+  /// > 1: the rows (B·T) in this many tiles, each recomputed in backward (forward_tiled):
+  /// the same values; the (B, T, F) activations held are one tile's. A LoRA adapter's dropout
+  /// draws its mask tile by tile (another draw than untiled, the same distribution).
+  TORCH_ARG(int64_t, row_tiles) = 1;
 };
 
 class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
  public:
   explicit SwiGLUImpl(SwiGLUOptions options) : options(options) { reset(); }
   void reset() override {
+    TORCH_CHECK(options.row_tiles() >= 1, "memopt::nn::SwiGLU: row_tiles must be >= 1 (got ", options.row_tiles(),
+                "). HINT: 1 runs the rows in one piece; 4 or 8 hold a quarter or an eighth of the (B, T, F) "
+                "activations.");
     const int64_t C = options.hidden_size(), F = options.intermediate_size();
     gate_proj = register_module("gate_proj", nn::Linear(torch::nn::LinearOptions(C, F).bias(false)));
     up_proj = register_module("up_proj", nn::Linear(torch::nn::LinearOptions(C, F).bias(false)));
@@ -36,8 +49,10 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
     return forward(x, recompute::None{});
   }
   /// recompute::Selective recomputes silu(gate) · up in backward; the matmul outputs stay.
+  /// With row_tiles > 1: forward_tiled, whatever the policy (it keeps less than any).
   template <RecomputePolicy Recompute>
   torch::Tensor forward(const torch::Tensor& x, const Recompute& ckpt) {  // (B, T, C) -> (B, T, C)
+    if (options.row_tiles() > 1) return forward_tiled(x);
     const bool fused = options.fused();
     auto gated = run_cheap(
         ckpt,
@@ -46,6 +61,23 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
         },
         {gate_proj(x), up_proj(x)});  // (B, T, F)
     return down_proj(gated);                             // (B, T, C)
+  }
+
+  /// The rows in row_tiles tiles, each under activation checkpointing when autograd records
+  /// (memopt::detail::checkpointed: RNG and autocast replayed); without grad mode (a checkpointed
+  /// block's forward, evaluation) each tile runs plainly, drawing the same random numbers.
+  torch::Tensor forward_tiled(const torch::Tensor& x) {  // (B, T, C) -> (B, T, C)
+    const auto self = std::static_pointer_cast<SwiGLUImpl>(shared_from_this());  // outlives backward
+    const BlockFn tile = [self](const std::vector<torch::Tensor>& in) {           // (n, C) -> (n, C)
+      auto gate = self->gate_proj(in[0]), up = self->up_proj(in[0]);            // (n, F)
+      return self->down_proj(self->options.fused() ? fused_swiglu(gate, up) : torch::silu(gate) * up);
+    };
+    const bool record = torch::GradMode::is_enabled();
+    const auto params = record ? parameters() : std::vector<torch::Tensor>{};
+    std::vector<torch::Tensor> outs;
+    for (const auto& rows : x.reshape({-1, x.size(-1)}).chunk(options.row_tiles(), 0))  // (n, C) each
+      outs.push_back(record ? memopt::detail::checkpointed(tile, {rows}, params) : tile({rows}));
+    return torch::cat(outs).view(x.sizes());  // (B, T, C)
   }
 
   SwiGLUOptions options;
