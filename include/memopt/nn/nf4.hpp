@@ -140,17 +140,22 @@ inline void check_blocksize(int64_t blocksize, const char* who) {
 
 /// Elements [begin, end) of q's flattened weight into out[0, end - begin): code · absmax in fp32,
 /// then T's rounding (what the composite's fp32 product and .to(T) give, bit for bit). One pass
-/// over the packed bytes; `scale` (blocks,) fp32 from block_absmax().
+/// over the packed bytes; `scale` (blocks,) fp32 from block_absmax(). Each block's 16 values are
+/// made once (16 products and roundings per block, not one per element), then each byte is two
+/// look-ups.
 template <class T>
 void dequantize_nf4_range(const uint8_t* packed, const float* scale, int64_t blocksize, int64_t begin, int64_t end,
                           T* out) {
+  T value[16];
   for (int64_t e = begin; e < end;) {
     const int64_t block = e / blocksize, stop = std::min(end, (block + 1) * blocksize);
     const float s = scale[block];
-    for (; e < stop; ++e) {
-      const uint8_t byte = packed[e >> 1];
-      out[e - begin] = static_cast<T>(kNf4Codes[(e & 1) ? (byte & 15) : (byte >> 4)] * s);
-    }
+    for (int c = 0; c < 16; ++c) value[c] = static_cast<T>(kNf4Codes[c] * s);
+    T* dst = out + (e - begin);
+    if ((e & 1) && e < stop) *dst++ = value[packed[e >> 1] & 15], ++e;  // a low nibble first
+    const uint8_t* byte = packed + (e >> 1);
+    for (; e + 1 < stop; e += 2, ++byte, dst += 2) dst[0] = value[*byte >> 4], dst[1] = value[*byte & 15];
+    if (e < stop) *dst = value[*byte >> 4], ++e;  // a high nibble last
   }
 }
 
