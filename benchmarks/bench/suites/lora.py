@@ -20,7 +20,8 @@ from ..steps import Build, Derive, Log, Run, Step
 # Last, a Llama-2-7B-shaped model (32 layers, d4096, 32 heads, SwiGLU 11008, vocab 32000) takes 2
 # QLoRA steps of 256 tokens (micro-batch 1), built under QuantizeOnInit: each Linear weight NF4 as
 # soon as it exists, never the whole model in fp32 (memopt only: the peer would build it in fp32,
-# 27 GB). ~18 min on an idle 2-core machine (--quick: tiny shapes, one step, one run each).
+# 27 GB). ~18 min on an idle 2-core AVX2 machine in fp32, 9.5 on an AMX one in bf16 (--quick: tiny
+# shapes, one step, one run each).
 LORA_SHAPES = {
     "l8-d512": "--layers 8 --dim 512 --heads 8 --seq 512 --micro 4 --accum 1 --vocab 4096 --warmup 1 --steps 3",
     "l12-d1024": "--layers 12 --dim 1024 --heads 16 --seq 256 --micro 2 --accum 1 --vocab 32000 --warmup 1 --steps 2",
