@@ -135,46 +135,49 @@ TEST_CASE("SwiGLU in row tiles keeps no (B, T, F) tensor for backward", "[nn][ml
   CHECK(tiled < rows * F * 4);                       // the output and 4 RNG states: less than one (B, T, F)
 }
 
-TEST_CASE("SwiGLU row tiles with LoRA dropout: a checkpointed block replays each tile's masks", "[nn][mlp][lora]") {
-  torch::manual_seed(8);
-  SwiGLU mlp(SwiGLUOptions(kC, kF).row_tiles(4));
-  for (auto* layer : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj})
-    (*layer)->add_adapter(memopt::nn::LoraOptions().rank(4).alpha(8).dropout(0.5));
-  {
-    torch::NoGradGuard no_grad;  // nonzero B: the adapters' gradients depend on every mask
+TEST_CASE("SwiGLU row tiles with LoRA adapters: a checkpointed block gets the same gradients, dropout included",
+          "[nn][mlp][lora]") {
+  for (const double dropout : {0.5, 0.0}) {  // 0: the block's forward (no grad mode) runs the rows whole
+    INFO("LoRA dropout " << dropout);
+    torch::manual_seed(8);
+    SwiGLU mlp(SwiGLUOptions(kC, kF).row_tiles(4));
     for (auto* layer : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj})
-      (*layer)->lora_B->weight.normal_(0, 0.1);
+      (*layer)->add_adapter(memopt::nn::LoraOptions().rank(4).alpha(8).dropout(dropout));
+    CHECK(mlp->draws_masks() == (dropout > 0));
+    {
+      torch::NoGradGuard no_grad;  // nonzero B: the adapters' gradients depend on every mask
+      for (auto* layer : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj})
+        (*layer)->lora_B->weight.normal_(0, 0.1);
+    }
+    const auto x = torch::randn({2, 9, kC}), grad_out = torch::randn({2, 9, kC});
+    // The adapters' gradients after one backward from the same seed: plain, or the whole MLP as a
+    // checkpointed block (its forward without grad mode, its tiles recomputed inside its backward).
+    auto grads = [&](bool outer_checkpoint, uint64_t seed) {
+      mlp->zero_grad();
+      auto leaf = x.clone().requires_grad_();
+      torch::manual_seed(seed);
+      const auto self = mlp.ptr();
+      auto y = outer_checkpoint ? memopt::detail::checkpointed(
+                                      [self](const std::vector<torch::Tensor>& in) { return self->forward(in[0]); },
+                                      {leaf}, mlp->parameters())
+                                : mlp->forward(leaf);
+      y.backward(grad_out);
+      std::vector<torch::Tensor> g{leaf.grad()};
+      for (const auto& p : mlp->parameters())
+        if (p.requires_grad()) g.push_back(p.grad().clone());
+      return g;
+    };
+    const auto plain = grads(false, 99), nested = grads(true, 99);
+    REQUIRE(plain.size() == 7);  // dx and 3 adapters' A and B
+    for (size_t i = 0; i < plain.size(); ++i) {
+      INFO("gradient " << i);
+      CHECK(max_abs_diff(nested[i], plain[i]) <= 1e-6 * plain[i].abs().max().item<double>());
+    }
+    // The masks matter: another seed gives other gradients (with dropout on).
+    const double other = max_abs_diff(grads(false, 100)[0], plain[0]);
+    if (dropout > 0) CHECK(other > 1e-4);
+    else CHECK(other == 0);
   }
-  const auto x = torch::randn({2, 9, kC}), grad_out = torch::randn({2, 9, kC});
-  // The adapters' gradients after one backward from the same seed: plain, or the whole MLP as a
-  // checkpointed block (its forward without grad mode, its tiles recomputed inside its backward).
-  auto grads = [&](bool outer_checkpoint) {
-    mlp->zero_grad();
-    auto leaf = x.clone().requires_grad_();
-    torch::manual_seed(99);
-    const auto self = mlp.ptr();
-    auto y = outer_checkpoint
-                 ? memopt::detail::checkpointed([self](const std::vector<torch::Tensor>& in) { return self->forward(in[0]); },
-                                                {leaf}, mlp->parameters())
-                 : mlp->forward(leaf);
-    y.backward(grad_out);
-    std::vector<torch::Tensor> g{leaf.grad()};
-    for (const auto& p : mlp->parameters())
-      if (p.requires_grad()) g.push_back(p.grad().clone());
-    return g;
-  };
-  const auto plain = grads(false), nested = grads(true);
-  REQUIRE(plain.size() == 7);  // dx and 3 adapters' A and B
-  for (size_t i = 0; i < plain.size(); ++i) {
-    INFO("gradient " << i);
-    CHECK(max_abs_diff(nested[i], plain[i]) <= 1e-6 * plain[i].abs().max().item<double>());
-  }
-  // The masks matter: another seed gives other gradients.
-  mlp->zero_grad();
-  torch::manual_seed(100);
-  auto leaf = x.clone().requires_grad_();
-  mlp->forward(leaf).backward(grad_out);
-  CHECK(max_abs_diff(leaf.grad(), plain[0]) > 1e-4);
 }
 
 TEST_CASE("SwiGLU rejects row_tiles below 1", "[nn][mlp]") {

@@ -31,11 +31,11 @@ LLAMA2_7B = ("--layers 32 --dim 4096 --heads 32 --ffn 11008 --vocab 32000 --seq 
              " --warmup 0 --steps 2")
 LORA_COMMON = "--recompute every --lora_rank 16 --lora_targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 MEMOPT_ONLY = "--loss_chunk 1024"
-# Per shape, memopt's full and QLoRA rows only: the SwiGLU in 4 row tiles, each recomputed (no
-# (B, T, F) kept), where the MLP's backward sets QLoRA's peak (8 x d512). At 12 x d1024 the loss's
-# forward sets it and tiles would only cost time; LoRA rows run untiled (their frozen fp32 weights
-# are cast again per tile).
-MEMOPT_TILES = {"l8-d512": "--mlp_tiles 4"}
+# Per shape and precision, memopt's full and QLoRA rows only: the SwiGLU in row tiles, each
+# recomputed (no (B, T, F) kept), where the MLP's backward sets QLoRA's peak (8 x d512): 4 in bf16,
+# 8 in fp32 (activations twice as large). At 12 x d1024 the loss's forward sets it and tiles would
+# only cost time; LoRA rows run untiled (their frozen fp32 weights are cast again per tile).
+MEMOPT_TILES = {"l8-d512": {"bf16": 4, "fp32": 8}}
 LORA_REPEATS = 3  # runs of each LoRA / QLoRA row; run-to-run noise here is about ±10%
 
 
@@ -47,7 +47,9 @@ def fastest_precision() -> str:
 
 def lora_run(ctx: Context, impl: str, shape: str, finetune: str, args: list[str], run: int = 0) -> Run:
     flags = [*args, "--finetune", finetune]
-    tiles = MEMOPT_TILES.get(shape, "").split() if finetune in ("full", "qlora") else []
+    precision = args[args.index("--precision") + 1]
+    tiles = MEMOPT_TILES.get(shape, {}).get(precision, 0) if finetune in ("full", "qlora") else 0
+    tiles = ["--mlp_tiles", str(tiles)] if tiles else []
     cmd = ([ctx.bench("memopt_bench_trainer"), *flags, *MEMOPT_ONLY.split(), *tiles] if impl == "memopt"
            else [ctx.python, ctx.script("benchmarks/peer/trainer_peer.py"), *flags])
     what = f"lora {shape} {finetune} {impl}" + (f" (run {run + 1})" if run else "")

@@ -64,8 +64,9 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
   }
 
   /// The rows in row_tiles tiles, each under activation checkpointing when autograd records
-  /// (memopt::detail::checkpointed: RNG and autocast replayed); without grad mode (a checkpointed
-  /// block's forward, evaluation) each tile runs plainly, drawing the same random numbers.
+  /// (memopt::detail::checkpointed: RNG and autocast replayed). Without grad mode (a checkpointed
+  /// block's forward, evaluation) nothing is kept: the rows run whole, or tile by tile where an
+  /// adapter's dropout draws masks (so its recompute draws the same ones).
   torch::Tensor forward_tiled(const torch::Tensor& x) {  // (B, T, C) -> (B, T, C)
     const auto self = std::static_pointer_cast<SwiGLUImpl>(shared_from_this());  // outlives backward
     const BlockFn tile = [self](const std::vector<torch::Tensor>& in) {           // (n, C) -> (n, C)
@@ -73,11 +74,18 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
       return self->down_proj(self->options.fused() ? fused_swiglu(gate, up) : torch::silu(gate) * up);
     };
     const bool record = torch::GradMode::is_enabled();
+    if (!record && !draws_masks()) return tile({x});
     const auto params = record ? parameters() : std::vector<torch::Tensor>{};
     std::vector<torch::Tensor> outs;
     for (const auto& rows : x.reshape({-1, x.size(-1)}).chunk(options.row_tiles(), 0))  // (n, C) each
       outs.push_back(record ? memopt::detail::checkpointed(tile, {rows}, params) : tile({rows}));
     return torch::cat(outs).view(x.sizes());  // (B, T, C)
+  }
+
+  /// Whether a forward draws random numbers: an adapter's dropout, in training.
+  bool draws_masks() const {
+    const auto drops = [](const nn::Linear& l) { return l->has_adapter() && l->lora_options().dropout() > 0; };
+    return is_training() && (drops(gate_proj) || drops(up_proj) || drops(down_proj));
   }
 
   SwiGLUOptions options;
