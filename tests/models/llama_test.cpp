@@ -55,7 +55,7 @@ std::set<std::string> ref_names(const std::string& prefix) {
   return names;
 }
 
-memopt::models::LlamaConfig reference_config(bool causal) {
+memopt::models::LlamaConfig reference_config(bool causal, int64_t mlp_tiles = 1) {
   auto i = [](const char* field) { return ref_at(std::string("config/") + field).item<int64_t>(); };
   auto d = [](const char* field) { return ref_at(std::string("config/") + field).item<double>(); };
   return memopt::models::LlamaConfig()
@@ -69,14 +69,15 @@ memopt::models::LlamaConfig reference_config(bool causal) {
       .rope_theta(d("rope_theta"))
       .rms_norm_eps(d("rms_norm_eps"))
       .dropout(0.0)
-      .causal(causal);
+      .causal(causal)
+      .mlp_row_tiles(mlp_tiles);
 }
 
 // A Llama holding the reference weights; every name must exist on both sides with the
 // same shape (this is what proves the HF naming).
-memopt::models::Llama reference_model(bool causal) {
+memopt::models::Llama reference_model(bool causal, int64_t mlp_tiles = 1) {
   torch::manual_seed(0);
-  memopt::models::Llama model(reference_config(causal));
+  memopt::models::Llama model(reference_config(causal, mlp_tiles));
   const auto ref_params = ref_names("param/");
   std::set<std::string> ours;
   torch::NoGradGuard no_grad;
@@ -159,6 +160,13 @@ TEST_CASE("Llama matches the python3-torch reference (bidirectional)", "[llama]"
   auto model = reference_model(/*causal=*/false);
   SECTION("recompute::None") { check_against_reference(model, memopt::recompute::None{}, "bidir/"); }
   SECTION("recompute::EveryBlock") { check_against_reference(model, memopt::recompute::EveryBlock{}, "bidir/"); }
+}
+
+TEST_CASE("Llama with its MLP in row tiles matches the python3-torch reference", "[llama][mlp]") {
+  auto model = reference_model(/*causal=*/true, /*mlp_tiles=*/3);  // the B·T rows in 3 tiles
+  SECTION("recompute::None") { check_against_reference(model, memopt::recompute::None{}, ""); }
+  SECTION("recompute::Selective") { check_against_reference(model, memopt::recompute::Selective{}, ""); }
+  SECTION("recompute::EveryBlock") { check_against_reference(model, memopt::recompute::EveryBlock{}, ""); }
 }
 
 TEST_CASE("the reference tells a causal model from a bidirectional one", "[llama]") {
