@@ -86,6 +86,8 @@ class Trainer {
                                                   : optim::single_group(params_, adamw);
     check_combination<Recompute, Precision, Accum, State>(options_, accum_, *sync_);  // or a clear error
     std::vector<torch::Tensor> others = sync_->setup(model, params_, groups);  // sharded: other ranks' parameters
+    for (const auto& p : model.parameters())  // frozen (LoRA's base): no master anywhere, cast like the others
+      if (!p.requires_grad() && p.is_floating_point()) others.push_back(p);
     optimizer_ = opt_state_.make_optimizer(master_groups(std::move(groups), others), adamw);
     for (auto& group : optimizer_->param_groups())
       for (auto& p : group.params()) step_params_.push_back(p);
@@ -317,7 +319,7 @@ class Trainer {
                                                                const std::vector<torch::Tensor>& others) {
     if constexpr (hooks::MasterGroups<Precision>) {
       static_assert(hooks::CastWeights<Precision>, "a precision policy with master_groups needs cast_weights "
-                                                   "(a sharded optimizer state's other parameters)");
+                                                   "(frozen parameters, a sharded optimizer state's other parameters)");
       precision_.cast_weights(others);
       return precision_.master_groups(std::move(groups));
     } else {

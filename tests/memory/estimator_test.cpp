@@ -1,6 +1,6 @@
 // Tests for memopt/memory/estimator.hpp: the estimator's peak within ±10% of the tracker's on
-// twenty-five configurations spanning the policies (two MoE, one LLaMA → LLaDA distillation; LoRA
-// and QLoRA within -10% / +20%: their estimate errs high; four with the SwiGLU in row tiles), reached through the planner's dispatch, and the estimate's parts following
+// twenty-six configurations spanning the policies (two MoE, one LLaMA → LLaDA distillation; LoRA
+// and QLoRA within -10% / +20%: their estimate errs high; one LoRA in pure bf16, four with the SwiGLU in row tiles), reached through the planner's dispatch, and the estimate's parts following
 // the policies.
 #include <catch2/catch.hpp>
 
@@ -89,7 +89,7 @@ Measured measure(MakeModel&& make_model, const memopt::memory::PolicyDesc& polic
 
 }  // namespace
 
-TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty-five configurations (LLaMA, MoE, distillation, "
+TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty-six configurations (LLaMA, MoE, distillation, "
           "LoRA, QLoRA up to 20% high)", "[estimator]") {
   REQUIRE(memopt::memory::Tracker::instance().installed());
   const std::vector<EstimatorCase> cases = {
@@ -135,6 +135,9 @@ TEST_CASE("the estimator predicts the tracker's peak within 10% on twenty-five c
        "Trainer<recompute::None, precision::Bf16Pure, accum::Runtime, state::Resident>", 0, true, false, 0.10, true},
       {0, "none", "fp32", "resident", 1, 2, 0, 64, false, 0, 0.1,
        "Trainer<recompute::None, precision::Fp32, accum::Runtime, state::Resident>", 0, true, false, 0.10, true},
+      // LoRA under pure bf16: the frozen base is bf16 too (the Trainer casts it)
+      {0, "none", "bf16-pure", "resident", 2, 2, 0, 64, false, 0, 0.0,
+       "Trainer<recompute::None, precision::Bf16Pure, accum::Runtime, state::Resident>", 8, true, false, 0.20},
       // SwiGLU row tiles: full fine-tuning, LoRA and QLoRA
       {0, "every", "fp32", "resident", 1, 3, 0, 64, false, 0, 0.0,
        "Trainer<recompute::EveryBlock, precision::Fp32, accum::Runtime, state::Resident>", 0, true, false, 0.10, false,

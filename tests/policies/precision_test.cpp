@@ -190,6 +190,28 @@ TEST_CASE("Bf16Pure: bf16 weights and activations, fp32 masters, losses track fp
   CHECK(max_move < 1e-4);  // below the bf16 spacing of the weights
 }
 
+TEST_CASE("Bf16Pure with LoRA: the frozen base turns bf16 too, masters only for the adapters", "[precision][lora]") {
+  torch::manual_seed(12);
+  memopt::models::Llama model(tiny_llama(0.0));
+  memopt::lora::apply(*model, memopt::nn::LoraOptions().rank(4).targets({"all-linear"}));
+  int64_t trainable = 0, frozen = 0;
+  for (const auto& p : model->parameters()) (p.requires_grad() ? trainable : frozen) += 1;
+  REQUIRE(frozen > 0);
+  ListLoader loader{{random_batch(4, 16, 64, 23)}};
+  memopt::Trainer<memopt::recompute::Selective, memopt::precision::Bf16Pure> trainer(
+      *model, memopt::TrainerOptions().lr(1e-2).warmup_steps(0).max_steps(2));
+  // Every weight computes in bf16 (no fp32 base beside bf16 activations); the optimizer owns
+  // fp32 masters of the adapters alone.
+  for (const auto& p : model->parameters()) CHECK(p.scalar_type() == torch::kBFloat16);
+  CHECK(static_cast<int64_t>(trainer.precision().masters().size()) == trainable);
+  const auto before = model->named_parameters()["model.layers.0.self_attn.q_proj.weight"].clone();
+  const auto loss = trainer.step(loader, [&](const Batch& b, const auto& ckpt) { return model->loss_sum(b, ckpt); });
+  CHECK(std::isfinite(loss.loss.item<double>()));
+  CHECK(model->forward(random_batch(1, 8, 64, 3).inputs).scalar_type() == torch::kBFloat16);
+  CHECK(torch::equal(model->named_parameters()["model.layers.0.self_attn.q_proj.weight"], before));  // frozen stays
+  for (const auto& [param, master] : trainer.precision().masters()) CHECK(torch::equal(param, master.to(torch::kBFloat16)));
+}
+
 TEST_CASE("CUDA: bf16 autocast, fp16 with loss scaling and pure bf16 track fp32's losses", "[precision][cuda]") {
   MEMOPT_REQUIRE_CUDA();
   const torch::Device cuda(torch::kCUDA, 0);

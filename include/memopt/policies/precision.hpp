@@ -103,7 +103,8 @@ struct Bf16Pure {
     return out;
   }
 
-  /// Turns the parameters bf16 (those whose masters another rank keeps: sharded optimizer state).
+  /// Turns the parameters bf16: frozen ones (no master at all: LoRA's base) and those whose
+  /// masters another rank keeps (sharded optimizer state).
   void cast_weights(const std::vector<torch::Tensor>& params) const {
     torch::NoGradGuard no_grad;
     for (auto p : params) p.set_data(p.detach().to(torch::kBFloat16));
