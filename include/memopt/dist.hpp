@@ -1,6 +1,7 @@
 // memopt/dist.hpp — data parallel training, opt-in: include this header (and link
 // memopt::dist) and a Trainer started by torchrun as one of several ranks trains on
-// dist::world(), summing gradients over the ranks (dist/step_sync.hpp). Without it every
+// dist::world(), summing gradients over the ranks (dist/step_sync.hpp), or with
+// TrainerOptions::shard_params sharding parameters too (ZeRO-3, dist/zero3.hpp). Without it every
 // Trainer trains on its own process. Also brings dist::world(), RankSlice and the collectives.
 //   #include <memopt/memopt.hpp>
 //   #include <memopt/dist.hpp>
@@ -13,6 +14,7 @@
 #include "memopt/dist/env.hpp"
 #include "memopt/dist/step_sync.hpp"
 #include "memopt/dist/world.hpp"
+#include "memopt/dist/zero3.hpp"
 #include "memopt/step_sync.hpp"
 
 namespace memopt::dist::detail {
@@ -21,6 +23,7 @@ inline const bool data_parallel_registered = [] {
   memopt::detail::data_parallel_factory() = [](const SyncOptions& options) -> std::unique_ptr<StepSync> {
     World& world = dist::world();
     if (!world.distributed()) return std::make_unique<LocalSync>();
+    if (options.shard_params) return std::make_unique<Zero3>(world, options);
     return std::make_unique<DataParallel>(world, options);
   };
   return true;

@@ -33,6 +33,8 @@ struct SyncOptions {
   int64_t bucket_bytes = 25 << 20;  // gradient all-reduce bucket size
   bool shard_optimizer_state = false;  // ZeRO-1 (dist/data_parallel.hpp)
   dist::ParamGather param_gather = dist::ParamGather::kBroadcast;
+  bool shard_params = false;                    // ZeRO-3 (dist/zero3.hpp)
+  int64_t param_persistence_threshold = 100000;  // ZeRO-3: smaller tensors stay whole on every rank
 };
 
 /// The Trainer's link to the other ranks. Every hook has the one-process meaning here, so
@@ -65,6 +67,13 @@ class StepSync {
   }
   /// After a step that updated the weights: each rank's updated parameters to all (sharded).
   virtual void share_params() {}
+  /// Parameters sharded (ZeRO-3): what the optimizer steps in place of the model's, one flat
+  /// tensor per unit and group (none otherwise).
+  virtual std::vector<torch::Tensor> flat_params() const { return {}; }
+  /// Runs `f` with every parameter of the model whole (ZeRO-3 gathers them; a collective), for
+  /// checkpoints and evaluation; with `write_back`, each rank then takes its shard of the
+  /// parameters as `f` left them (a resume).
+  virtual void with_full_weights(const std::function<void()>& f, bool /*write_back*/) { f(); }
 
   // ---- training-state checkpoints (io/training_state.hpp) ----
   virtual void barrier(const char* /*what*/) {}

@@ -10,7 +10,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -86,6 +88,7 @@ class Trainer {
                                                   : optim::single_group(params_, adamw);
     check_combination<Recompute, Precision, Accum, State>(options_, accum_, *sync_);  // or a clear error
     std::vector<torch::Tensor> others = sync_->setup(model, params_, groups);  // sharded: other ranks' parameters
+    for (const auto& flat : sync_->flat_params()) params_.push_back(flat);     // ZeRO-3: what stands for the blocks
     for (const auto& p : model.parameters())  // frozen (LoRA's base): no master anywhere, cast like the others
       if (!p.requires_grad() && p.is_floating_point()) others.push_back(p);
     optimizer_ = opt_state_.make_optimizer(master_groups(std::move(groups), others), adamw);
@@ -202,7 +205,8 @@ class Trainer {
   /// the options and run config. `reason` is recorded ("interval", "SIGTERM", "end", ...).
   template <class Loader>
   std::string save_checkpoint(const Loader& loader, const std::string& reason) {
-    const std::string dir = state_.save(*model_, *this, *sync_, loader, record(), reason);
+    std::string dir;
+    sync_->with_full_weights([&] { dir = state_.save(*model_, *this, *sync_, loader, record(), reason); }, false);
     for (auto& cb : callbacks_) cb->on_checkpoint(step_, dir, reason);
     return dir;
   }
@@ -215,12 +219,20 @@ class Trainer {
   ///   if (!trainer.resume("latest", loader)) fmt::print("starting a new run\n");
   template <class Loader>
   bool resume(const std::string& spec, Loader& loader) {
-    const auto state = state_.resume(spec, *model_, *this, *sync_, loader, record(), {"max_steps"});
+    std::optional<nlohmann::json> state;
+    sync_->with_full_weights([&] { state = state_.resume(spec, *model_, *this, *sync_, loader, record(), {"max_steps"}); },
+                             /*write_back=*/true);
     if (!state) return false;
     consecutive_skips_ = state->value("consecutive_skips", int64_t{0});
     budget_.restore_splits(state->value("micro_splits", int64_t{1}));
     return true;
   }
+
+  /// Runs `f` with the model's parameters whole: with TrainerOptions::shard_params (ZeRO-3) the
+  /// blocks are gathered for it (every rank must call it), else it just runs `f`. For evaluating
+  /// or exporting the model outside step().
+  ///   trainer.with_full_weights([&] { val_loss = evaluate(model, val_loader); });
+  void with_full_weights(const std::function<void()>& f) { sync_->with_full_weights(f, /*write_back=*/false); }
 
   int64_t steps_taken() const { return step_; }
   /// Pieces each micro-batch is cut into to stay within memory_budget (1: none).

@@ -135,14 +135,25 @@ struct DistributedOptions {
   TORCH_ARG(bool, shard_optimizer_state) = false;
   /// How a sharded step shares the updated parameters (broadcast per owner, or one all-gather).
   TORCH_ARG(dist::ParamGather, param_gather) = dist::ParamGather::kBroadcast;
+  /// ZeRO-3: parameters, gradients and optimizer state sharded; each block gathered around its
+  /// forward and its backward (dist/zero3.hpp). Implies a sharded optimizer state.
+  TORCH_ARG(bool, shard_params) = false;
+  /// ZeRO-3: tensors with fewer elements stay whole on every rank (DeepSpeed's
+  /// stage3_param_persistence_threshold); their optimizer state is still sharded.
+  TORCH_ARG(int64_t, param_persistence_threshold) = 100000;
 
  public:
   void validate() const {
     TORCH_CHECK(bucket_mib_ >= 1, "memopt::TrainerOptions: bucket_mib must be >= 1 (got ", bucket_mib_,
                 "). HINT: 25 MiB buckets suit most models.");
+    TORCH_CHECK(param_persistence_threshold_ >= 0, "memopt::TrainerOptions: param_persistence_threshold must be "
+                ">= 0 (got ", param_persistence_threshold_, "). HINT: 100000 keeps norms and biases whole.");
   }
-  /// As dist::DataParallel takes them.
-  SyncOptions sync_options() const { return SyncOptions{bucket_mib_ << 20, shard_optimizer_state_, param_gather_}; }
+  /// As dist::DataParallel and dist::Zero3 take them.
+  SyncOptions sync_options() const {
+    return SyncOptions{bucket_mib_ << 20, shard_optimizer_state_ || shard_params_, param_gather_, shard_params_,
+                       param_persistence_threshold_};
+  }
 };
 
 // A shortcut to a group's setting: opts.lr(1e-3) sets optimizer().lr, opts.lr() reads it.
@@ -188,6 +199,8 @@ struct TrainerOptions {
   MEMOPT_GROUP_SHORTCUT(distributed, int64_t, bucket_mib)
   MEMOPT_GROUP_SHORTCUT(distributed, bool, shard_optimizer_state)
   MEMOPT_GROUP_SHORTCUT(distributed, dist::ParamGather, param_gather)
+  MEMOPT_GROUP_SHORTCUT(distributed, bool, shard_params)
+  MEMOPT_GROUP_SHORTCUT(distributed, int64_t, param_persistence_threshold)
 
   /// Throws a message naming the option, the value and a HINT when one is out of range.
   void validate() const {
@@ -218,7 +231,9 @@ struct TrainerOptions {
             {"grad_clip", o.grad_clip()},
             {"max_steps", s.max_steps()},
             {"accum_steps", loop_.accum_steps()},
-            {"shard_optimizer_state", distributed_.shard_optimizer_state()}};
+            {"shard_optimizer_state", distributed_.shard_optimizer_state()},
+            {"shard_params", distributed_.shard_params()},
+            {"param_persistence_threshold", distributed_.param_persistence_threshold()}};
   }
 };
 

@@ -62,10 +62,11 @@ struct Run {
 
 // `steps` steps of the Trainer T on micro-batches of 4 rows (2 per rank when data parallel).
 template <class T>
-inline Run train(memopt::TrainerOptions options, int64_t steps, bool data_parallel) {
+inline Run train(memopt::TrainerOptions options, int64_t steps, bool data_parallel,
+                 const memopt::models::LlamaConfig& config = tiny_config()) {
   auto& world = memopt::dist::world();
   torch::manual_seed(1);
-  memopt::models::Llama model(tiny_config());
+  memopt::models::Llama model(config);
   RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
   RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
   T trainer(*model, options.data_parallel(data_parallel));
@@ -79,7 +80,7 @@ inline Run train(memopt::TrainerOptions options, int64_t steps, bool data_parall
     if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state.get()))
       run.state_bytes += static_cast<int64_t>(adamw->exp_avg().nbytes() + adamw->exp_avg_sq().nbytes());
   }
-  run.weights = flat_weights(model);
+  trainer.with_full_weights([&] { run.weights = flat_weights(model); });  // ZeRO-3: gathered
   return run;
 }
 

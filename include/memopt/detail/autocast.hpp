@@ -63,4 +63,19 @@ class AutocastGuard {
   AutocastState previous_;
 };
 
+/// Turns autocast's cast cache off for a scope: a parameter bound to new memory for each use
+/// (dist::Zero3's gathered blocks) must not keep a low-precision copy for the whole forward.
+class AutocastCacheOff {
+ public:
+  AutocastCacheOff() : previous_(at::autocast::is_autocast_cache_enabled()) {
+    at::autocast::set_autocast_cache_enabled(false);
+  }
+  ~AutocastCacheOff() { at::autocast::set_autocast_cache_enabled(previous_); }
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace memopt::detail

@@ -4,6 +4,7 @@
 // dropout draws the same masks, and returns the block's input and parameter gradients.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <vector>
 
@@ -94,6 +95,55 @@ struct RngState {
   }
 };
 
+// Saves in `ctx` what a recompute replays: the RNG state (when preserve_rng_state()) and the
+// autocast state of the forward.
+inline void save_replay_state(torch::autograd::AutogradContext* ctx) {
+  if (preserve_rng_state()) {  // dropout in the recompute draws the forward's masks
+    const RngState rng = RngState::capture();
+    ctx->saved_data["rng_cpu"] = rng.cpu;
+#if MEMOPT_HAS_CUDA
+    if (rng.cuda.defined()) ctx->saved_data["rng_cuda"] = rng.cuda;
+#endif
+  }
+#if MEMOPT_HAS_CUDA
+  const auto cuda_autocast = AutocastState::current(c10::kCUDA);
+  ctx->saved_data["autocast_cuda"] = cuda_autocast.enabled;
+  ctx->saved_data["autocast_cuda_dtype"] = static_cast<int64_t>(cuda_autocast.dtype);
+#endif
+  const auto cpu_autocast = AutocastState::current(c10::kCPU);
+  ctx->saved_data["autocast_cpu"] = cpu_autocast.enabled;
+  ctx->saved_data["autocast_cpu_dtype"] = static_cast<int64_t>(cpu_autocast.dtype);
+}
+
+// Runs fn(inputs) again under grad mode with the RNG and autocast state save_replay_state()
+// kept (the RNG as it was afterwards, so the rest of backward sees its own draws).
+inline torch::Tensor replay(torch::autograd::AutogradContext* ctx, const BlockFn& fn,
+                            const std::vector<torch::Tensor>& inputs) {
+  const bool replay_rng = ctx->saved_data.count("rng_cpu") > 0;
+  RngState forward_rng, outer_rng;
+  if (replay_rng) {
+    forward_rng.cpu = ctx->saved_data["rng_cpu"].toTensor();
+#if MEMOPT_HAS_CUDA
+    if (ctx->saved_data.count("rng_cuda")) forward_rng.cuda = ctx->saved_data["rng_cuda"].toTensor();
+#endif
+    outer_rng = RngState::capture();
+  }
+  torch::Tensor output;
+  {
+    if (replay_rng) forward_rng.restore();
+    AutocastGuard cpu_autocast({c10::kCPU, ctx->saved_data["autocast_cpu"].toBool(),
+                                static_cast<c10::ScalarType>(ctx->saved_data["autocast_cpu_dtype"].toInt())});
+#if MEMOPT_HAS_CUDA
+    AutocastGuard cuda_autocast({c10::kCUDA, ctx->saved_data["autocast_cuda"].toBool(),
+                                 static_cast<c10::ScalarType>(ctx->saved_data["autocast_cuda_dtype"].toInt())});
+#endif
+    torch::AutoGradMode enable_grad(true);
+    output = fn(inputs);
+  }
+  if (replay_rng) outer_rng.restore();  // the rest of backward sees the RNG as it was
+  return output;
+}
+
 // Inputs to apply(): the block's tensor inputs followed by its parameters. Parameters
 // are inputs so their gradients flow through the normal AccumulateGrad path (and the
 // node exists even when no data input requires grad).
@@ -103,21 +153,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     std::vector<torch::Tensor> inputs(inputs_and_params.begin(), inputs_and_params.begin() + num_inputs);
     ctx->saved_data["fn"] = c10::IValue::make_capsule(c10::make_intrusive<BlockFnHolder>(fn));
     ctx->saved_data["num_inputs"] = num_inputs;
-    if (preserve_rng_state()) {  // dropout in the recompute draws the forward's masks
-      const RngState rng = RngState::capture();
-      ctx->saved_data["rng_cpu"] = rng.cpu;
-#if MEMOPT_HAS_CUDA
-      if (rng.cuda.defined()) ctx->saved_data["rng_cuda"] = rng.cuda;
-#endif
-    }
-#if MEMOPT_HAS_CUDA
-    const auto cuda_autocast = AutocastState::current(c10::kCUDA);
-    ctx->saved_data["autocast_cuda"] = cuda_autocast.enabled;
-    ctx->saved_data["autocast_cuda_dtype"] = static_cast<int64_t>(cuda_autocast.dtype);
-#endif
-    const auto cpu_autocast = AutocastState::current(c10::kCPU);
-    ctx->saved_data["autocast_cpu"] = cpu_autocast.enabled;
-    ctx->saved_data["autocast_cpu_dtype"] = static_cast<int64_t>(cpu_autocast.dtype);
+    save_replay_state(ctx);
     ctx->save_for_backward(inputs_and_params.vec());  // references only: no activations
     return fn(inputs);                                 // runs under no-grad: nothing saved
   }
@@ -151,30 +187,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     torch::autograd::variable_list grads(saved.size());
     if (wrt.empty() || !grad_outputs[0].defined()) return with_non_tensor_slots(std::move(grads));
 
-    // Replay the forward: same RNG draws (when forward saved them), same autocast, grad mode on.
-    const bool replay_rng = ctx->saved_data.count("rng_cpu") > 0;
-    RngState forward_rng, outer_rng;
-    if (replay_rng) {
-      forward_rng.cpu = ctx->saved_data["rng_cpu"].toTensor();
-#if MEMOPT_HAS_CUDA
-      if (ctx->saved_data.count("rng_cuda")) forward_rng.cuda = ctx->saved_data["rng_cuda"].toTensor();
-#endif
-      outer_rng = RngState::capture();
-    }
-    torch::Tensor output;
-    {
-      if (replay_rng) forward_rng.restore();
-      AutocastGuard cpu_autocast({c10::kCPU, ctx->saved_data["autocast_cpu"].toBool(),
-                                  static_cast<c10::ScalarType>(ctx->saved_data["autocast_cpu_dtype"].toInt())});
-#if MEMOPT_HAS_CUDA
-      AutocastGuard cuda_autocast({c10::kCUDA, ctx->saved_data["autocast_cuda"].toBool(),
-                                   static_cast<c10::ScalarType>(ctx->saved_data["autocast_cuda_dtype"].toInt())});
-#endif
-      torch::AutoGradMode enable_grad(true);
-      output = fn(inputs);
-    }
-    if (replay_rng) outer_rng.restore();  // the rest of backward sees the RNG as it was
-
+    const torch::Tensor output = replay(ctx, fn, inputs);
     auto block_grads = torch::autograd::grad({output}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
     for (size_t k = 0; k < wrt.size(); ++k) grads[wrt_index[k]] = block_grads[k];
@@ -196,6 +209,38 @@ inline torch::Tensor checkpointed(const BlockFn& fn, const std::vector<torch::Te
   std::vector<torch::Tensor> all = inputs;
   all.insert(all.end(), params.begin(), params.end());
   return CheckpointFunction::apply(fn, static_cast<int64_t>(inputs.size()), at::TensorList(all));
+}
+
+// The parameters of `block` that require grad (what checkpointed() passes on).
+inline std::vector<torch::Tensor> trainable(torch::nn::Module& block) {
+  std::vector<torch::Tensor> params;
+  for (auto& p : block.parameters())
+    if (p.requires_grad()) params.push_back(p);
+  return params;
+}
+
+// Where a block runs when a component owns its parameters: dist::Zero3 gathers a block's
+// sharded parameters around its forward and its recompute. One per process at a time.
+class BlockRunner {
+ public:
+  virtual ~BlockRunner() = default;
+  // fn(inputs) for a block this runner owns; an undefined tensor for any other block.
+  virtual torch::Tensor run(torch::nn::Module& block, const BlockFn& fn, const std::vector<torch::Tensor>& inputs) = 0;
+};
+
+inline std::atomic<BlockRunner*>& block_runner() {
+  static std::atomic<BlockRunner*> runner{nullptr};
+  return runner;
+}
+
+/// How the recompute policies run a block: through the block runner when one owns it, else
+/// fn(inputs), under activation checkpointing when `recompute`.
+inline torch::Tensor run_block(torch::nn::Module& block, const BlockFn& fn, const std::vector<torch::Tensor>& inputs,
+                               bool recompute) {
+  if (BlockRunner* runner = block_runner().load()) {
+    if (torch::Tensor y = runner->run(block, fn, inputs); y.defined()) return y;
+  }
+  return recompute ? checkpointed(fn, inputs, trainable(block)) : fn(inputs);
 }
 
 }  // namespace detail

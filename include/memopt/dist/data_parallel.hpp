@@ -89,7 +89,8 @@ inline std::vector<int> owners(const std::vector<torch::Tensor>& params, int wor
 class GradientSync {
  public:
   GradientSync(World& world, std::vector<torch::Tensor> params, int64_t bucket_bytes, std::vector<int> owner = {})
-      : world_(&world), params_(std::move(params)), owner_(std::move(owner)) {
+      : world_(&world), params_(std::move(params)), owner_(std::move(owner)),
+        options_(params_.empty() ? torch::TensorOptions() : params_.front().options()) {
     TORCH_CHECK(bucket_bytes >= 4, "memopt::dist::GradientSync: bucket_bytes must be >= 4 (got ", bucket_bytes,
                 "). HINT: 25 MiB buckets suit most models");
     TORCH_CHECK(owner_.empty() || owner_.size() == params_.size(), "memopt::dist::GradientSync: ", owner_.size(),
@@ -106,6 +107,7 @@ class GradientSync {
       if (!owner_.empty()) buckets_.back().owned[static_cast<size_t>(owner_[i])].push_back(i);
       used += n;
     }
+    if (buckets_.empty()) buckets_.push_back({{}, std::vector<std::vector<size_t>>(owner_.empty() ? 0 : world.size())});
   }
 
   /// Sums the gradients (onto every rank, or onto their owners) and each of `extras` (onto every rank).
@@ -168,7 +170,7 @@ class GradientSync {
     return n;
   }
   torch::Tensor empty_fp32(int64_t n) const {
-    return torch::empty({n}, params_.front().options().dtype(torch::kFloat));
+    return torch::empty({n}, options_.dtype(torch::kFloat));
   }
 
   // The gradients of `members` (zeros where undefined), then `extras`, into `flat`.
@@ -206,6 +208,7 @@ class GradientSync {
   World* world_;
   std::vector<torch::Tensor> params_;
   std::vector<int> owner_;
+  torch::TensorOptions options_;  // the parameters' device
   std::vector<Bucket> buckets_;
 };
 
@@ -228,7 +231,7 @@ class ParamShare {
       : world_(&world), params_(std::move(params)), owner_(std::move(owner)), how_(how) {}
 
   void share() {
-    if (!world_->distributed()) return;
+    if (!world_->distributed() || params_.empty()) return;
     torch::NoGradGuard no_grad;
     std::vector<int64_t> bytes(static_cast<size_t>(world_->size()), 0);  // each rank's (Bf16Pure made them bf16)
     for (size_t i = 0; i < params_.size(); ++i) bytes[static_cast<size_t>(owner_[i])] += params_[i].nbytes();

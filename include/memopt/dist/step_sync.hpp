@@ -24,7 +24,7 @@
 namespace memopt::dist {
 
 /// Data parallel training over `world` (dist::world(): the job torchrun started).
-class DataParallel final : public StepSync {
+class DataParallel : public StepSync {
  public:
   /// options.bucket_bytes is checked by GradientSync when setup() builds it.
   explicit DataParallel(World& world, SyncOptions options = {}) : world_(&world), options_(options) {}
@@ -41,28 +41,10 @@ class DataParallel final : public StepSync {
       grad_sync_ = std::make_unique<GradientSync>(*world_, params, options_.bucket_bytes);  // all-reduce
       return {};
     }
-    const std::vector<int> owner = owners(params, world_->size());
-    grad_sync_ = std::make_unique<GradientSync>(*world_, params, options_.bucket_bytes, owner);  // reduce-scatter
-    std::set<const void*> mine;
-    std::vector<torch::Tensor> others;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (owner[i] == world_->rank()) {
-        mine.insert(params[i].unsafeGetTensorImpl());
-      } else {
-        others.push_back(params[i]);
-      }
-    }
-    std::vector<torch::optim::OptimizerParamGroup> kept;
-    for (auto& group : groups) {
-      std::vector<torch::Tensor> owned;
-      for (const auto& p : group.params())
-        if (mine.count(p.unsafeGetTensorImpl())) owned.push_back(p);
-      if (!owned.empty()) kept.emplace_back(owned, group.options().clone());
-    }
-    TORCH_CHECK(!kept.empty(), "memopt::Trainer: rank ", world_->rank(), " owns no parameter (", params.size(),
+    std::vector<torch::Tensor> others = shard_state(params, groups);
+    std::erase_if(groups, [](const auto& group) { return group.params().empty(); });
+    TORCH_CHECK(!groups.empty(), "memopt::Trainer: rank ", world_->rank(), " owns no parameter (", params.size(),
                 " tensors over ", world_->size(), " ranks). HINT: use fewer ranks or shard_optimizer_state(false)");
-    groups = std::move(kept);
-    param_share_ = std::make_unique<ParamShare>(*world_, params, owner, options_.param_gather);
     return others;
   }
 
@@ -110,7 +92,27 @@ class DataParallel final : public StepSync {
     return all;
   }
 
- private:
+ protected:
+  // ZeRO-1 for `params`: each rank steps the ones it owns (owners()) and receives only their
+  // gradient sums; each group of `groups` keeps this rank's (maybe none). Returns the others.
+  std::vector<torch::Tensor> shard_state(const std::vector<torch::Tensor>& params,
+                                         std::vector<torch::optim::OptimizerParamGroup>& groups) {
+    const std::vector<int> owner = owners(params, world_->size());
+    grad_sync_ = std::make_unique<GradientSync>(*world_, params, options_.bucket_bytes, owner);  // reduce-scatter
+    std::set<const void*> mine;
+    std::vector<torch::Tensor> others;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (owner[i] == world_->rank()) {
+        mine.insert(params[i].unsafeGetTensorImpl());
+      } else {
+        others.push_back(params[i]);
+      }
+    }
+    for (auto& group : groups) std::erase_if(group.params(), [&](const auto& p) { return !mine.count(p.unsafeGetTensorImpl()); });
+    param_share_ = std::make_unique<ParamShare>(*world_, params, owner, options_.param_gather);
+    return others;
+  }
+
   World* world_;
   SyncOptions options_;
   std::unique_ptr<GradientSync> grad_sync_;  // the gradient all-reduce / reduce-scatter

@@ -129,6 +129,23 @@ class World {
     return out[0];
   }
 
+  /// Starts gathering every rank's `in` into `out` (world × `in`, in rank order, contiguous,
+  /// any dtype: moved as bytes); finish with wait().
+  c10::intrusive_ptr<c10d::Work> all_gather_into_async(torch::Tensor out, const torch::Tensor& in,
+                                                        const char* what = "all_gather") {
+    TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && out.numel() == in.numel() * size() &&
+                    out.scalar_type() == in.scalar_type(),
+                "memopt::dist::World::all_gather_into_async: `out` must be contiguous and hold world_size (", size(),
+                ") x ", in.numel(), " elements of ", in.scalar_type(), " (got ", out.numel(), " of ",
+                out.scalar_type(), "). HINT: allocate it with torch::empty({world.size() * in.numel()})");
+    const torch::Tensor out_bytes = out.view(torch::kByte);
+    const int64_t n = in.numel() * static_cast<int64_t>(in.element_size());
+    std::vector<std::vector<torch::Tensor>> outs(1);
+    for (int r = 0; r < size(); ++r) outs[0].push_back(out_bytes.narrow(0, r * n, n));  // views: filled in place
+    std::vector<torch::Tensor> ins{in.view(torch::kByte)};
+    return run(what, [&] { return on_group(in, [&](auto& g) { return g.allgather(outs, ins); }); });
+  }
+
   void barrier(const char* what = "barrier") {
     if (!distributed()) return;
     wait(what, run(what, [&] { return group_->barrier(); }));

@@ -229,7 +229,7 @@ class MoeLayerImpl : public torch::nn::Cloneable<MoeLayerImpl> {
     if (!options.checkpoint_experts()) return expert->forward(xe, ckpt);
     return memopt::detail::checkpointed(
         [expert](const std::vector<torch::Tensor>& in) { return expert->forward(in[0]); }, {xe},
-        recompute::detail::trainable(*expert));
+        memopt::detail::trainable(*expert));
   }
 };
 TORCH_MODULE(MoeLayer);

@@ -24,9 +24,10 @@ void check_combination(const TrainerOptions& options, const Accum& accum, const 
               detail::policy_name<Accum>(), " runs ", accum.micro_steps(), " micro-batch(es) a step. HINT: use "
               "accum::Runtime for a run-time count, give the policy its count, or leave accum_steps at 1");
   if constexpr (hooks::SkipsOnLocalGrads<Precision>) {
-    TORCH_CHECK(!(sync.distributed() && options.shard_optimizer_state()), "memopt::Trainer: a sharded optimizer "
-                "state cannot combine with ", detail::policy_name<Precision>(), " (its inf/nan check sees only this "
-                "rank's shard). HINT: use bf16, or shard_optimizer_state(false)");
+    TORCH_CHECK(!(sync.distributed() && (options.shard_optimizer_state() || options.shard_params())),
+                "memopt::Trainer: a sharded optimizer state cannot combine with ", detail::policy_name<Precision>(),
+                " (its inf/nan check sees only this rank's shard). HINT: use bf16, or shard_optimizer_state(false) "
+                "and shard_params(false)");
   }
   if constexpr (hooks::StepsInBackward<State>) {
     // One gradient per parameter per step, taken whole: nothing that needs every gradient at once.

@@ -17,22 +17,13 @@
 
 namespace memopt::recompute {
 
-namespace detail {
-inline std::vector<torch::Tensor> trainable(torch::nn::Module& block) {
-  std::vector<torch::Tensor> params;
-  for (auto& p : block.parameters())
-    if (p.requires_grad()) params.push_back(p);
-  return params;
-}
-}  // namespace detail
-
 /// Keeps every activation (fastest, most memory).
 struct None {
   static std::string name() { return "recompute::None"; }
   static memory::RecomputeDesc describe() { return {.flag = "none"}; }
-  torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
+  torch::Tensor run_block(int64_t, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
-    return fn(inputs);
+    return memopt::detail::run_block(block, fn, inputs, /*recompute=*/false);
   }
 };
 
@@ -45,7 +36,7 @@ struct EveryBlock {
   }
   torch::Tensor run_block(int64_t, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
-    return memopt::detail::checkpointed(fn, inputs, detail::trainable(block));
+    return memopt::detail::run_block(block, fn, inputs, /*recompute=*/true);
   }
 };
 
@@ -60,8 +51,7 @@ struct EveryNth {
   }
   torch::Tensor run_block(int64_t index, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
-    if (index % N != 0) return fn(inputs);
-    return memopt::detail::checkpointed(fn, inputs, detail::trainable(block));
+    return memopt::detail::run_block(block, fn, inputs, /*recompute=*/index % N == 0);
   }
 };
 
@@ -73,9 +63,9 @@ struct EveryNth {
 struct Selective {
   static std::string name() { return "recompute::Selective"; }
   static memory::RecomputeDesc describe() { return {.flag = "selective", .cheap_parts = true}; }
-  torch::Tensor run_block(int64_t, torch::nn::Module&, const BlockFn& fn,
+  torch::Tensor run_block(int64_t, torch::nn::Module& block, const BlockFn& fn,
                           const std::vector<torch::Tensor>& inputs) const {
-    return fn(inputs);
+    return memopt::detail::run_block(block, fn, inputs, /*recompute=*/false);
   }
   torch::Tensor run_cheap(const BlockFn& fn, const std::vector<torch::Tensor>& inputs,
                           const std::vector<torch::Tensor>& params) const {

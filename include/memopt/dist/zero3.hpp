@@ -1,0 +1,380 @@
+// memopt/dist/zero3.hpp — dist::Zero3: ZeRO-3 (what PyTorch FSDP calls full sharding), the
+// StepSync of a Trainer with TrainerOptions::shard_params(true) in a job of several ranks.
+// Parameters are grouped into units: each block the model runs through `ckpt.run_block` (the
+// items of its outermost ModuleLists and Sequentials: LLaMA's layers), and the root (the rest:
+// embedding, final norm, head). A unit's tensors of at least param_persistence_threshold
+// elements (DeepSpeed's stage3_param_persistence_threshold) are concatenated per optimizer group
+// into a FlatParam, padded to a multiple of the world size; rank r keeps elements
+// [r·n, (r+1)·n) as the optimizer's parameter (fp32, or the precision policy's dtype with its
+// fp32 master), with its gradient and optimizer state.
+//   - Blocks: all-gathered (in the shard's dtype) before the forward and again in backward,
+//     where a block is always recomputed (as under recompute::EveryBlock, dropout replayed), and
+//     freed after each; the gradients are reduce-scattered onto the shards as the block's
+//     backward ends. Between uses a block's parameters are NaN placeholders of one element (a
+//     block run some other way computes NaN, and sync_gradients names it).
+//   - Root: stays whole, as FSDP keeps its root unit (used from the first op of the forward to
+//     the last of backward); its gradients are reduce-scattered once per step, its shards
+//     stepped, and it is gathered again after the step.
+//   - Tensors below the threshold (norms) stay whole on every rank, with ZeRO-1 state sharding
+//     (each rank steps the ones it owns and shares them: DataParallel::shard_state).
+// Per step and block: its parameters all-gathered twice and its gradients reduce-scattered
+// once per micro-batch; the root's gradients and parameters once per step (docs/distributed.md).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "memopt/detail/autocast.hpp"
+#include "memopt/detail/checkpoint_function.hpp"
+#include "memopt/dist/step_sync.hpp"
+#include "memopt/dist/world.hpp"
+
+namespace memopt::dist {
+
+/// Tensors of one unit and one optimizer group as one flat parameter, sharded over the ranks:
+/// this rank keeps shard() (its 1/world of the elements, zero padded at the end); gather() and
+/// bind() make the tensors whole views of one buffer, release() frees them again.
+class FlatParam {
+ public:
+  FlatParam(World& world, std::vector<torch::Tensor> params) : world_(&world), params_(std::move(params)) {
+    for (const auto& p : params_) {
+      offsets_.push_back(numel_);
+      numel_ += p.numel();
+    }
+    shard_numel_ = (numel_ + world.size() - 1) / world.size();
+    torch::NoGradGuard no_grad;
+    shard_ = torch::zeros({shard_numel_}, params_.front().options());
+    reshard();
+    shard_.requires_grad_(true);
+  }
+
+  /// This rank's elements: what the optimizer steps.
+  const torch::Tensor& shard() const { return shard_; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return shard_numel_ * world_->size(); }
+
+  /// Every rank's shard, in rank order: the tensors' elements (padded_numel(), shard's dtype).
+  torch::Tensor gather() const {
+    torch::Tensor full = torch::empty({padded_numel()}, shard_.options().requires_grad(false));
+    world_->wait("ZeRO-3 parameter all-gather",
+                 world_->all_gather_into_async(full, shard_.detach(), "ZeRO-3 parameter all-gather"));
+    return full;
+  }
+
+  /// The tensors become views of `full` (gather()'s), keeping their identity.
+  void bind(const torch::Tensor& full) {
+    for (size_t i = 0; i < params_.size(); ++i)
+      params_[i].set_data(full.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes()));
+  }
+
+  /// The tensors become NaN placeholders of their shape holding one element.
+  void release() {
+    const auto nan = torch::full({}, std::numeric_limits<double>::quiet_NaN(), shard_.options().requires_grad(false));
+    for (auto& p : params_) p.set_data(nan.expand(p.sizes()));
+  }
+
+  /// The sums over the ranks of this rank's elements of `grads` (one per tensor, undefined:
+  /// zeros), in the shard's dtype: summed in fp32, as an all-to-all of the padded chunks.
+  torch::Tensor reduce_scatter(const std::vector<torch::Tensor>& grads) const {
+    torch::NoGradGuard no_grad;
+    torch::Tensor flat = torch::zeros({padded_numel()}, shard_.options().dtype(torch::kFloat).requires_grad(false));
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (grads[i].defined()) flat.narrow(0, offsets_[i], params_[i].numel()).copy_(grads[i].reshape({-1}));
+    torch::Tensor received = torch::empty_like(flat);  // (world, n): every rank's copy of my chunk
+    const std::vector<int64_t> split(static_cast<size_t>(world_->size()), shard_numel_);
+    world_->wait("ZeRO-3 gradient reduce-scatter",
+                 world_->all_to_all_async(received, flat, split, split, "ZeRO-3 gradient reduce-scatter"));
+    return received.view({world_->size(), shard_numel_}).sum(0).to(shard_.scalar_type());
+  }
+
+  /// shard() ← this rank's elements of the tensors as they are now (a resume loaded them).
+  void reshard() {
+    torch::NoGradGuard no_grad;
+    const int64_t lo = world_->rank() * shard_numel_;
+    const int64_t hi = lo + shard_numel_;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t begin = std::max(lo, offsets_[i]);
+      const int64_t end = std::min(hi, offsets_[i] + params_[i].numel());
+      if (begin >= end) continue;
+      shard_.detach().narrow(0, begin - lo, end - begin)
+          .copy_(params_[i].detach().reshape({-1}).narrow(0, begin - offsets_[i], end - begin));
+    }
+  }
+
+ private:
+  World* world_;
+  std::vector<torch::Tensor> params_;  // the model's tensors, in order
+  std::vector<int64_t> offsets_;       // where each starts in the flat order
+  int64_t numel_ = 0, shard_numel_ = 0;
+  torch::Tensor shard_;
+};
+
+/// A block the model runs through run_block: its flat parameters, and its trainable tensors
+/// below the persistence threshold (whole on every rank).
+struct BlockUnit {
+  std::string name;
+  std::vector<std::unique_ptr<FlatParam>> flats;
+  std::vector<torch::Tensor> replicated;
+  int64_t runs = 0;  // forwards since the last gradient sync
+
+  void gather() {
+    for (auto& f : flats) f->bind(f->gather());
+  }
+  void release() {
+    for (auto& f : flats) f->release();
+  }
+};
+
+namespace detail {
+
+// A block's gathered parameters, released when the scope ends (also when it throws).
+class Gathered {
+ public:
+  explicit Gathered(BlockUnit& unit) : unit_(&unit) { unit.gather(); }
+  ~Gathered() { unit_->release(); }
+  Gathered(const Gathered&) = delete;
+  Gathered& operator=(const Gathered&) = delete;
+
+ private:
+  BlockUnit* unit_;
+};
+
+struct UnitHolder : torch::CustomClassHolder {
+  UnitHolder(BlockUnit* u, BlockFn f) : unit(u), fn(std::move(f)) {}
+  BlockUnit* unit;
+  BlockFn fn;
+};
+
+// A ZeRO-3 block as one autograd node. Inputs: the block's inputs, its replicated tensors,
+// then its shards. Forward gathers, runs the block without keeping activations, frees;
+// backward gathers, replays the forward (RNG, autocast), takes the gradients of the inputs,
+// the replicated tensors and the gathered parameters, and reduce-scatters the latter onto
+// the shards, whose gradients it returns.
+struct UnitFunction : torch::autograd::Function<UnitFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, BlockUnit* unit, const BlockFn& fn,
+                               int64_t num_inputs, at::TensorList all) {
+    std::vector<torch::Tensor> inputs(all.begin(), all.begin() + num_inputs);
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(c10::make_intrusive<UnitHolder>(unit, fn));
+    ctx->saved_data["num_inputs"] = num_inputs;
+    memopt::detail::save_replay_state(ctx);
+    ctx->save_for_backward(all.vec());
+    ++unit->runs;
+    Gathered gathered(*unit);
+    memopt::detail::AutocastCacheOff no_cache;
+    return fn(inputs);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto num_inputs = static_cast<size_t>(ctx->saved_data["num_inputs"].toInt());
+    const auto holder = ctx->saved_data["unit"].toCapsule();
+    BlockUnit& unit = *static_cast<UnitHolder*>(holder.get())->unit;
+    const BlockFn& fn = static_cast<UnitHolder*>(holder.get())->fn;
+    const size_t num_shards = unit.flats.size();
+
+    std::vector<torch::Tensor> inputs, wrt;
+    std::vector<size_t> wrt_slot;  // the slot of each of wrt that is not a gathered parameter
+    for (size_t i = 0; i + num_shards < saved.size(); ++i) {
+      torch::Tensor t = saved[i];
+      if (i < num_inputs) {
+        t = saved[i].detach();
+        t.requires_grad_(saved[i].requires_grad());
+        inputs.push_back(t);
+      }
+      if (!t.requires_grad()) continue;
+      wrt.push_back(t);
+      wrt_slot.push_back(i);
+    }
+    Gathered gathered(unit);
+    for (const auto& f : unit.flats) wrt.insert(wrt.end(), f->params().begin(), f->params().end());
+    torch::Tensor output;
+    {
+      memopt::detail::AutocastCacheOff no_cache;
+      output = memopt::detail::replay(ctx, fn, inputs);
+    }
+    // Every rank reduce-scatters, so an unused output still takes part (as zeros).
+    torch::Tensor grad = grad_outputs[0].defined() ? grad_outputs[0] : torch::zeros_like(output);
+    const auto grads = torch::autograd::grad({output}, wrt, {grad}, /*retain_graph=*/false, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
+    torch::autograd::variable_list result(saved.size());
+    for (size_t k = 0; k < wrt_slot.size(); ++k) result[wrt_slot[k]] = grads[k];
+    size_t at = wrt_slot.size();
+    for (size_t f = 0; f < num_shards; ++f) {
+      const size_t n = unit.flats[f]->params().size();
+      const std::vector<torch::Tensor> mine(grads.begin() + static_cast<int64_t>(at),
+                                            grads.begin() + static_cast<int64_t>(at + n));
+      result[saved.size() - num_shards + f] = unit.flats[f]->reduce_scatter(mine);
+      at += n;
+    }
+    result.insert(result.begin(), 3, torch::Tensor());  // unit, fn, num_inputs
+    return result;
+  }
+};
+
+}  // namespace detail
+
+/// ZeRO-3 over `world` (see the top of this file); the rest of DataParallel (counts, signals,
+/// checkpoint collectives, ZeRO-1 for the small tensors) as it is.
+class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
+ public:
+  explicit Zero3(World& world, SyncOptions options = {}) : DataParallel(world, options) {
+    TORCH_CHECK(options.param_persistence_threshold >= 0, "memopt::dist::Zero3: param_persistence_threshold must be "
+                ">= 0 (got ", options.param_persistence_threshold, "). HINT: 100000 keeps norms and biases whole");
+  }
+  ~Zero3() override {
+    BlockRunner* self = this;
+    memopt::detail::block_runner().compare_exchange_strong(self, nullptr);
+  }
+  Zero3(const Zero3&) = delete;
+  Zero3& operator=(const Zero3&) = delete;
+
+  bool sharded() const override { return true; }
+
+  std::vector<torch::Tensor> setup(torch::nn::Module& model, const std::vector<torch::Tensor>& params,
+                                   std::vector<torch::optim::OptimizerParamGroup>& groups) override {
+    check_model(*world_, model);
+    broadcast_module(*world_, model);
+    std::map<const void*, size_t> group_of;
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (const auto& p : groups[g].params()) group_of[p.unsafeGetTensorImpl()] = g;
+    std::set<const void*> trainable;
+    for (const auto& p : params) trainable.insert(p.unsafeGetTensorImpl());
+
+    std::vector<torch::Tensor> small;  // below the threshold: whole everywhere, ZeRO-1 state
+    std::vector<std::pair<size_t, FlatParam*>> shards;  // (group, flat)
+    std::set<const void*> seen;
+    // The tensors of `module` not seen yet: flat per group when large, else small.
+    const auto split = [&](torch::nn::Module& module, std::vector<torch::Tensor>* replicated) {
+      std::vector<std::vector<torch::Tensor>> large(groups.size());
+      for (const auto& p : module.parameters()) {
+        const void* id = p.unsafeGetTensorImpl();
+        if (!trainable.count(id) || !seen.insert(id).second) continue;
+        if (p.numel() >= options_.param_persistence_threshold) {
+          large[group_of.at(id)].push_back(p);
+        } else {
+          small.push_back(p);
+          if (replicated) replicated->push_back(p);
+        }
+      }
+      std::vector<std::unique_ptr<FlatParam>> flats;
+      for (size_t g = 0; g < large.size(); ++g) {
+        if (large[g].empty()) continue;
+        flats.push_back(std::make_unique<FlatParam>(*world_, std::move(large[g])));
+        shards.emplace_back(g, flats.back().get());
+      }
+      return flats;
+    };
+    for (auto& [name, block] : blocks(model)) {
+      auto unit = std::make_unique<BlockUnit>();
+      unit->name = name;
+      unit->flats = split(*block, &unit->replicated);
+      if (unit->flats.empty()) continue;  // nothing sharded: it runs as any block
+      unit->release();
+      by_block_[block] = unit.get();
+      units_.push_back(std::move(unit));
+    }
+    root_ = split(model, nullptr);
+
+    std::vector<torch::Tensor> others = shard_state(small, groups);  // groups keep the small ones this rank owns
+    for (auto& [g, flat] : shards) groups[g].params().push_back(flat->shard());
+    std::erase_if(groups, [](const auto& group) { return group.params().empty(); });
+    for (const auto& f : root_) others.insert(others.end(), f->params().begin(), f->params().end());
+    BlockRunner* none = nullptr;
+    TORCH_CHECK(memopt::detail::block_runner().compare_exchange_strong(none, this),
+                "memopt::dist::Zero3: another Trainer with shard_params(true) is alive in this process. "
+                "HINT: train one ZeRO-3 model at a time");
+    return others;
+  }
+
+  std::vector<torch::Tensor> flat_params() const override {
+    std::vector<torch::Tensor> out;
+    for (const auto& unit : units_)
+      for (const auto& f : unit->flats) out.push_back(f->shard());
+    for (const auto& f : root_) out.push_back(f->shard());
+    return out;
+  }
+
+  int sync_gradients(torch::Tensor& loss_sum, int local_signal) override {
+    for (auto& unit : units_) {
+      TORCH_CHECK(unit->runs > 0, "memopt::dist::Zero3: block '", unit->name, "' holds sharded parameters but ran "
+                  "no forward through run_block this step, so it computed with NaN placeholders. HINT: run each "
+                  "item of the model's ModuleList through ckpt.run_block (memopt::run_sequential does)");
+      unit->runs = 0;
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& f : root_) {  // its tensors' gradients, accumulated over the micro-batches, onto the shard
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : f->params()) grads.push_back(p.grad());
+      torch::Tensor summed = f->reduce_scatter(grads);
+      for (auto p : f->params()) p.mutable_grad() = torch::Tensor();
+      torch::Tensor shard = f->shard();
+      if (shard.grad().defined()) {
+        shard.mutable_grad().add_(summed);
+      } else {
+        shard.mutable_grad() = summed;
+      }
+    }
+    return DataParallel::sync_gradients(loss_sum, local_signal);
+  }
+
+  void share_params() override {
+    DataParallel::share_params();
+    for (auto& f : root_) f->bind(f->gather());
+  }
+
+  void with_full_weights(const std::function<void()>& f, bool write_back) override {
+    std::vector<std::unique_ptr<detail::Gathered>> gathered;
+    for (auto& unit : units_) gathered.push_back(std::make_unique<detail::Gathered>(*unit));
+    f();
+    if (!write_back) return;
+    for (auto& unit : units_)
+      for (auto& flat : unit->flats) flat->reshard();
+    for (auto& flat : root_) flat->reshard();
+  }
+
+  /// The blocks of `model`: the items of its outermost ModuleLists and Sequentials, by name.
+  static std::vector<std::pair<std::string, torch::nn::Module*>> blocks(torch::nn::Module& model) {
+    std::vector<std::pair<std::string, torch::nn::Module*>> out;
+    std::vector<std::string> inside;  // prefixes of the lists found
+    for (const auto& item : model.named_modules()) {
+      const std::string& name = item.key();
+      const auto within = [&](const std::string& prefix) { return name.rfind(prefix + ".", 0) == 0; };
+      if (std::any_of(inside.begin(), inside.end(), within)) continue;
+      torch::nn::Module* m = item.value().get();
+      if (dynamic_cast<torch::nn::ModuleListImpl*>(m) == nullptr && dynamic_cast<torch::nn::SequentialImpl*>(m) == nullptr)
+        continue;
+      inside.push_back(name);
+      for (const auto& child : m->named_children()) out.emplace_back(name + "." + child.key(), child.value().get());
+    }
+    return out;
+  }
+
+ private:
+  torch::Tensor run(torch::nn::Module& block, const BlockFn& fn, const std::vector<torch::Tensor>& inputs) override {
+    const auto it = by_block_.find(&block);
+    if (it == by_block_.end()) return {};
+    BlockUnit& unit = *it->second;
+    std::vector<torch::Tensor> all = inputs;
+    all.insert(all.end(), unit.replicated.begin(), unit.replicated.end());
+    for (const auto& f : unit.flats) all.push_back(f->shard());
+    return detail::UnitFunction::apply(&unit, fn, static_cast<int64_t>(inputs.size()), at::TensorList(all));
+  }
+
+  std::vector<std::unique_ptr<BlockUnit>> units_;  // in model order: every rank gathers in this order
+  std::map<const torch::nn::Module*, BlockUnit*> by_block_;
+  std::vector<std::unique_ptr<FlatParam>> root_;
+};
+
+}  // namespace memopt::dist

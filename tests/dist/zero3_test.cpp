@@ -1,0 +1,193 @@
+// tests/dist/zero3_test.cpp — memopt/dist/zero3.hpp's Zero3 (TrainerOptions::shard_params) on
+// the ranks tests/dist/dist_test.sh starts (2, or 3 for "[zero3-3]"): against one process on
+// the global batch the weights after 6 steps agree to 1e-6 (fp32, with and without
+// checkpointed blocks, accumulation and clipping); with dropout, and with bf16 weights and fp32
+// masters, ZeRO-3 equals plain data parallel on the same ranks; between steps each block's
+// parameters hold one element and each rank keeps 1/world of the elements as optimizer
+// parameters and state; the collectives per block and micro-batch are counted; a checkpoint
+// resumes bit for bit; a block run outside run_block is named.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <memopt/data/loader.hpp>
+#include <memopt/dist.hpp>
+#include <memopt/memopt.hpp>
+
+#include "dist/fixtures.hpp"
+
+using namespace memopt::test::dist;  // dist/fixtures.hpp: base_options(), train(), Fp32Trainer, ...
+
+namespace {
+
+using EveryBlockTrainer = memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Fp32, memopt::accum::Runtime>;
+
+memopt::TrainerOptions zero3_options() { return base_options().shard_params(true).param_persistence_threshold(0); }
+
+bool zero3_ranks(int n) {
+  if (memopt::dist::world().size() == n) return true;
+  WARN("WORLD_SIZE is not " << n << ": run through tests/dist/dist_test.sh");
+  return false;
+}
+
+// The ZeRO-3 run equals one process on the whole batch (the ranks' weights identical).
+template <class T>
+void zero3_matches_one_process(memopt::TrainerOptions options) {
+  const Run sharded = train<T>(options, 6, true);
+  const Run ref = train<T>(options, 6, false);
+  const auto all = memopt::dist::world().all_gather(sharded.weights, "test: weights");
+  for (const auto& w : all) CHECK(torch::equal(w, all.front()));
+  const double diff = (sharded.weights - ref.weights).abs().max().item<double>();
+  INFO("max |w_zero3 - w_one_process| = " << diff);
+  CHECK(diff <= 1e-6);
+  for (size_t s = 0; s < ref.losses.size(); ++s) CHECK(std::abs(sharded.losses[s] - ref.losses[s]) <= 1e-5 * ref.losses[s]);
+  CHECK(sharded.losses.back() < sharded.losses.front());
+}
+
+void zero3_trains_as_one_process() {
+  SECTION("fp32, blocks not recomputed by the policy, clipped") {
+    zero3_matches_one_process<Fp32Trainer>(zero3_options().grad_clip(0.5));
+  }
+  SECTION("fp32, checkpointed blocks") { zero3_matches_one_process<EveryBlockTrainer>(zero3_options()); }
+  SECTION("fp32, norms below the persistence threshold (ZeRO-1 for them)") {
+    zero3_matches_one_process<EveryBlockTrainer>(zero3_options().param_persistence_threshold(100));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 on 2 ranks trains as one process on the global batch", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  zero3_trains_as_one_process();
+}
+
+TEST_CASE("ZeRO-3 on 3 ranks trains as one process on the global batch", "[zero3-3]") {
+  if (!zero3_ranks(3)) return;
+  zero3_trains_as_one_process();
+}
+
+TEST_CASE("ZeRO-3 changes nothing but memory: dropout, bf16 with fp32 masters", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  SECTION("dropout 0.1, checkpointed blocks: equal to plain data parallel on the same ranks") {
+    const auto config = tiny_config().dropout(0.1);
+    const Run plain = train<EveryBlockTrainer>(base_options(), 6, true, config);
+    const Run sharded = train<EveryBlockTrainer>(zero3_options(), 6, true, config);
+    const double diff = (plain.weights - sharded.weights).abs().max().item<double>();
+    INFO("max |w_zero3 - w_ddp| = " << diff);
+    CHECK(diff <= 1e-6);
+  }
+  SECTION("Bf16Pure: equal to ZeRO-1 on the same ranks") {
+    // One micro-batch and no clipping: the bf16 gradient of each element is the same rounding
+    // of the same fp32 sum either way, and nothing else differs.
+    using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Pure, memopt::accum::Runtime>;
+    const auto options = base_options().accum_steps(1).grad_clip(0);
+    const Run zero1 = train<T>(memopt::TrainerOptions(options).shard_optimizer_state(true), 6, true);
+    const Run zero3 = train<T>(memopt::TrainerOptions(options).shard_params(true).param_persistence_threshold(0), 6, true);
+    const double diff = (zero1.weights - zero3.weights).abs().max().item<double>();
+    INFO("max |w_zero3 - w_zero1| = " << diff);
+    CHECK(diff <= 1e-6);
+  }
+}
+
+TEST_CASE("ZeRO-3 holds 1/world of the parameters and state per rank", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  auto& world = memopt::dist::world();
+  torch::manual_seed(1);
+  memopt::models::Llama model(tiny_config());
+  int64_t total = 0, tensors = 0;
+  for (const auto& p : model->parameters()) total += p.numel(), ++tensors;
+  RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
+  RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
+  EveryBlockTrainer trainer(*model, zero3_options().param_specific_decay(false));
+  trainer.step(slice, memopt::LossSum<memopt::models::Llama>{&model});
+
+  int64_t block_bytes = 0, block_tensors = 0;  // the blocks' parameters between steps: placeholders
+  for (const auto& item : model->named_parameters()) {
+    if (item.key().find(".layers.") == std::string::npos) continue;
+    block_bytes += static_cast<int64_t>(item.value().storage().nbytes());
+    ++block_tensors;
+  }
+  CHECK(block_bytes == 4 * block_tensors);  // one fp32 element each
+  int64_t shard_elements = 0, state_bytes = 0, flats = 0;
+  for (const auto& group : trainer.optimizer().param_groups())
+    for (const auto& p : group.params()) shard_elements += p.numel(), ++flats;
+  for (const auto& [key, state] : trainer.optimizer().state())
+    if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state.get()))
+      state_bytes += static_cast<int64_t>(adamw->exp_avg().nbytes() + adamw->exp_avg_sq().nbytes());
+  INFO("rank " << world.rank() << ": " << shard_elements << " of " << total << " elements in " << flats << " shards");
+  CHECK(flats == 3);  // 2 blocks + the root, one optimizer group
+  CHECK(shard_elements * 2 >= total);
+  CHECK(shard_elements * 2 - total < 2 * flats);  // padding: under one element per rank and flat
+  CHECK(state_bytes == 8 * shard_elements);       // exp_avg + exp_avg_sq of the shards only
+}
+
+TEST_CASE("ZeRO-3 collectives: two gathers and a reduce-scatter per block and micro-batch", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  auto& world = memopt::dist::world();
+  std::vector<int64_t> per_step;
+  for (const int64_t micro : {1, 2}) {
+    torch::manual_seed(1);
+    memopt::models::Llama model(tiny_config());
+    RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
+    RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
+    EveryBlockTrainer trainer(*model, zero3_options().param_specific_decay(false).accum_steps(micro));
+    const int64_t before = world.collectives();
+    trainer.step(slice, memopt::LossSum<memopt::models::Llama>{&model});
+    per_step.push_back(world.collectives() - before);
+  }
+  const int64_t blocks = tiny_config().num_hidden_layers();
+  CHECK(per_step[1] - per_step[0] == 3 * blocks);  // one more micro-batch: 2 gathers + 1 reduce-scatter each
+  // counts, the root's reduce-scatter, the small tensors' bucket, the norm, the root's gather
+  CHECK(per_step[0] == 3 * blocks + 5);
+}
+
+TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  const char* dir = std::getenv("MEMOPT_TEST_DIR");
+  REQUIRE(dir != nullptr);
+  const std::string ckpt = std::string(dir) + "/zero3";
+  auto options = zero3_options().checkpoint_dir(ckpt).save_every(3).max_steps(6);
+  auto run = [&](bool resume) {
+    torch::manual_seed(1);
+    memopt::models::Llama model(tiny_config().dropout(0.1));
+    RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
+    RankSlice<RandomWindowLoader> slice(global, memopt::dist::world().rank(), memopt::dist::world().size());
+    EveryBlockTrainer trainer(*model, options);
+    if (resume) REQUIRE(trainer.resume(ckpt + "/step-00000003", slice));
+    trainer.fit(slice, memopt::LossSum<memopt::models::Llama>{&model});
+    torch::Tensor weights;
+    trainer.with_full_weights([&] { weights = flat_weights(model); });
+    return weights;
+  };
+  const torch::Tensor straight = run(false);
+  CHECK(std::filesystem::exists(ckpt + "/step-00000003/trainer-rank1.pt"));
+  CHECK_FALSE(torch::isnan(straight).any().item<bool>());
+  const torch::Tensor resumed = run(true);
+  CHECK(torch::equal(straight, resumed));
+}
+
+TEST_CASE("ZeRO-3 names a block that ran outside run_block", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  auto& world = memopt::dist::world();
+  torch::manual_seed(1);
+  memopt::models::Llama model(tiny_config());
+  RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
+  RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
+  EveryBlockTrainer trainer(*model, zero3_options());
+  // A loss that runs the layers directly (not through ckpt.run_block).
+  auto direct = [&](const memopt::Batch& batch, const memopt::recompute::EveryBlock&) {
+    auto x = model->model->embed_tokens(batch.inputs);
+    auto [cos, sin] = memopt::nn::rope_tables(batch.inputs.size(1), tiny_config().rope(), x.device());
+    for (size_t i = 0; i < model->model->layers->size(); ++i)
+      x = model->model->layers->ptr<memopt::models::LlamaDecoderLayerImpl>(i)->forward(x, cos, sin);
+    return model->lm_head(x).sum();
+  };
+  CHECK_THROWS_WITH(trainer.step(slice, direct), Catch::Contains("block 'model.layers.0'") &&
+                                                     Catch::Contains("run_block"));
+}
