@@ -4,13 +4,16 @@
 // same global micro-batches of --micro rows and trains on its rows of each (dist::RankSlice),
 // so 1 and N ranks train on the same global batch and should follow the same loss curve.
 // Rank 0 prints one JSON line: tokens/s of the global batch over the timed steps, the loss
-// curve, the optimizer state each rank holds (ZeRO-1 shards it), peak RSS (the largest rank's),
+// curve, the optimizer state each rank holds (ZeRO-1 shards it), the model state (parameters,
+// gradients, optimizer state: tracked bytes at the optimizer phase's peak; ZeRO-3 shards all
+// three), peak RSS (the largest rank's),
 // where a step's time goes (forward + backward, gradient all-reduce, optimizer: from the memory
 // tracker's timeline) and, timed apart after training, what each collective costs on its own.
 //
 //   memopt_bench_dist --precision bf16 --recompute every                      # 1 rank
 //   RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 OMP_NUM_THREADS=1 \
 //     memopt_bench_dist --sharded --param_gather allgather ...                 # per rank r
+//     memopt_bench_dist --zero 3 ...                                           # ZeRO-3
 //   scripts/bench dist                                                         # the suite
 #include <sys/resource.h>  // getrusage
 #include <unistd.h>        // sysconf
@@ -56,7 +59,8 @@ struct BenchConfig {
   std::string precision = "bf16";
   std::string recompute = "every";
   std::string data;  // a token shard (data/kjv/train.bin); empty: random tokens
-  bool sharded = false;
+  bool sharded = false;  // ZeRO-1 (--sharded or --zero 1)
+  int zero = 0;          // 3: ZeRO-3 (TrainerOptions::shard_params)
   std::string param_gather = "broadcast";
   int64_t bucket_mib = 25;  // the gradient all-reduce's bucket size (TrainerOptions::bucket_mib)
   int64_t comm_reps = 5;    // repetitions of each collective timed after training
@@ -105,6 +109,8 @@ struct RankResult {
   std::vector<double> losses;        // every step's loss (the global batch's mean), warm-up included
   int64_t state_tracked_bytes = 0;   // tracker live bytes added by the first step (after a barrier)
   int64_t state_tensor_bytes = 0;    // nbytes of the AdamW state tensors this rank holds
+  int64_t model_state_bytes = 0;     // tracker live bytes at the optimizer phase's peak, less those before the model
+  int64_t peak_tracked_bytes = 0;    // the run's tracked peak, less the bytes live before the model
   double grad_sync_ms = 0;           // one gradient all-reduce / reduce-scatter (GradientSync::sync) alone, median
   double count_sync_ms = 0;          // one 2-element all-reduce (the target count) alone, median
   double param_share_ms = 0;         // one ParamShare::share alone (sharded), median
@@ -212,12 +218,13 @@ void time_collectives(const BenchConfig& cfg, memopt::dist::World& world, torch:
 /// The Trainer with the policy types picked in main(), on this rank's rows of each batch.
 template <memopt::RecomputePolicy Recompute, memopt::PrecisionPolicy Precision>
 RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::models::Llama& model,
-               std::shared_ptr<const memopt::data::TokenShard> shard) {
+               std::shared_ptr<const memopt::data::TokenShard> shard, int64_t before_model) {
   auto options = memopt::TrainerOptions()
                      .accum_steps(cfg.accum)
                      .decay(memopt::optim::Decay::kConstant)  // lr 3e-4 throughout, as trainer_bench
                      .max_steps(cfg.warmup + cfg.steps)
                      .shard_optimizer_state(cfg.sharded)
+                     .shard_params(cfg.zero == 3)
                      .param_gather(cfg.param_gather == "allgather" ? memopt::dist::ParamGather::kAllgather
                                                                    : memopt::dist::ParamGather::kBroadcast)
                      .bucket_mib(cfg.bucket_mib)
@@ -239,6 +246,7 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
   RankResult r;
   world.barrier();
   const int64_t live_before = tracker.live_bytes();
+  tracker.reset_peaks();
   size_t events_per_step = 0;  // the timeline's capacity for one timed step
   int64_t profiled = 0;
   CpuTimes cpu_start;
@@ -286,12 +294,16 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
         r.state_tensor_bytes += static_cast<int64_t>(adamw->max_exp_avg_sq().nbytes());
     }
   }
+  const auto peaks = tracker.snapshot();
+  r.model_state_bytes =
+      peaks.phase_peak_bytes[static_cast<int>(memopt::memory::Phase::kOptimizer)] - before_model;
+  r.peak_tracked_bytes = peaks.peak_bytes - before_model;
   const CpuTimes cpu_end = CpuTimes::now();
   r.timed_seconds = std::chrono::duration<double>(Clock::now() - timed_start).count();
   r.cpu_timed = {cpu_end.machine - cpu_start.machine, cpu_end.self - cpu_start.self};
   for (auto& [phase, ms] : r.phase_ms) ms /= static_cast<double>(std::max<int64_t>(profiled, 1));
   if (profiled < cfg.steps) std::cerr << "  (phases from " << profiled << " of " << cfg.steps << " timed steps)\n";
-  time_collectives(cfg, world, *model, options, r);
+  if (cfg.zero != 3) time_collectives(cfg, world, *model, options, r);  // ZeRO-3's are per block, in the step
   return r;
 }
 
@@ -312,11 +324,12 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
   TORCH_CHECK(shard->vocab_size() <= cfg.vocab, "memopt_bench_dist: the shard '", cfg.data, "' has vocab ",
               shard->vocab_size(), ", more than --vocab ", cfg.vocab, ". HINT: pass --vocab ", shard->vocab_size());
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
+  const int64_t before_model = memopt::memory::Tracker::instance().live_bytes();
   memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
   model->train();
 
   const RankResult r = memopt::bench::with_policies(cfg.precision, cfg.recompute, [&]<class C, class P>() {
-    return run<C, P>(cfg, world, model, shard);
+    return run<C, P>(cfg, world, model, shard, before_model);
   });
 
   double total = 0;
@@ -328,6 +341,8 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
   const auto tracked = gather(world, static_cast<double>(r.state_tracked_bytes));
   const auto tensors = gather(world, static_cast<double>(r.state_tensor_bytes));
   const auto rss = gather(world, static_cast<double>(memopt::memory::peak_rss_bytes()));
+  const auto model_state = gather(world, static_cast<double>(r.model_state_bytes));
+  const auto peak_tracked = gather(world, static_cast<double>(r.peak_tracked_bytes));
   const auto step_ms_ranks = gather(world, step_s * 1e3);
   double own_cpu = 0;  // every rank's CPU seconds over the timed steps (one machine: ranks on loopback)
   for (double c : gather(world, r.cpu_timed.self)) own_cpu += c;
@@ -349,6 +364,7 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
       {"ranks", world.size()},
       {"threads_per_rank", at::get_num_threads()},
       {"sharded", cfg.sharded && world.distributed()},
+      {"zero", world.distributed() ? (cfg.zero == 3 ? 3 : cfg.sharded ? 1 : 0) : 0},
       {"param_gather", cfg.sharded && world.distributed() ? nlohmann::json(cfg.param_gather) : nlohmann::json()},
       {"tokens_per_s", static_cast<double>(cfg.tokens_per_step()) / step_s},
       {"step_ms", step_s * 1e3},
@@ -365,6 +381,10 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
       {"loss_last", r.losses.back()},
       {"losses", r.losses},
       {"peak_rss_mib", max_of(rss) / (1 << 20)},
+      {"model_state_mib_per_rank", max_of(model_state) / (1 << 20)},  // params, grads, state at the step
+      {"model_state_mib_ranks", mib_each(model_state)},
+      {"peak_tracked_mib", max_of(peak_tracked) / (1 << 20)},
+      {"peak_tracked_mib_ranks", mib_each(peak_tracked)},
       // CPUs kept busy by other processes during the timed steps, on average (0: the machine was
       // ours; load_avg_1m counts the ranks themselves): the machine's busy CPU time less the ranks'
       {"other_cpus_busy", std::max(0.0, (r.cpu_timed.machine - own_cpu) / r.timed_seconds)},
@@ -414,12 +434,15 @@ int main(int argc, char** argv) {
   memopt::bench::add_policy_options(app, cfg);
   app.add_option("--data", cfg.data, "token shard to train on (empty: random tokens)");
   app.add_flag("--sharded", cfg.sharded, "ZeRO-1: shard the optimizer state over the ranks");
+  app.add_option("--zero", cfg.zero, "ZeRO stage: 0 (replicated), 1 (optimizer state), 3 (parameters too)")
+      ->check(CLI::IsMember({0, 1, 3}));
   app.add_option("--param_gather", cfg.param_gather, "how a sharded step shares the parameters")
       ->check(CLI::IsMember({"broadcast", "allgather"}));
   app.add_option("--bucket_mib", cfg.bucket_mib, "gradient all-reduce bucket size (MiB)")->check(CLI::PositiveNumber);
   app.add_option("--comm_reps", cfg.comm_reps, "times each collective is timed alone after training")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  cfg.sharded = cfg.sharded || cfg.zero == 1;
   memopt::init(memopt::RuntimeOptions().threads(cfg.threads));
 
   const char* rank = std::getenv("RANK");

@@ -13,7 +13,13 @@ Started with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (as torchrun or scrip
 start it) it is the data-parallel peer of benchmarks/dist/dist_bench.cpp: Gloo, the model in
 DistributedDataParallel (bucket_cap_mb 25, no_sync on all but the last micro-batch), rank r
 training rows r*micro/N .. (r+1)*micro/N - 1 of every global micro-batch, the target count
-summed over the ranks; rank 0 prints the line.
+summed over the ranks; rank 0 prints the line. --fsdp2 (2+ ranks) puts PyTorch FSDP2 in DDP's
+place, the peer of memopt's ZeRO-3: fully_shard over a 1-D Gloo CPU mesh on every decoder block,
+then on the root (reshard_after_forward, fp32 parameters, no MixedPrecisionPolicy: bf16 comes
+from the same autocast), set_requires_gradient_sync(False) on all but the last micro-batch (the
+analogue of no_sync), the global-norm clip over the DTensor gradients, AdamW on the sharded
+parameters. Every line says what each rank holds: param/grad/state_bytes_per_rank (the local
+shards of DTensors, the largest rank's) and model_state_bytes_ranks.
 
 Attention is F.scaled_dot_product_attention(is_causal=True): what a PyTorch 2.x user writes (its
 CPU flash kernel never materialises the T x T scores).
@@ -220,6 +226,24 @@ def logical_numel(p):
     return state.shape.numel() if state is not None else p.numel()
 
 
+def fully_shard_fn():
+    """FSDP2's fully_shard: torch.distributed.fsdp since 2.6, torch.distributed._composable.fsdp before."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def local_bytes(t):
+    """Bytes of this rank's storage of `t`: a DTensor's local shard, a plain tensor whole; None: 0."""
+    if t is None:
+        return 0
+    if hasattr(t, "to_local"):  # DTensor (an FSDP2 parameter, its gradient, its AdamW moments)
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
 def add_adapters(model, rank, targets):
     import peft
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(targets))
@@ -251,10 +275,20 @@ def main():
     ap.add_argument("--lora_rank", type=int, default=16)
     ap.add_argument("--lora_targets", default=",".join(LINEAR_NAMES),
                     help="comma-separated Linear names, or all-linear (the 7 of each block)")
+    ap.add_argument("--fsdp2", action="store_true",
+                    help="with WORLD_SIZE > 1: PyTorch FSDP2 (fully_shard per block + root over a Gloo CPU mesh) "
+                         "instead of DistributedDataParallel")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    if args.fsdp2 and world < 2:
+        sys.exit("trainer_peer.py: --fsdp2 shards over ranks; start 2 or more with RANK / WORLD_SIZE / MASTER_ADDR / "
+                 f"MASTER_PORT (as torchrun does); WORLD_SIZE is {world}")
+    if args.fsdp2 and args.finetune == "qlora":
+        sys.exit("trainer_peer.py: --fsdp2 with --finetune qlora is not supported: fully_shard's all-gathered "
+                 "Linear4bit weights lose their Params4bit quant_state (bitsandbytes: 'ValueError: quant_state is "
+                 "required' in the first forward)")
     if world > 1:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -277,6 +311,15 @@ def main():
         model, what = add_adapters(model, args.lora_rank, targets)
         peer_finetune.append(what)
     model.train()
+    if args.fsdp2:  # after the (identical, seeded) initialisation; before the optimizer sees the parameters
+        from torch.distributed.device_mesh import init_device_mesh
+        fully_shard = fully_shard_fn()
+        mesh = init_device_mesh("cpu", (world,))  # 1-D, over the default (Gloo) process group
+        llama = model.get_base_model() if args.finetune != "full" else model  # PEFT: shard the Llama inside
+        for layer in llama.model.layers:
+            fully_shard(layer, mesh=mesh)  # reshard_after_forward=True by default
+        fully_shard(llama, mesh=mesh)      # the root: embedding, final norm, head
+        sharded = llama                    # its parameters are now DTensors, Shard(0) over the ranks
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in trainable if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in trainable if not (p.dim() >= 2 and "embed" not in n)]
@@ -286,7 +329,8 @@ def main():
     params = [p for _, p in trainable]
     loader = LcgTokenLoader(args.micro, args.seq, args.vocab, args.seed)
     rows = slice(rank * args.micro // world, (rank + 1) * args.micro // world)  # this rank's rows
-    trained = DistributedDataParallel(model, bucket_cap_mb=25) if world > 1 else model
+    ddp = world > 1 and not args.fsdp2
+    trained = DistributedDataParallel(model, bucket_cap_mb=25) if ddp else model
     if args.compile:
         trained = torch.compile(trained)  # compiles during the warm-up step(s)
     impl = "pytorch_compile" if args.compile else "pytorch"
@@ -304,7 +348,9 @@ def main():
         for i, (inputs, targets) in enumerate(micro_batches):
             autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
             last = i + 1 == len(micro_batches)
-            sync = trained.no_sync() if world > 1 and not last else contextlib.nullcontext()
+            sync = trained.no_sync() if ddp and not last else contextlib.nullcontext()
+            if args.fsdp2:  # FSDP2's no_sync: unsharded gradients accumulate, one reduce-scatter at the last
+                sharded.set_requires_gradient_sync(last)
             with sync:
                 with autocast:
                     loss = trained(inputs, targets, checkpoint, reentrant).float() / num_targets
@@ -312,16 +358,21 @@ def main():
             loss_sum += loss.detach()
         if world > 1:
             dist.all_reduce(loss_sum)  # the global batch's mean loss
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)  # DTensor gradients: the global norm over all shards
+        held["grad"] = sum(local_bytes(p.grad) for p in params)  # this rank's gradients at the step
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss_sum.item()
 
+    held = {}  # bytes this rank holds: parameters, gradients at the step, optimizer state after the first step
     times, losses, loss_first, loss_last = [], [], 0.0, 0.0
     for s in range(args.warmup + args.steps):
         start = time.perf_counter()
         loss = step()
         seconds = time.perf_counter() - start
+        if s == 0:
+            held["state"] = sum(local_bytes(v) for st in optimizer.state.values() for v in st.values()
+                                if torch.is_tensor(v))
         losses.append(loss)
         if s == 0:
             loss_first = loss
@@ -338,6 +389,17 @@ def main():
     # The peak scripts/bench divides by for the line's mfu, as memopt_bench_trainer measures it.
     gemm = gemm_gflops(args.micro * args.seq, args.dim, ffn_size(args.dim) if args.ffn == 0 else args.ffn,
                        torch.bfloat16 if bf16 else torch.float32)
+    held["param"] = sum(local_bytes(p) for p in model.parameters())  # frozen ones too; FSDP2: the shards
+    # each rank's [param, grad, state, peak RSS KiB], in rank order
+    mine = torch.tensor([held["param"], held["grad"], held["state"],
+                         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss], dtype=torch.float64)
+    if world > 1:
+        each = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(each, mine)
+    else:
+        each = [mine]
+    param_b, grad_b, state_b, rss_kib = ([int(t[k].item()) for t in each] for k in range(4))
+    model_state_b = [p + g + s for p, g, s in zip(param_b, grad_b, state_b)]
     line = {
         "name": name,
         "impl": impl,
@@ -347,7 +409,15 @@ def main():
         "step_ms": step_s * 1e3,
         "step_ms_min": min(times) * 1e3,
         "step_ms_all": [t * 1e3 for t in times],
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_rss_mib": max(rss_kib) / 1024.0,  # the largest rank's
+        "peak_rss_mib_ranks": [k / 1024.0 for k in rss_kib],
+        # what each rank holds (FSDP2: its shards): the largest rank's, and the sum per rank
+        "param_bytes_per_rank": max(param_b),
+        "grad_bytes_per_rank": max(grad_b),  # right before optimizer.step()
+        "state_bytes_per_rank": max(state_b),  # the optimizer's state tensors after the first step
+        "model_state_bytes_per_rank": max(model_state_b),
+        "model_state_bytes_ranks": model_state_b,
+        "model_state_mib_per_rank": max(model_state_b) / (1 << 20),  # memopt_bench_dist's unit
         "loss_first": loss_first,
         "loss_last": loss_last,
         "losses": losses,
@@ -374,8 +444,12 @@ def main():
                     peer_finetune=", ".join(peer_finetune))
     if checkpoint:
         line["peer_checkpoint"] = "use_reentrant=True" if reentrant else "use_reentrant=False"
-    if world > 1:
+    if args.fsdp2:
+        line["peer_data_parallel"] = ("fully_shard(gloo cpu mesh), per block + root, reshard_after_forward, "
+                                      "set_requires_gradient_sync")
+    elif world > 1:
         line["peer_data_parallel"] = "DistributedDataParallel(gloo, bucket_cap_mb=25), no_sync"
+    if world > 1:
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:

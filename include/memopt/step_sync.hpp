@@ -34,7 +34,7 @@ struct SyncOptions {
   bool shard_optimizer_state = false;  // ZeRO-1 (dist/data_parallel.hpp)
   dist::ParamGather param_gather = dist::ParamGather::kBroadcast;
   bool shard_params = false;                    // ZeRO-3 (dist/zero3.hpp)
-  int64_t param_persistence_threshold = 100000;  // ZeRO-3: smaller tensors stay whole on every rank
+  int64_t param_persistence_threshold = 0;  // ZeRO-3: smaller tensors stay whole on every rank
 };
 
 /// The Trainer's link to the other ranks. Every hook has the one-process meaning here, so
@@ -56,6 +56,9 @@ class StepSync {
   }
   /// Whether `local` holds on any rank (fit(): a rank that cannot fill the next step stops all).
   virtual bool any(bool local, const char* /*what*/) { return local; }
+  /// Before the step's first forward: what the step uses whole from start to end (ZeRO-3: the
+  /// root unit, embedding and head, released again by sync_gradients).
+  virtual void gather_params() {}
   /// The global batch's target and token counts (one small all-reduce before forward).
   virtual void sum_counts(torch::Tensor& /*num_targets*/, int64_t& /*tokens*/) {}
   /// After the last micro-batch: gradients and the loss summed over the ranks, with a pending

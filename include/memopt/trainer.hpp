@@ -126,6 +126,7 @@ class Trainer {
 
     // ---- forward + backward per micro-batch (cut smaller if over memory_budget); grads accumulate ----
     detail::DeferredChecks::Scope checks(checks_, !hooks::StepsInBackward<State>);  // read by finite()
+    sync_->gather_params();                                // ZeRO-3: the root unit (embedding, head) whole
     torch::Tensor loss_sum = accumulate(micro_batches, loss_fn, num_targets);  // 0-dim, the step's mean loss
     agreed_stop_ = sync_->sync_gradients(loss_sum, pending_signal());  // once, after the last micro-batch
 

@@ -138,16 +138,17 @@ struct DistributedOptions {
   /// ZeRO-3: parameters, gradients and optimizer state sharded; each block gathered around its
   /// forward and its backward (dist/zero3.hpp). Implies a sharded optimizer state.
   TORCH_ARG(bool, shard_params) = false;
-  /// ZeRO-3: tensors with fewer elements stay whole on every rank (DeepSpeed's
-  /// stage3_param_persistence_threshold); their optimizer state is still sharded.
-  TORCH_ARG(int64_t, param_persistence_threshold) = 100000;
+  /// ZeRO-3: tensors with fewer elements stay whole on every rank, with ZeRO-1 state (as
+  /// DeepSpeed's stage3_param_persistence_threshold, 1e5 there: it gathers tensor by tensor;
+  /// memopt gathers a block's tensors in one collective, so 0, sharding all, costs no latency).
+  TORCH_ARG(int64_t, param_persistence_threshold) = 0;
 
  public:
   void validate() const {
     TORCH_CHECK(bucket_mib_ >= 1, "memopt::TrainerOptions: bucket_mib must be >= 1 (got ", bucket_mib_,
                 "). HINT: 25 MiB buckets suit most models.");
     TORCH_CHECK(param_persistence_threshold_ >= 0, "memopt::TrainerOptions: param_persistence_threshold must be "
-                ">= 0 (got ", param_persistence_threshold_, "). HINT: 100000 keeps norms and biases whole.");
+                ">= 0 (got ", param_persistence_threshold_, "). HINT: 0 shards every tensor; 10000 keeps norms whole.");
   }
   /// As dist::DataParallel and dist::Zero3 take them.
   SyncOptions sync_options() const {

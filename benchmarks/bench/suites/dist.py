@@ -21,18 +21,22 @@ from ..summaries import dist_summary
 # the King James shard when data/kjv/train.bin exists, else random tokens), bf16 autocast +
 # recompute::EveryBlock, 1 intra-op thread per rank, the same global batch everywhere: 1 rank
 # trains micro-batches of 8 rows x accum 2, 2 ranks 4 rows each of every 8-row micro-batch
-# (RankSlice). Configurations: 1 rank; 2 ranks; 2 ranks with ZeRO-1 (broadcast, all-gather),
+# (RankSlice). Configurations: 1 rank; 2 ranks; 2 ranks with ZeRO-1 (broadcast, all-gather), with ZeRO-3,
 # in BENCH_DIST_ROUNDS rounds (default 3) so that drift in the machine's speed hits all alike;
 # the peer, PyTorch eager (benchmarks/peer/trainer_peer.py) on 1 rank and on 2 ranks with
-# DistributedDataParallel (Gloo, 25 MB buckets overlapping backward, no_sync; LCG tokens);
-# then, for context, 1 rank x 2 threads, and fp32 at 1 and 2 ranks (a tight loss-curve check).
+# DistributedDataParallel (Gloo, 25 MB buckets overlapping backward, no_sync; LCG tokens) and with
+# FSDP2 (fully_shard per block + root, the peer of ZeRO-3); then, for context, 1 rank x 2 threads,
+# fp32 at 1 and 2 ranks (a tight loss-curve check), and DDP and ZeRO-3 on 3 ranks (6-row
+# micro-batches; memory only: 3 ranks on 2 cores).
 # Rank 0 prints each run's line ("run": configuration#round; rank logs under
 # build-release/bench-dist/). Ratio lines: dist_speedup (tokens/s over 1 rank x 1 thread's, from
 # the median step over all rounds' timed steps; also from the means, the fastest steps and each
 # round; target >= 1.8 for 2 ranks; impl ratio_pytorch: the peer's own), dist_vs_peer (memopt's
 # 2-rank tokens/s over DDP's, and 1 rank's over 1 rank's), loss_curve (the largest
-# relative difference of the per-step losses from 1 rank's) and optimizer_state_per_rank
-# (sharded / unsharded tracker bytes, the largest rank's). Timings need an idle machine: before
+# relative difference of the per-step losses from 1 rank's), optimizer_state_per_rank
+# (sharded / unsharded tracker bytes, the largest rank's), zero3_vs_ddp (model state per rank:
+# tracked bytes at the optimizer phase's peak, and tokens/s; targets <= 0.55 at 2 ranks, <= 0.37
+# at 3, tokens/s >= 0.8) and zero3_vs_fsdp2 (peak RSS <= 1.0, tokens/s >= 1.1). Timings need an idle machine: before
 # each configuration the suite waits (up to BENCH_IDLE_WAIT seconds, default 600; not with
 # --quick) until other processes keep fewer than 0.15 CPUs busy, and each line says how many CPUs
 # other processes kept busy while it was timed (other_cpus_busy; load_avg_1m counts the ranks
@@ -194,12 +198,19 @@ def dist(ctx: Context) -> list[Step]:
                   DistLaunch(f"two-zero1-broadcast#{r}", 2, 1, [*bf16, "--sharded", "--param_gather", "broadcast"],
                              **common),
                   DistLaunch(f"two-zero1-allgather#{r}", 2, 1, [*bf16, "--sharded", "--param_gather", "allgather"],
-                             **common)]
+                             **common),
+                  DistLaunch(f"two-zero3#{r}", 2, 1, [*bf16, "--zero", "3"], **common)]
     steps += [DistLaunch("peer-one#1", 1, 1, bf16, **common),  # the peer: PyTorch eager, DDP on 2 ranks
               DistLaunch("peer-two#1", 2, 1, bf16, **common),
+              DistLaunch("peer-two-fsdp2#1", 2, 1, [*bf16, "--fsdp2"], **common),  # the peer of ZeRO-3
               DistLaunch("one-2threads#1", 1, 2, bf16, **common),
               DistLaunch("fp32-one#1", 1, 1, fp32, **common), DistLaunch("fp32-two#1", 2, 1, fp32, **common)]
-    return steps + [Summary(dist_summary, "dist_speedup, loss_curve, dist_vs_peer, optimizer_state_per_rank")]
+    # 3 ranks (more than the cores: memory only, their tokens/s mean nothing): 6-row micro-batches
+    three = {**common, "model": [("6" if i > 0 and common["model"][i - 1] == "--micro" else a)
+                                 for i, a in enumerate(common["model"])]}
+    steps += [DistLaunch("three#1", 3, 1, bf16, **three), DistLaunch("three-zero3#1", 3, 1, [*bf16, "--zero", "3"], **three)]
+    return steps + [Summary(dist_summary, "dist_speedup, loss_curve, dist_vs_peer, optimizer_state_per_rank, "
+                                          "zero3_vs_ddp, zero3_vs_fsdp2")]
 
 
 # ---- suite: collectives ----

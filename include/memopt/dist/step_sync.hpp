@@ -6,6 +6,7 @@
 // stop signals and running out of data are agreed by all ranks, so they stop together.
 #pragma once
 
+#include <atomic>
 #include <csignal>
 #include <cstdint>
 #include <memory>
@@ -80,15 +81,19 @@ class DataParallel : public StepSync {
 
   void barrier(const char* what) override { world_->barrier(what); }
 
-  // Through the store: rank 0 reads every other rank's entry.
+  // Through the store: rank 0 reads every other rank's entry. The store outlives this
+  // Trainer, so each call's keys carry the process's call count (the same on every rank): a
+  // later Trainer's "checkpoint/3" must not read an earlier one's.
   nlohmann::json gather(const nlohmann::json& mine, const std::string& key) override {
+    static std::atomic<int64_t> calls{0};
+    const std::string prefix = fmt::format("{}#{}", key, calls++);
     if (world_->rank() != 0) {
-      world_->store_set(fmt::format("{}/{}", key, world_->rank()), mine.dump());
+      world_->store_set(fmt::format("{}/{}", prefix, world_->rank()), mine.dump());
       return nullptr;
     }
     nlohmann::json all = nlohmann::json::array({mine});
     for (int r = 1; r < world_->size(); ++r)
-      all.push_back(nlohmann::json::parse(world_->store_get(fmt::format("{}/{}", key, r))));
+      all.push_back(nlohmann::json::parse(world_->store_get(fmt::format("{}/{}", prefix, r))));
     return all;
   }
 

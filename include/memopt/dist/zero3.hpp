@@ -12,13 +12,13 @@
 //     freed after each; the gradients are reduce-scattered onto the shards as the block's
 //     backward ends. Between uses a block's parameters are NaN placeholders of one element (a
 //     block run some other way computes NaN, and sync_gradients names it).
-//   - Root: stays whole, as FSDP keeps its root unit (used from the first op of the forward to
-//     the last of backward); its gradients are reduce-scattered once per step, its shards
-//     stepped, and it is gathered again after the step.
-//   - Tensors below the threshold (norms) stay whole on every rank, with ZeRO-1 state sharding
-//     (each rank steps the ones it owns and shares them: DataParallel::shard_state).
+//   - Root: gathered when the step begins and released when its gradients, accumulated over
+//     the micro-batches, are reduce-scattered after backward (as FSDP2 keeps its root unit
+//     gathered from forward into backward). Outside step(), Trainer::with_full_weights.
+//   - Tensors below the threshold (0 by default: none) stay whole on every rank with ZeRO-1
+//     state (each rank steps the ones it owns and shares them: DataParallel::shard_state).
 // Per step and block: its parameters all-gathered twice and its gradients reduce-scattered
-// once per micro-batch; the root's gradients and parameters once per step (docs/distributed.md).
+// once per micro-batch; the root's parameters and gradients once per step (docs/distributed.md).
 #pragma once
 
 #include <algorithm>
@@ -120,9 +120,9 @@ class FlatParam {
   torch::Tensor shard_;
 };
 
-/// A block the model runs through run_block: its flat parameters, and its trainable tensors
-/// below the persistence threshold (whole on every rank).
-struct BlockUnit {
+/// A unit (a block the model runs through run_block, or the root): its flat parameters, and
+/// its trainable tensors below the persistence threshold (whole on every rank).
+struct Unit {
   std::string name;
   std::vector<std::unique_ptr<FlatParam>> flats;
   std::vector<torch::Tensor> replicated;
@@ -141,18 +141,18 @@ namespace detail {
 // A block's gathered parameters, released when the scope ends (also when it throws).
 class Gathered {
  public:
-  explicit Gathered(BlockUnit& unit) : unit_(&unit) { unit.gather(); }
+  explicit Gathered(Unit& unit) : unit_(&unit) { unit.gather(); }
   ~Gathered() { unit_->release(); }
   Gathered(const Gathered&) = delete;
   Gathered& operator=(const Gathered&) = delete;
 
  private:
-  BlockUnit* unit_;
+  Unit* unit_;
 };
 
 struct UnitHolder : torch::CustomClassHolder {
-  UnitHolder(BlockUnit* u, BlockFn f) : unit(u), fn(std::move(f)) {}
-  BlockUnit* unit;
+  UnitHolder(Unit* u, BlockFn f) : unit(u), fn(std::move(f)) {}
+  Unit* unit;
   BlockFn fn;
 };
 
@@ -162,7 +162,7 @@ struct UnitHolder : torch::CustomClassHolder {
 // the replicated tensors and the gathered parameters, and reduce-scatters the latter onto
 // the shards, whose gradients it returns.
 struct UnitFunction : torch::autograd::Function<UnitFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, BlockUnit* unit, const BlockFn& fn,
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, Unit* unit, const BlockFn& fn,
                                int64_t num_inputs, at::TensorList all) {
     std::vector<torch::Tensor> inputs(all.begin(), all.begin() + num_inputs);
     ctx->saved_data["unit"] = c10::IValue::make_capsule(c10::make_intrusive<UnitHolder>(unit, fn));
@@ -180,7 +180,7 @@ struct UnitFunction : torch::autograd::Function<UnitFunction> {
     const auto saved = ctx->get_saved_variables();
     const auto num_inputs = static_cast<size_t>(ctx->saved_data["num_inputs"].toInt());
     const auto holder = ctx->saved_data["unit"].toCapsule();
-    BlockUnit& unit = *static_cast<UnitHolder*>(holder.get())->unit;
+    Unit& unit = *static_cast<UnitHolder*>(holder.get())->unit;
     const BlockFn& fn = static_cast<UnitHolder*>(holder.get())->fn;
     const size_t num_shards = unit.flats.size();
 
@@ -231,7 +231,7 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
  public:
   explicit Zero3(World& world, SyncOptions options = {}) : DataParallel(world, options) {
     TORCH_CHECK(options.param_persistence_threshold >= 0, "memopt::dist::Zero3: param_persistence_threshold must be "
-                ">= 0 (got ", options.param_persistence_threshold, "). HINT: 100000 keeps norms and biases whole");
+                ">= 0 (got ", options.param_persistence_threshold, "). HINT: 0 shards every tensor");
   }
   ~Zero3() override {
     BlockRunner* self = this;
@@ -277,7 +277,7 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
       return flats;
     };
     for (auto& [name, block] : blocks(model)) {
-      auto unit = std::make_unique<BlockUnit>();
+      auto unit = std::make_unique<Unit>();
       unit->name = name;
       unit->flats = split(*block, &unit->replicated);
       if (unit->flats.empty()) continue;  // nothing sharded: it runs as any block
@@ -285,12 +285,13 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
       by_block_[block] = unit.get();
       units_.push_back(std::move(unit));
     }
-    root_ = split(model, nullptr);
+    root_.name = "root";
+    root_.flats = split(model, nullptr);
+    root_.release();
 
     std::vector<torch::Tensor> others = shard_state(small, groups);  // groups keep the small ones this rank owns
     for (auto& [g, flat] : shards) groups[g].params().push_back(flat->shard());
     std::erase_if(groups, [](const auto& group) { return group.params().empty(); });
-    for (const auto& f : root_) others.insert(others.end(), f->params().begin(), f->params().end());
     BlockRunner* none = nullptr;
     TORCH_CHECK(memopt::detail::block_runner().compare_exchange_strong(none, this),
                 "memopt::dist::Zero3: another Trainer with shard_params(true) is alive in this process. "
@@ -302,9 +303,11 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
     std::vector<torch::Tensor> out;
     for (const auto& unit : units_)
       for (const auto& f : unit->flats) out.push_back(f->shard());
-    for (const auto& f : root_) out.push_back(f->shard());
+    for (const auto& f : root_.flats) out.push_back(f->shard());
     return out;
   }
+
+  void gather_params() override { root_.gather(); }
 
   int sync_gradients(torch::Tensor& loss_sum, int local_signal) override {
     for (auto& unit : units_) {
@@ -314,11 +317,12 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
       unit->runs = 0;
     }
     torch::NoGradGuard no_grad;
-    for (auto& f : root_) {  // its tensors' gradients, accumulated over the micro-batches, onto the shard
+    for (auto& f : root_.flats) {  // its tensors' gradients, accumulated over the micro-batches, onto the shard
       std::vector<torch::Tensor> grads;
       for (const auto& p : f->params()) grads.push_back(p.grad());
       torch::Tensor summed = f->reduce_scatter(grads);
       for (auto p : f->params()) p.mutable_grad() = torch::Tensor();
+      f->release();
       torch::Tensor shard = f->shard();
       if (shard.grad().defined()) {
         shard.mutable_grad().add_(summed);
@@ -329,19 +333,15 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
     return DataParallel::sync_gradients(loss_sum, local_signal);
   }
 
-  void share_params() override {
-    DataParallel::share_params();
-    for (auto& f : root_) f->bind(f->gather());
-  }
-
   void with_full_weights(const std::function<void()>& f, bool write_back) override {
     std::vector<std::unique_ptr<detail::Gathered>> gathered;
     for (auto& unit : units_) gathered.push_back(std::make_unique<detail::Gathered>(*unit));
+    gathered.push_back(std::make_unique<detail::Gathered>(root_));
     f();
     if (!write_back) return;
     for (auto& unit : units_)
       for (auto& flat : unit->flats) flat->reshard();
-    for (auto& flat : root_) flat->reshard();
+    for (auto& flat : root_.flats) flat->reshard();
   }
 
   /// The blocks of `model`: the items of its outermost ModuleLists and Sequentials, by name.
@@ -365,16 +365,16 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
   torch::Tensor run(torch::nn::Module& block, const BlockFn& fn, const std::vector<torch::Tensor>& inputs) override {
     const auto it = by_block_.find(&block);
     if (it == by_block_.end()) return {};
-    BlockUnit& unit = *it->second;
+    Unit& unit = *it->second;
     std::vector<torch::Tensor> all = inputs;
     all.insert(all.end(), unit.replicated.begin(), unit.replicated.end());
     for (const auto& f : unit.flats) all.push_back(f->shard());
     return detail::UnitFunction::apply(&unit, fn, static_cast<int64_t>(inputs.size()), at::TensorList(all));
   }
 
-  std::vector<std::unique_ptr<BlockUnit>> units_;  // in model order: every rank gathers in this order
-  std::map<const torch::nn::Module*, BlockUnit*> by_block_;
-  std::vector<std::unique_ptr<FlatParam>> root_;
+  std::vector<std::unique_ptr<Unit>> units_;  // in model order: every rank gathers in this order
+  std::map<const torch::nn::Module*, Unit*> by_block_;
+  Unit root_;  // the rest: whole from gather_params() to sync_gradients()
 };
 
 }  // namespace memopt::dist
