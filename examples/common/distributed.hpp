@@ -1,6 +1,6 @@
 // examples/common/distributed.hpp — what every example does to run data parallel under
-// torchrun (scripts/launch): the flags of the sharded optimizer state and the gradient
-// buckets, and output from rank 0 only (the other ranks' stdout goes to /dev/null; errors
+// torchrun (scripts/launch): the flags of ZeRO sharding (--zero 1: optimizer state, 3:
+// parameters and gradients too) and the gradient buckets, and output from rank 0 only (the other ranks' stdout goes to /dev/null; errors
 // still reach stderr, so a failing rank says why). A world of one changes nothing.
 #pragma once
 
@@ -17,13 +17,17 @@ namespace examples {
 
 struct DistributedFlags {
   bool shard_optimizer_state = false;
+  int zero = 0;
   std::string param_gather = "broadcast";
   int64_t bucket_mib = 25;
 
   void add_to(CLI::App& app) {
     auto* group = app.add_option_group("data parallel", "with torchrun --nproc_per_node N (scripts/launch)");
-    group->add_flag("--shard_optimizer_state", shard_optimizer_state,
-                    "ZeRO-1: each rank keeps the optimizer state of ~1/N of the parameters");
+    group->add_option("--zero", zero, "ZeRO stage: 0 replicated, 1 optimizer state sharded (each rank keeps ~1/N), "
+                      "3 parameters, gradients and optimizer state sharded (blocks gathered as they run)")
+        ->check(CLI::IsMember({0, 1, 3}))
+        ->capture_default_str();
+    group->add_flag("--shard_optimizer_state", shard_optimizer_state, "the same as --zero 1");
     group->add_option("--param_gather", param_gather, "sharded: broadcast | allgather (how updated weights travel)")
         ->capture_default_str();
     group->add_option("--bucket_mib", bucket_mib, "gradient all-reduce bucket size")->capture_default_str();
@@ -33,7 +37,8 @@ struct DistributedFlags {
   memopt::TrainerOptions apply(memopt::TrainerOptions options) const {
     TORCH_CHECK(param_gather == "broadcast" || param_gather == "allgather", "--param_gather must be broadcast or "
                 "allgather (got '", param_gather, "'). HINT: broadcast is the default");
-    return options.shard_optimizer_state(shard_optimizer_state)
+    return options.shard_optimizer_state(shard_optimizer_state || zero == 1)
+        .shard_params(zero == 3)
         .param_gather(param_gather == "broadcast" ? memopt::dist::ParamGather::kBroadcast
                                                   : memopt::dist::ParamGather::kAllgather)
         .bucket_mib(bucket_mib);

@@ -77,6 +77,9 @@ class StepSync {
   /// checkpoints and evaluation; with `write_back`, each rank then takes its shard of the
   /// parameters as `f` left them (a resume).
   virtual void with_full_weights(const std::function<void()>& f, bool /*write_back*/) { f(); }
+  /// At the end of fit(): the model's parameters whole on every rank (ZeRO-3 gathers them; a
+  /// collective), for what the program does with the model next; the next step shards them again.
+  virtual void unshard() {}
 
   // ---- training-state checkpoints (io/training_state.hpp) ----
   virtual void barrier(const char* /*what*/) {}

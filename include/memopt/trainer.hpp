@@ -152,7 +152,8 @@ class Trainer {
     return stats;
   }
 
-  /// Runs steps until options.max_steps(), logging every options.log_interval() steps.
+  /// Runs steps until options.max_steps(), logging every options.log_interval() steps. The model
+  /// is whole on every rank when it returns (ZeRO-3 gathers it; StepSync::unshard).
   template <BatchSource Loader, LossFunction<Recompute, batch_of<Loader>> LossFn>
   FitResult fit(Loader& loader, LossFn&& loss_fn) {
     StopSignals stop(options_.handle_signals());  // SIGTERM/SIGINT: finish the step, checkpoint, return
@@ -189,6 +190,7 @@ class Trainer {
     result.micro_splits = budget_.splits();
     result.checkpoint = state_.last_checkpoint();
     result.memory = memory::Report::now();
+    sync_->unshard();  // ZeRO-3: the model whole again on every rank, for evaluation and export
     for (auto& cb : callbacks_) cb->on_train_end(result.memory);
     return result;
   }

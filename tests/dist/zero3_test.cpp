@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,40 @@ TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
   const torch::Tensor resumed = run(true);
   INFO("max |straight - resumed| = " << (straight - resumed).abs().max().item<double>());
   CHECK(torch::equal(straight, resumed));
+}
+
+TEST_CASE("After fit() the ZeRO-3 model is whole on every rank; the next step shards it again", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  auto& world = memopt::dist::world();
+  torch::manual_seed(1);
+  memopt::models::Llama model(tiny_config());
+  RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
+  RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
+  EveryBlockTrainer trainer(*model, zero3_options().max_steps(2));
+  const auto loss = memopt::LossSum<memopt::models::Llama>{&model};
+  const auto stored = [&] {  // bytes of the distinct storages (a unit's tensors share one buffer)
+    std::map<const void*, int64_t> storages;
+    for (const auto& p : model->parameters()) storages[p.storage().data()] = static_cast<int64_t>(p.storage().nbytes());
+    int64_t bytes = 0;
+    for (const auto& [ptr, n] : storages) bytes += n;
+    return bytes;
+  };
+  int64_t total = 0;
+  for (const auto& p : model->parameters()) total += p.numel();
+  trainer.fit(slice, loss);
+  CHECK(stored() >= 4 * total);  // whole, fp32 (a unit's buffer padded to a multiple of the ranks)
+  CHECK(stored() < 4 * total + 64);
+  const torch::Tensor after_fit = flat_weights(model);
+  CHECK_FALSE(torch::isnan(after_fit).any().item<bool>());
+  const auto all = world.all_gather(after_fit, "test: weights after fit");
+  CHECK(torch::equal(all[0], all[1]));
+  const double value = trainer.step(slice, loss).loss.item<double>();  // shards again from the whole weights
+  CHECK(std::isfinite(value));
+  CHECK(stored() < 4 * total / 100);
+  torch::Tensor stepped;
+  trainer.with_full_weights([&] { stepped = flat_weights(model); });
+  CHECK_FALSE(torch::equal(stepped, after_fit));
+  CHECK_FALSE(torch::isnan(stepped).any().item<bool>());
 }
 
 TEST_CASE("ZeRO-3 names a block that ran outside run_block", "[dist]") {

@@ -10,8 +10,10 @@
 //   - Blocks: all-gathered (in the shard's dtype) before the forward and again in backward,
 //     where a block is always recomputed (as under recompute::EveryBlock, dropout replayed), and
 //     freed after each; the gradients are reduce-scattered onto the shards as the block's
-//     backward ends. Between uses a block's parameters are NaN placeholders of one element (a
-//     block run some other way computes NaN, and sync_gradients names it).
+//     backward ends. The next block's all-gather is started before a block computes (the one
+//     after it in forward, the one before it in backward; depth 1), so it overlaps the compute.
+//     Between uses a block's parameters are NaN placeholders of one element (a block run some
+//     other way computes NaN, and sync_gradients names it).
 //   - Root: gathered when the step begins and released when its gradients, accumulated over
 //     the micro-batches, are reduce-scattered after backward (as FSDP2 keeps its root unit
 //     gathered from forward into backward). Outside step(), Trainer::with_full_weights.
@@ -64,12 +66,21 @@ class FlatParam {
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_->size(); }
 
-  /// Every rank's shard, in rank order: the tensors' elements (padded_numel(), shard's dtype).
-  torch::Tensor gather() const {
+  /// An all-gather under way: `full` is every rank's shard once `work` is done.
+  struct Pending {
+    torch::Tensor full;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  /// Starts gathering every rank's shard, in rank order: the tensors' elements (padded_numel(),
+  /// the shard's dtype).
+  Pending start_gather() const {
     torch::Tensor full = torch::empty({padded_numel()}, shard_.options().requires_grad(false));
-    world_->wait("ZeRO-3 parameter all-gather",
-                 world_->all_gather_into_async(full, shard_.detach(), "ZeRO-3 parameter all-gather"));
-    return full;
+    return {full, world_->all_gather_into_async(full, shard_.detach(), "ZeRO-3 parameter all-gather")};
+  }
+  torch::Tensor finish(const Pending& pending) const {
+    world_->wait("ZeRO-3 parameter all-gather", pending.work);
+    return pending.full;
   }
 
   /// The tensors become views of `full` (gather()'s), keeping their identity.
@@ -126,13 +137,30 @@ struct Unit {
   std::string name;
   std::vector<std::unique_ptr<FlatParam>> flats;
   std::vector<torch::Tensor> replicated;
-  int64_t runs = 0;  // forwards since the last gradient sync
+  Unit* next = nullptr;  // the block after it in the model (its forward prefetches that one)
+  Unit* prev = nullptr;  // the block before it (its backward prefetches that one)
+  int64_t runs = 0;      // forwards since the last gradient sync
+  bool backward_follows = false;                 // the run under way records a graph
+  std::vector<FlatParam::Pending> pending;      // a prefetched all-gather, one per flat
 
+  /// Starts the all-gather (a prefetch) unless one is under way.
+  void prefetch() {
+    if (!pending.empty()) return;
+    for (auto& f : flats) pending.push_back(f->start_gather());
+  }
+  /// The tensors whole: the prefetched all-gather, or one now.
   void gather() {
-    for (auto& f : flats) f->bind(f->gather());
+    prefetch();
+    for (size_t i = 0; i < flats.size(); ++i) flats[i]->bind(flats[i]->finish(pending[i]));
+    pending.clear();
   }
   void release() {
     for (auto& f : flats) f->release();
+  }
+  /// Waits for and frees a prefetch nobody used (the shards are about to change).
+  void drop() {
+    for (size_t i = 0; i < pending.size(); ++i) flats[i]->finish(pending[i]);
+    pending.clear();
   }
 };
 
@@ -170,9 +198,15 @@ struct UnitFunction : torch::autograd::Function<UnitFunction> {
     memopt::detail::save_replay_state(ctx);
     ctx->save_for_backward(all.vec());
     ++unit->runs;
-    Gathered gathered(*unit);
-    memopt::detail::AutocastCacheOff no_cache;
-    return fn(inputs);
+    torch::Tensor output;
+    {
+      Gathered gathered(*unit);
+      if (unit->next != nullptr) unit->next->prefetch();  // its all-gather overlaps this block
+      memopt::detail::AutocastCacheOff no_cache;
+      output = fn(inputs);
+    }
+    if (unit->next == nullptr && unit->backward_follows) unit->prefetch();  // the last block's backward is first
+    return output;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -198,6 +232,7 @@ struct UnitFunction : torch::autograd::Function<UnitFunction> {
       wrt_slot.push_back(i);
     }
     Gathered gathered(unit);
+    if (unit.prev != nullptr) unit.prev->prefetch();  // the next backward's all-gather overlaps this one
     for (const auto& f : unit.flats) wrt.insert(wrt.end(), f->params().begin(), f->params().end());
     torch::Tensor output;
     {
@@ -283,6 +318,10 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
       if (unit->flats.empty()) continue;  // nothing sharded: it runs as any block
       unit->release();
       by_block_[block] = unit.get();
+      if (!units_.empty()) {
+        units_.back()->next = unit.get();
+        unit->prev = units_.back().get();
+      }
       units_.push_back(std::move(unit));
     }
     root_.name = "root";
@@ -307,10 +346,26 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
     return out;
   }
 
-  void gather_params() override { root_.gather(); }
+  void gather_params() override {
+    if (whole_) {  // after unshard(): each rank's shard from the parameters as they are, then freed
+      for (auto& unit : units_) reshard_release(*unit);
+      reshard_release(root_);
+      whole_ = false;
+    }
+    root_.gather();
+  }
+
+  void unshard() override {
+    if (whole_) return;
+    for (auto& unit : units_) unit->drop();
+    for (auto& unit : units_) unit->gather();
+    root_.gather();
+    whole_ = true;
+  }
 
   int sync_gradients(torch::Tensor& loss_sum, int local_signal) override {
     for (auto& unit : units_) {
+      unit->drop();  // a prefetch the model's order left unused
       TORCH_CHECK(unit->runs > 0, "memopt::dist::Zero3: block '", unit->name, "' holds sharded parameters but ran "
                   "no forward through run_block this step, so it computed with NaN placeholders. HINT: run each "
                   "item of the model's ModuleList through ckpt.run_block (memopt::run_sequential does)");
@@ -334,7 +389,9 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
   }
 
   void with_full_weights(const std::function<void()>& f, bool write_back) override {
+    if (whole_) return f();  // the parameters are the truth; the next step reshards from them
     std::vector<std::unique_ptr<detail::Gathered>> gathered;
+    for (auto& unit : units_) unit->drop();
     for (auto& unit : units_) gathered.push_back(std::make_unique<detail::Gathered>(*unit));
     gathered.push_back(std::make_unique<detail::Gathered>(root_));
     f();
@@ -364,17 +421,24 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
  private:
   torch::Tensor run(torch::nn::Module& block, const BlockFn& fn, const std::vector<torch::Tensor>& inputs) override {
     const auto it = by_block_.find(&block);
-    if (it == by_block_.end()) return {};
+    if (it == by_block_.end() || whole_) return {};
     Unit& unit = *it->second;
+    unit.backward_follows = torch::GradMode::is_enabled();
     std::vector<torch::Tensor> all = inputs;
     all.insert(all.end(), unit.replicated.begin(), unit.replicated.end());
     for (const auto& f : unit.flats) all.push_back(f->shard());
     return detail::UnitFunction::apply(&unit, fn, static_cast<int64_t>(inputs.size()), at::TensorList(all));
   }
 
+  static void reshard_release(Unit& unit) {
+    for (auto& flat : unit.flats) flat->reshard();
+    unit.release();
+  }
+
   std::vector<std::unique_ptr<Unit>> units_;  // in model order: every rank gathers in this order
   std::map<const torch::nn::Module*, Unit*> by_block_;
   Unit root_;  // the rest: whole from gather_params() to sync_gradients()
+  bool whole_ = false;  // unshard() made every parameter whole (until the next step)
 };
 
 }  // namespace memopt::dist
