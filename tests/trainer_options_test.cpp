@@ -41,6 +41,8 @@ TEST_CASE("TrainerOptions: each group validates its settings, naming the option,
                               {"keep_checkpoints", "(got 0)", "HINT"});
   memopt::test::require_error([] { TrainerOptions().bucket_mib(0).validate(); }, prefix,
                               {"bucket_mib", "(got 0)", "HINT"});
+  memopt::test::require_error([] { TrainerOptions().param_persistence_threshold(-1).validate(); }, prefix,
+                              {"param_persistence_threshold", "(got -1)", "HINT"});
 }
 
 TEST_CASE("TrainerOptions: what a checkpoint records keeps its keys and values", "[options]") {
@@ -49,8 +51,9 @@ TEST_CASE("TrainerOptions: what a checkpoint records keeps its keys and values",
   CHECK(j.at("warmup_steps") == 4);
   CHECK(j.at("accum_steps") == 2);
   for (const char* key : {"beta1", "beta2", "eps", "weight_decay", "param_specific_decay", "decay", "min_lr_ratio",
-                          "grad_clip", "max_steps", "shard_optimizer_state"})
+                          "grad_clip", "max_steps", "shard_optimizer_state", "shard_params",
+                          "param_persistence_threshold"})
     CHECK(j.contains(key));
-  CHECK(j.size() == 13);
+  CHECK(j.size() == 15);
   CHECK_FALSE(j.contains("checkpoint_dir"));  // where checkpoints go may change on resume
 }

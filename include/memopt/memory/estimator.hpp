@@ -18,6 +18,12 @@
 // frozen weight's gradient needs (dX still flows through every frozen layer). It errs high, by
 // up to 16% on the tests' configurations: the backward's transients are still full fine-tuning's.
 //
+// Data parallel (RunDesc::ranks, zero): one rank's bytes. ZeRO-1 divides the optimizer state and
+// fp32 masters by the ranks; ZeRO-3 (dist::Zero3) the parameters and gradients too, recomputes
+// every block, and adds what a step holds whole: the root unit, two blocks (the running one and
+// the prefetched next), and at a block's reduce-scatter its gradients with two fp32 buffers
+// (within 10% of the tracker on 2 ranks: tests/dist/zero3_test.cpp).
+//
 // The policies come as their descriptions (memory/policy_desc.hpp), so the estimator knows
 // no policy by name: a new policy that describes itself is estimated like the built-in ones.
 //
@@ -53,6 +59,12 @@ struct RunDesc {
   bool key_padding = false;  // the attention masks padded keys (bidirectional embedding passes)
   bool grads_held = false;   // every gradient exists already (a later chunk or micro-batch)
   double held_bytes = 0;     // other passes' saved activations alive through this one's step
+  /// Data parallel: this rank's bytes in a job of `ranks` (micro_batch is this rank's rows).
+  /// zero 1: the optimizer state and fp32 masters sharded (TrainerOptions::shard_optimizer_state);
+  /// zero 3: parameters and gradients too, every block recomputed, the root unit and two blocks
+  /// (the one running and the prefetched next) whole in a step (shard_params, dist::Zero3).
+  int64_t ranks = 1;
+  int zero = 0;
 };
 
 /// The prediction, in bytes. peak is the largest of the three moments the estimator models:
@@ -164,9 +176,14 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
               m.hidden_size, "). HINT: build it with models::describe(config).");
   TORCH_CHECK(run.micro_batch >= 1 && run.seq_len >= 1, "memopt::memory::estimate: micro_batch and seq_len must be "
               ">= 1 (got ", run.micro_batch, " and ", run.seq_len, ").");
+  TORCH_CHECK(run.ranks >= 1 && (run.zero == 0 || run.zero == 1 || run.zero == 3), "memopt::memory::estimate: ranks ",
+              run.ranks, " and zero ", run.zero, " are not a data-parallel setting. HINT: ranks >= 1, zero 0, 1 or 3");
   const auto numels = m.trainable_numels();  // what the optimizer steps (LoRA: the adapters alone)
   double P = 0, largest = 0;
   for (int64_t n : numels) P += static_cast<double>(n), largest = std::max(largest, static_cast<double>(n));
+  const bool z3 = run.zero == 3 && run.ranks > 1;
+  const double N = static_cast<double>(run.ranks);
+  const double state_share = run.zero >= 1 ? 1 / N : 1;  // of the optimizer state and fp32 masters
   const double B = static_cast<double>(run.micro_batch), T = static_cast<double>(run.seq_len);
   const double C = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
   const double F = static_cast<double>(m.ffn_size);
@@ -207,11 +224,25 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
     }
   }
 
+  // ZeRO-3: the shards (one flat per block, one for the root), and what a step holds whole: the
+  // root (embedding, final norm, head) and two blocks, each with its padded fp32 gradient buffers.
+  const double param_e = pure ? 2 : 4;
+  const double root = P - static_cast<double>(m.num_layers) * block_trainable;
+  const double shard = z3 ? 1 / N : 1;
+  std::vector<int64_t> state_numels = numels;
+  if (run.zero >= 1 && run.ranks > 1) {
+    state_numels.assign(static_cast<size_t>(m.num_layers), static_cast<int64_t>(std::ceil(block_trainable / N)));
+    state_numels.push_back(static_cast<int64_t>(std::ceil(root / N)));
+  }
+  const double gathered = z3 ? param_e * (root + 2 * block_trainable) : 0;
+  const double reduce_buffers = z3 ? 2 * 4 * block_trainable + grad_e * block_trainable : 0;  // + its full gradients
+  if (z3) largest = std::max(block_trainable, root) / N;
+
   Estimate e;
-  e.parameters = m.frozen_bytes(pure ? 2 : 4) + static_cast<int64_t>((pure ? 2 : 4) * P);
-  e.master_weights = pure ? static_cast<int64_t>(4 * P) : 0;
-  e.gradients = in_backward ? 0 : static_cast<int64_t>(4 * P);
-  e.optimizer_state = pol.state.resident(numels);
+  e.parameters = m.frozen_bytes(pure ? 2 : 4) + static_cast<int64_t>(param_e * P * shard);
+  e.master_weights = pure ? static_cast<int64_t>(4 * P * state_share) : 0;
+  e.gradients = in_backward ? 0 : static_cast<int64_t>(4 * P * shard);
+  e.optimizer_state = pol.state.resident(state_numels);
   const double rows = static_cast<double>(run.micro_batch * run.seq_len);
   e.teacher = m.frozen_parameter_bytes + static_cast<int64_t>(rows) * m.teacher_target_bytes;
   const double statics =
@@ -250,7 +281,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const double input = btc * (pure ? 2 : 4);  // a checkpointed block keeps its input only
   std::vector<bool> recomputed(static_cast<size_t>(m.num_layers), false);
   for (int64_t i = 0; i < m.num_layers; ++i)
-    recomputed[static_cast<size_t>(i)] = pol.recompute.whole_block(i, m.num_layers);
+    recomputed[static_cast<size_t>(i)] = z3 || pol.recompute.whole_block(i, m.num_layers);  // ZeRO-3: always
   std::vector<double> kept(recomputed.size());
   double stack = 0;
   for (size_t i = 0; i < kept.size(); ++i) stack += kept[i] = recomputed[i] ? input : full;
@@ -267,15 +298,16 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
       chunked || !run.lm_head ? 0 : rows * V * ((autocast ? 5 : 4) + (m.kd ? (autocast ? 7 : 5) : 0));
   e.activations = static_cast<int64_t>(stack + outside);
   e.saved = static_cast<int64_t>(stack + outside + logprobs);
-  const double grads_held = pol.accum > 1 || run.grads_held ? grad_e * P : 0;  // earlier micro-batches' gradients
+  // earlier micro-batches' gradients (ZeRO-3: the shards', and the root's whole)
+  const double grads_held = pol.accum > 1 || run.grads_held ? grad_e * (z3 ? P / N + root : P) : 0;
 
   // ---- forward moments: a block's attention scores, then the logits ----
   const double scores = math ? 2 * B * m.num_heads * T * T * (autocast || pure ? 2 : 4) : 0;
   const double attn_in = 7 * btc * 4;  // normed input, q, k, v, RoPE temporaries
-  const double before_last = statics + grads_held + casts + stack - kept.back() + btc * 4;
+  const double before_last = statics + gathered + grads_held + casts + stack - kept.back() + btc * 4;
   const double fwd_block = before_last + attn_in + scores + dequant;
   const double logits = run.lm_head ? chunk_rows * V * (autocast || pure ? 6 : 4) : 0;  // (bf16 +) fp32 logits
-  const double fwd_end = statics + grads_held + casts + stack + outside + logprobs;
+  const double fwd_end = statics + gathered + grads_held + casts + stack + outside + logprobs;
   // A teacher first runs without a graph: its logits exist while its targets are made.
   const double teacher_logits = m.teacher_vocab > 0 ? rows * static_cast<double>(m.teacher_vocab) * 4 * 2 : 0;
   // The KD term's (rows, K) temporaries: the teacher's scaled log-probabilities, probabilities,
@@ -299,7 +331,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   double grads = in_backward ? (grad_e + 2 * 4) * block_largest
                  : grads_held > 0 ? grads_held
                                   : grad_e * head_trainable;
-  double live = statics + casts + stack + btc * 4 * 2;  // + the gradient flowing down, the embedding output
+  double live = statics + gathered + casts + stack + btc * 4 * 2;  // + the gradient flowing down, the embedding output
   double bwd_peak = head_bwd;
   // The feed-forward's part of a block's saved tensors, freed before the attention's backward:
   // its (B, T, F) tensors and 30 B per (B, T, C) element of norm and residual tensors (measured).
@@ -317,9 +349,11 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
                               2 * btc * 4;
     const double attn_moment = at_top - mlp_saved + (math ? B * m.num_heads * T * T * (autocast || pure ? 6 : 8) : 0) +
                                (grads_held > 0 || in_backward ? 0 : grad_e * mlp_trainable);
-    bwd_peak = std::max({bwd_peak, mlp_moment, attn_moment});
+    // ZeRO-3: the block's gradients whole, with the reduce-scatter's fp32 buffers (activations freed)
+    const double reduce_moment = live + grads + reduce_buffers;
+    bwd_peak = std::max({bwd_peak, mlp_moment, attn_moment, reduce_moment});
     live -= kept[u];
-    if (grads_held == 0 && !in_backward) grads += grad_e * block_trainable;
+    if (grads_held == 0 && !in_backward) grads += grad_e * block_trainable * shard;
   }
   e.backward_peak = static_cast<int64_t>(bwd_peak);
   e.head = static_cast<int64_t>(logprobs + (run.lm_head ? chunk_rows * V * 8 : 0));
@@ -329,9 +363,9 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   // AdamW's per-parameter temporaries (other passes' activations and the teacher's targets are
   // gone by then; stepped in backward, nothing is left) ----
   const double targets = rows * static_cast<double>(m.teacher_target_bytes);
-  const double brought_in = static_cast<double>(pol.state.step_state_bytes(numels) - e.optimizer_state);
+  const double brought_in = static_cast<double>(pol.state.step_state_bytes(state_numels) - e.optimizer_state);
   e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - targets +
-                                          (in_backward ? 0 : 4 * P + brought_in + 2 * 4 * largest));
+                                          (in_backward ? 0 : 4 * P * shard + brought_in + 2 * 4 * largest));
   e.peak = std::max({e.forward_peak, e.backward_peak, e.optimizer_peak});
   e.peak_phase = e.peak == e.backward_peak ? "backward" : e.peak == e.optimizer_peak ? "optimizer" : "forward";
   return e;
