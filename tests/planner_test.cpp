@@ -1,6 +1,6 @@
 // Tests for memopt/planner.hpp: the planner choosing the fastest fitting combination for three
-// budgets (and the largest micro-batch), calibration, GritLM's plan, and the errors of bad flags
-// and sizes. plan_finetune: tests/planner/finetune_test.cpp.
+// budgets (and the largest micro-batch), with several ranks among DDP, ZeRO-1 and ZeRO-3,
+// calibration, GritLM's plan, and the errors of bad flags and sizes. plan_finetune: tests/planner/finetune_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -61,6 +61,44 @@ TEST_CASE("the planner picks the fastest combination that fits, for three budget
     if (r.policies.precision.flag == "fp16") CHECK_THAT(r.verdict, Catch::Contains("needs CUDA"));
   // Nothing fits: an error naming the budget and the smallest need.
   memopt::test::require_error([&] { plan_for(1 << 20); }, "memopt::plan", {"1 MiB", "smallest need", "HINT"});
+}
+
+TEST_CASE("with several ranks the planner weighs ZeRO-1 and ZeRO-3: DDP while it fits, sharding when it must",
+          "[planner]") {
+  using memopt::memory::mib;
+  const auto desc = memopt::models::describe(memopt::models::LlamaConfig().vocab_size(4096).hidden_size(512)
+                                                         .num_hidden_layers(8).num_attention_heads(8)
+                                                         .max_position_embeddings(256));
+  const auto candidates = memopt::candidates<memopt::StandardTrainers>();
+  auto options = [](int64_t budget, int64_t ranks) {
+    return memopt::PlanOptions().budget_bytes(budget).effective_batch(8).ranks(ranks).machine(
+        memopt::MachineModel().bf16_speedup(0.5));
+  };
+  auto plan_for = [&](int64_t budget, int64_t ranks) { return memopt::plan(desc, 256, candidates, options(budget, ranks)); };
+  const auto free = plan_for(0, 2);
+  CHECK(free.chosen.zero != 3);  // no budget: ZeRO-3's extra collectives and recompute only cost time
+  // (ZeRO-1 moves DDP's bytes and steps 1/N of the optimizer: as fast or faster, as measured)
+  CHECK(free.rows.size() == 3 * plan_for(0, 1).rows.size());  // each candidate at ZeRO 0, 1 and 3
+  // The smallest need of DDP and of ZeRO-1 over all candidates: a budget under both needs ZeRO-3.
+  int64_t smallest_replicated = std::numeric_limits<int64_t>::max(), smallest_zero3 = smallest_replicated;
+  for (const auto& r : memopt::detail::plan_rows(desc, 256, candidates, options(1, 2))) {  // none fits: each need
+    if (r.peak == 0) continue;
+    auto& smallest = r.zero == 3 ? smallest_zero3 : smallest_replicated;
+    smallest = std::min(smallest, r.peak);
+  }
+  INFO("smallest need: replicated or ZeRO-1 " << mib(smallest_replicated) << " MiB, ZeRO-3 " << mib(smallest_zero3));
+  REQUIRE(smallest_zero3 < smallest_replicated);
+  const auto p = plan_for((smallest_zero3 + smallest_replicated) / 2, 2);
+  INFO(p.explain());
+  CHECK(p.chosen.zero == 3);
+  CHECK_THAT(p.explain(), Catch::Contains("+ ZeRO-3"));
+  CHECK(p.chosen.seconds > free.chosen.seconds);  // its collectives and recompute cost time
+  // ZeRO-3's estimate is one rank's: it shrinks with the ranks.
+  memopt::memory::RunDesc two{1, 256}, four{1, 256};
+  two.ranks = 2, two.zero = 3, four.ranks = 4, four.zero = 3;
+  const auto policies = p.chosen.policies;
+  CHECK(memopt::memory::estimate(desc, four, policies).peak < memopt::memory::estimate(desc, two, policies).peak);
+  memopt::test::require_error([&] { plan_for(0, 0); }, "memopt::plan", {"ranks", "(got 0)", "HINT"});
 }
 
 TEST_CASE("a calibrated plan follows the measured peak: overruns move down, overestimates let more in",

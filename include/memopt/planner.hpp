@@ -54,12 +54,13 @@ struct MachineModel {
   TORCH_ARG(double, memory_bytes_per_s) = 1e10;    // elementwise work: the optimizer step
   TORCH_ARG(double, disk_bytes_per_s) = 1e9;       // state::Disk's state streaming
   TORCH_ARG(double, host_bytes_per_s) = 2e10;      // host ↔ device copies (state::PinnedHost)
+  TORCH_ARG(double, network_bytes_per_s) = 1e9;    // bytes a rank receives per second in a collective (Gloo, loopback)
 
  public:
   static MachineModel from_device(const c10::Device& device) {
     MachineModel m;
     if (device.is_cuda()) return m.matmul_flops_per_s(5e13).bf16_speedup(2.0).half_speed_rows(2048).cuda(true)
-                                  .memory_bytes_per_s(1e12);
+                                  .memory_bytes_per_s(1e12).network_bytes_per_s(1e11);
     // Measured on this machine (machine::matmul_speed(), once per process), never assumed: bf16
     // matmuls run 0.03x (AVX2-only) to ~5x (AMX) fp32 on the CPUs seen so far. The step runs
     // at ~0.4 of the GEMM peak (the cost model's fit: 1.2e11 step-level vs ~300 GFLOP/s).
@@ -77,12 +78,17 @@ struct PlanOptions {
   TORCH_ARG(double, grad_clip) = 1.0;
   /// Measured / predicted peak of one real step, when one was measured (1: trust the estimate).
   TORCH_ARG(double, calibration) = 1.0;
+  /// Data-parallel ranks: with more than one, each candidate is also weighed at ZeRO-1 and
+  /// ZeRO-3 (one rank's peak; the step's collectives in its time), and effective_batch is each
+  /// rank's share of the step's sequences.
+  TORCH_ARG(int64_t, ranks) = 1;
 };
 
 /// One candidate as plan() judged it.
 struct PlanRow {
   memory::PolicyDesc policies;  // accum = effective_batch / micro_batch
   int64_t micro_batch = 0;      // the largest that fits (0: none fits, or it cannot run here)
+  int zero = 0;                 // PlanOptions::ranks > 1: the ZeRO stage (0, 1: shard_optimizer_state, 3: shard_params)
   int64_t chunk = -1;           // plan_gritlm(): accum::GradCache rows per chunk (0: one graph); -1: not GritLM
   memory::Estimate estimate;    // at micro_batch (at 1 when none fits), as the estimator predicts it
   int64_t peak = 0;             // the peak plan() weighed: estimate.peak × PlanOptions::calibration
@@ -95,8 +101,10 @@ struct PlanRow {
     return chunk == 0 ? std::string("one graph") : fmt::format("chunk {:>3}", chunk);
   }
   bool same_choice(const PlanRow& o) const {
-    return policies == o.policies && micro_batch == o.micro_batch && chunk == o.chunk;
+    return policies == o.policies && micro_batch == o.micro_batch && chunk == o.chunk && zero == o.zero;
   }
+  /// The policies' name, with the ZeRO stage when there is one.
+  std::string name() const { return policies.name() + (zero > 0 ? fmt::format(" + ZeRO-{}", zero) : ""); }
 };
 
 /// plan()'s answer: the chosen row and every row considered.
@@ -117,7 +125,7 @@ struct Plan {
     for (const auto& r : rows) {
       if (r.fits() && shown < max_rows) {
         out += fmt::format("  {} {:<62} {:>9}  peak {:8.1f} MiB  {:7.3f} s/step\n", &r == &rows.front() ? "*" : " ",
-                           r.policies.name(), r.shape(), memory::mib(r.peak), r.seconds);
+                           r.name(), r.shape(), memory::mib(r.peak), r.seconds);
         ++shown;
       } else if (r.fits()) {
         ++more_fit;
@@ -133,7 +141,7 @@ struct Plan {
       out += fmt::format("calibrated: {} choice(s) measured by a real step; the chosen one peaked at {:.1f} MiB "
                          "(estimate {:.1f} MiB, factor {:.3f})\n",
                          measured_steps, memory::mib(measured_peak), memory::mib(chosen.estimate.peak), calibration);
-    out += fmt::format("chose {} ({}): the fastest by the cost model of those that fit\n", chosen.policies.name(),
+    out += fmt::format("chose {} ({}): the fastest by the cost model of those that fit\n", chosen.name(),
                        chosen.shape());
     return out;
   }
@@ -169,6 +177,27 @@ inline double optimizer_seconds(const memory::ModelDesc& m, const memory::Policy
               o.host_bytes_per_param / machine.host_bytes_per_s());
 }
 
+// The collectives of a step, per rank (docs/distributed.md), for P trainable parameters of which
+// R in the root (embedding, head, final norm), M micro-batches, N ranks, w bytes per weight:
+// DDP all-reduces the fp32 gradients once, 2(N-1)/N 4P; ZeRO-1 sends each to its owner and
+// shares the stepped weights, (N-1)/N (4 + w) P; ZeRO-3 gathers each block twice and
+// reduce-scatters it per micro-batch and the root once each per step, (N-1)/N ((2w + 4) M (P - R)
+// + (w + 4) R).
+inline double comm_seconds(const memory::ModelDesc& m, const memory::PolicyDesc& p, int zero, int64_t ranks,
+                           const MachineModel& machine) {
+  if (ranks <= 1) return 0;
+  double P = 0;
+  for (int64_t n : m.trainable_numels()) P += static_cast<double>(n);
+  const double C = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
+  const double R = m.lora() ? 0 : V * C * (m.tied_embeddings ? 1 : 2) + C;
+  const double N = static_cast<double>(ranks), w = p.precision.half_weights ? 2 : 4;
+  const double M = static_cast<double>(p.accum);
+  const double bytes = zero == 3   ? (N - 1) / N * ((2 * w + 4) * M * (P - R) + (w + 4) * R)
+                       : zero == 1 ? (N - 1) / N * (4 + w) * P
+                                   : 2 * (N - 1) / N * 4 * P;
+  return bytes / machine.network_bytes_per_s();
+}
+
 // Why a candidate cannot run on this machine with these options, or "" when it can.
 inline std::string cannot_run(const memory::PolicyDesc& p, const PlanOptions& options) {
   const bool cuda = options.machine().cuda();
@@ -178,6 +207,9 @@ inline std::string cannot_run(const memory::PolicyDesc& p, const PlanOptions& op
   if (p.state.steps_in_backward && options.grad_clip() > 0)
     return fmt::format("cannot run: optimizer state {} steps inside backward, so it cannot clip (needs --grad_clip 0)",
                        p.state.flag);
+  if (p.state.steps_in_backward && options.ranks() > 1)
+    return fmt::format("cannot run: optimizer state {} steps inside backward, before the gradients are summed over "
+                       "the ranks", p.state.flag);
   return "";
 }
 
@@ -211,6 +243,8 @@ inline void check_plan_options(const std::vector<memory::PolicyDesc>& candidates
               options.effective_batch(), ").");
   TORCH_CHECK(options.budget_bytes() >= 0 && options.calibration() > 0, "memopt::plan: budget_bytes must be >= 0 and "
               "calibration > 0 (got ", options.budget_bytes(), " and ", options.calibration(), ").");
+  TORCH_CHECK(options.ranks() >= 1, "memopt::plan: ranks must be >= 1 (got ", options.ranks(),
+              "). HINT: pass dist::world().size()");
 }
 }  // namespace detail
 
@@ -229,41 +263,56 @@ inline double step_seconds(const memory::ModelDesc& m, int64_t seq_len, int64_t 
 }
 
 namespace detail {
+// One candidate at ZeRO stage `zero`, at the largest micro-batch that fits, or why not. ZeRO-3
+// recomputes every block whatever the policy (dist::Zero3), which its step time counts.
+inline PlanRow plan_row(const memory::ModelDesc& m, int64_t seq_len, const memory::PolicyDesc& policies, int zero,
+                        const PlanOptions& options) {
+  const int64_t E = options.effective_batch();
+  PlanRow row;
+  row.policies = policies;
+  row.zero = zero;
+  row.verdict = cannot_run(policies, options);
+  if (!row.verdict.empty()) return row;
+  // The largest micro-batch dividing E that fits (one of E when the type fixes the count or
+  // the state steps in backward, which allows no accumulation).
+  const int64_t fixed = policies.state.steps_in_backward ? 1 : policies.split.fixed_steps;
+  for (int64_t micro = E; micro >= 1; --micro) {
+    if (E % micro != 0 || (fixed > 0 && E / micro != fixed)) continue;
+    row.policies.accum = E / micro;
+    memory::RunDesc run{micro, seq_len};
+    run.ranks = options.ranks();
+    run.zero = zero;
+    row.estimate = memory::estimate(m, run, row.policies);
+    row.peak = static_cast<int64_t>(static_cast<double>(row.estimate.peak) * options.calibration());
+    if (options.budget_bytes() == 0 || row.peak <= options.budget_bytes()) {
+      row.micro_batch = micro;
+      break;
+    }
+  }
+  if (row.fits()) {
+    auto timed = row.policies;
+    if (zero == 3) timed.recompute.whole_block = [](int64_t, int64_t) { return true; };
+    const double unsharded = zero >= 1 ? 1 - 1 / static_cast<double>(options.ranks()) : 0;  // of the optimizer's work
+    row.seconds = step_seconds(m, seq_len, row.micro_batch, timed, options.machine()) -
+                  unsharded * optimizer_seconds(m, timed, options.machine()) +
+                  comm_seconds(m, timed, zero, options.ranks(), options.machine());
+  }
+  row.verdict = row.fits() ? "fits"
+                : row.peak > 0 ? fmt::format("over budget: needs {:.1f} MiB at micro-batch {}", memory::mib(row.peak),
+                                             E / row.policies.accum)
+                               : fmt::format("cannot run: its {} micro-batch(es) per step do not divide the effective "
+                                             "batch {}", fixed, E);
+  return row;
+}
+
 // plan()'s rows, unsorted: each candidate at the largest micro-batch that fits, or why not.
 inline std::vector<PlanRow> plan_rows(const memory::ModelDesc& m, int64_t seq_len,
                                       const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options) {
   check_plan_options(candidates, options);
-  const int64_t E = options.effective_batch();
   std::vector<PlanRow> rows;
-  for (auto policies : candidates) {
-    PlanRow row;
-    row.policies = policies;
-    row.verdict = cannot_run(policies, options);
-    if (!row.verdict.empty()) {
-      rows.push_back(row);
-      continue;
-    }
-    // The largest micro-batch dividing E that fits (one of E when the type fixes the count or
-    // the state steps in backward, which allows no accumulation).
-    const int64_t fixed = policies.state.steps_in_backward ? 1 : policies.split.fixed_steps;
-    for (int64_t micro = E; micro >= 1; --micro) {
-      if (E % micro != 0 || (fixed > 0 && E / micro != fixed)) continue;
-      row.policies.accum = E / micro;
-      row.estimate = memory::estimate(m, {micro, seq_len}, row.policies);
-      row.peak = static_cast<int64_t>(static_cast<double>(row.estimate.peak) * options.calibration());
-      if (options.budget_bytes() == 0 || row.peak <= options.budget_bytes()) {
-        row.micro_batch = micro;
-        break;
-      }
-    }
-    row.seconds = row.fits() ? step_seconds(m, seq_len, row.micro_batch, row.policies, options.machine()) : 0;
-    row.verdict = row.fits() ? "fits"
-                  : row.peak > 0 ? fmt::format("over budget: needs {:.1f} MiB at micro-batch {}", memory::mib(row.peak),
-                                               E / row.policies.accum)
-                                 : fmt::format("cannot run: its {} micro-batch(es) per step do not divide the effective "
-                                               "batch {}", fixed, E);
-    rows.push_back(row);
-  }
+  const std::vector<int> stages = options.ranks() > 1 ? std::vector<int>{0, 1, 3} : std::vector<int>{0};
+  for (const auto& candidate : candidates)
+    for (const int zero : stages) rows.push_back(plan_row(m, seq_len, candidate, zero, options));
   return rows;
 }
 }  // namespace detail
