@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -18,6 +19,8 @@ namespace examples {
 struct DistributedFlags {
   bool shard_optimizer_state = false;
   int zero = 0;
+  std::string offload_params = "none";
+  std::string offload_dir = (std::filesystem::temp_directory_path() / "memopt-offload").string();
   std::string param_gather = "broadcast";
   int64_t bucket_mib = 25;
 
@@ -28,6 +31,10 @@ struct DistributedFlags {
         ->check(CLI::IsMember({0, 1, 3}))
         ->capture_default_str();
     group->add_flag("--shard_optimizer_state", shard_optimizer_state, "the same as --zero 1");
+    group->add_option("--offload_params", offload_params, "--zero 3: none | disk (each rank's parameter shards in a "
+                      "file under --offload_dir, read ahead of use, out of memory between uses)")
+        ->capture_default_str();
+    group->add_option("--offload_dir", offload_dir, "where --offload_params disk keeps its files")->capture_default_str();
     group->add_option("--param_gather", param_gather, "sharded: broadcast | allgather (how updated weights travel)")
         ->capture_default_str();
     group->add_option("--bucket_mib", bucket_mib, "gradient all-reduce bucket size")->capture_default_str();
@@ -37,8 +44,13 @@ struct DistributedFlags {
   memopt::TrainerOptions apply(memopt::TrainerOptions options) const {
     TORCH_CHECK(param_gather == "broadcast" || param_gather == "allgather", "--param_gather must be broadcast or "
                 "allgather (got '", param_gather, "'). HINT: broadcast is the default");
+    TORCH_CHECK(offload_params == "none" || offload_params == "disk", "--offload_params must be none or disk (got '",
+                offload_params, "'). HINT: host (pinned memory for CUDA runs) is not built yet; disk works on any device");
+    TORCH_CHECK(offload_params == "none" || zero == 3, "--offload_params ", offload_params, " offloads ZeRO-3's "
+                "parameter shards (got --zero ", zero, "). HINT: add --zero 3");
     return options.shard_optimizer_state(shard_optimizer_state || zero == 1)
         .shard_params(zero == 3)
+        .offload_params_dir(offload_params == "disk" ? offload_dir : "")
         .param_gather(param_gather == "broadcast" ? memopt::dist::ParamGather::kBroadcast
                                                   : memopt::dist::ParamGather::kAllgather)
         .bucket_mib(bucket_mib);

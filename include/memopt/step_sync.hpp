@@ -35,6 +35,7 @@ struct SyncOptions {
   dist::ParamGather param_gather = dist::ParamGather::kBroadcast;
   bool shard_params = false;                    // ZeRO-3 (dist/zero3.hpp)
   int64_t param_persistence_threshold = 0;  // ZeRO-3: smaller tensors stay whole on every rank
+  std::string offload_params_dir;           // ZeRO-3: the parameter shards in a file there (empty: memory)
 };
 
 /// The Trainer's link to the other ranks. Every hook has the one-process meaning here, so

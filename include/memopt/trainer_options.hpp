@@ -142,18 +142,25 @@ struct DistributedOptions {
   /// DeepSpeed's stage3_param_persistence_threshold, 1e5 there: it gathers tensor by tensor;
   /// memopt gathers a block's tensors in one collective, so 0, sharding all, costs no latency).
   TORCH_ARG(int64_t, param_persistence_threshold) = 0;
+  /// ZeRO-3: each rank's parameter shards in a file in this folder (dist/shard_file.hpp: read
+  /// ahead of each all-gather, out of memory between uses), as ZeRO-Infinity's offload_param to
+  /// NVMe. Empty: in memory.
+  TORCH_ARG(std::string, offload_params_dir) = "";
 
  public:
   void validate() const {
     TORCH_CHECK(bucket_mib_ >= 1, "memopt::TrainerOptions: bucket_mib must be >= 1 (got ", bucket_mib_,
                 "). HINT: 25 MiB buckets suit most models.");
+    TORCH_CHECK(offload_params_dir_.empty() || shard_params_, "memopt::TrainerOptions: offload_params_dir '",
+                offload_params_dir_, "' offloads parameter shards, but shard_params is off. HINT: set "
+                "shard_params(true) (--zero 3), or leave offload_params_dir empty");
     TORCH_CHECK(param_persistence_threshold_ >= 0, "memopt::TrainerOptions: param_persistence_threshold must be "
                 ">= 0 (got ", param_persistence_threshold_, "). HINT: 0 shards every tensor; 10000 keeps norms whole.");
   }
   /// As dist::DataParallel and dist::Zero3 take them.
   SyncOptions sync_options() const {
     return SyncOptions{bucket_mib_ << 20, shard_optimizer_state_ || shard_params_, param_gather_, shard_params_,
-                       param_persistence_threshold_};
+                       param_persistence_threshold_, offload_params_dir_};
   }
 };
 
@@ -202,6 +209,7 @@ struct TrainerOptions {
   MEMOPT_GROUP_SHORTCUT(distributed, dist::ParamGather, param_gather)
   MEMOPT_GROUP_SHORTCUT(distributed, bool, shard_params)
   MEMOPT_GROUP_SHORTCUT(distributed, int64_t, param_persistence_threshold)
+  MEMOPT_GROUP_SHORTCUT(distributed, std::string, offload_params_dir)
 
   /// Throws a message naming the option, the value and a HINT when one is out of range.
   void validate() const {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Data-parallel faults and torchrun, with examples/00_llama_lm on a tiny generated corpus:
 #   - a rank killed mid-run: the other exits with an error naming the lost rank, within 60 s;
-#   - ZeRO-3 (--zero 3): a run ends with a whole model (evaluated, sampled); a killed rank is
-#     named within 60 s as above, from inside a block's all-gather;
+#   - ZeRO-3 (--zero 3, shards offloaded to disk): a run ends with a whole model (evaluated,
+#     sampled); a killed rank is named within 60 s as above, from inside a block's collective;
 #   - different model shapes on the ranks: both exit at start, naming the rank and the shapes;
 #   - torchrun (scripts/launch) with LAUNCH_MAX_RESTARTS=1, --save_every and --resume latest:
 #     a worker killed after a checkpoint is restarted with the others, the job resumes from the
@@ -47,15 +47,17 @@ fi
 
 # ---- ZeRO-3: trains, ends whole; a rank killed mid-run is named (it blocks inside a block's all-gather) ----
 p=$(port)
-rank 0 "$p" "${job[@]}" --zero 3 --steps 6 --output_dir "$tmp/z3" > "$tmp/z3_0.log" 2>&1 &
+rank 0 "$p" "${job[@]}" --zero 3 --offload_params disk --offload_dir "$tmp/z3off" --steps 6 --output_dir "$tmp/z3" \
+  > "$tmp/z3_0.log" 2>&1 &
 pid0=$!
-(rank 1 "$p" "${job[@]}" --zero 3 --steps 6 --output_dir "$tmp/z3" > "$tmp/z3_1.log" 2>&1)
+(rank 1 "$p" "${job[@]}" --zero 3 --offload_params disk --offload_dir "$tmp/z3off" --steps 6 --output_dir "$tmp/z3" \
+  > "$tmp/z3_1.log" 2>&1)
 rc1=$?
 wait "$pid0"
 rc0=$?
 after=$(grep -o 'held-out loss after 6 steps [0-9.]*' "$tmp/z3_0.log")
 if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ -n "$after" ] && grep -q "^sample:" "$tmp/z3_0.log"; then
-  ok "--zero 3 on 2 ranks: $after, a sample from the whole model after fit()"
+  ok "--zero 3 --offload_params disk on 2 ranks: $after, a sample from the whole model after fit()"
 else
   fail "--zero 3 run: exits $rc0 / $rc1: $(tail -3 "$tmp/z3_0.log")"
 fi

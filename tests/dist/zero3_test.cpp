@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include <memopt/memory/estimator.hpp>
 
 #include "dist/fixtures.hpp"
+#include "support.hpp"
 
 using namespace memopt::test::dist;  // dist/fixtures.hpp: base_options(), train(), Fp32Trainer, ...
 
@@ -125,6 +127,58 @@ TEST_CASE("ZeRO-3 holds 1/world of the parameters and state per rank", "[dist]")
   CHECK(shard_elements * 2 >= total);
   CHECK(shard_elements * 2 - total < 2 * flats);  // padding: under one element per rank and flat
   CHECK(state_bytes == 8 * shard_elements);       // exp_avg + exp_avg_sq of the shards only
+}
+
+TEST_CASE("ZeRO-3 with its parameter shards offloaded to a file trains the same", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  auto& world = memopt::dist::world();
+  const char* dir = std::getenv("MEMOPT_TEST_DIR");
+  REQUIRE(dir != nullptr);
+  const std::string offload = std::string(dir) + "/offload";
+  SECTION("fp32 and Bf16Pure: equal to the shards in memory") {
+    const Run memory = train<EveryBlockTrainer>(zero3_options(), 6, true);
+    const Run disk = train<EveryBlockTrainer>(zero3_options().offload_params_dir(offload), 6, true);
+    CHECK(torch::equal(memory.weights, disk.weights));
+    using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Pure, memopt::accum::Runtime>;
+    const Run pure_memory = train<T>(zero3_options(), 6, true);
+    const Run pure_disk = train<T>(zero3_options().offload_params_dir(offload), 6, true);
+    CHECK(torch::equal(pure_memory.weights, pure_disk.weights));
+    CHECK_FALSE(std::filesystem::exists(offload + "/params-rank" + std::to_string(world.rank()) + ".bin"));  // removed
+  }
+  SECTION("the shards leave the tracked memory for the file") {
+    auto& tracker = memopt::memory::Tracker::instance();
+    const auto held = [&](const std::string& to) {  // live bytes after a step, and the file's size
+      const int64_t before = tracker.live_bytes();
+      torch::manual_seed(1);
+      memopt::models::Llama model(tiny_config());
+      RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
+      RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
+      EveryBlockTrainer trainer(*model, zero3_options().param_specific_decay(false).offload_params_dir(to));
+      trainer.step(slice, memopt::LossSum<memopt::models::Llama>{&model});
+      const std::string file = to + "/params-rank" + std::to_string(world.rank()) + ".bin";
+      const auto size = to.empty() ? 0 : static_cast<int64_t>(std::filesystem::file_size(file));
+      return std::pair{tracker.live_bytes() - before, size};
+    };
+    const auto [in_memory, none] = held("");
+    const auto [offloaded, file_bytes] = held(offload);
+    torch::manual_seed(1);
+    memopt::models::Llama shape(tiny_config());
+    int64_t shard_elements = 0, blocks = 0, total = 0;  // 3 flats (2 blocks, root), each padded to the ranks
+    for (const auto& p : shape->parameters()) total += p.numel();
+    for (const auto& layer : *shape->model->layers) {
+      int64_t n = 0;
+      for (const auto& p : layer->parameters()) n += p.numel();
+      shard_elements += (n + 1) / 2;
+      blocks += n;
+    }
+    shard_elements += (total - blocks + 1) / 2;
+    INFO("tracked after a step: " << in_memory << " B in memory, " << offloaded << " B offloaded; file " << file_bytes);
+    CHECK(in_memory - offloaded == 4 * shard_elements);
+    CHECK(file_bytes >= 4 * shard_elements);
+    CHECK(file_bytes < 4 * shard_elements + 3 * memopt::dist::ShardFile::kPage);
+  }
+  memopt::test::require_error([] { memopt::TrainerOptions().offload_params_dir("x").validate(); },
+                              "memopt::TrainerOptions", {"offload_params_dir 'x'", "shard_params", "HINT"});
 }
 
 TEST_CASE("ZeRO-3 collectives: two gathers and a reduce-scatter per block and micro-batch", "[dist]") {

@@ -19,6 +19,8 @@
 //     gathered from forward into backward). Outside step(), Trainer::with_full_weights.
 //   - Tensors below the threshold (0 by default: none) stay whole on every rank with ZeRO-1
 //     state (each rank steps the ones it owns and shares them: DataParallel::shard_state).
+//   - offload_params_dir: the shards live in a file (dist/shard_file.hpp), read ahead of each
+//     all-gather and dropped from memory after it and after the optimizer step.
 // Per step and block: its parameters all-gathered twice and its gradients reduce-scattered
 // once per micro-batch; the root's parameters and gradients once per step (docs/distributed.md).
 #pragma once
@@ -38,6 +40,7 @@
 
 #include "memopt/detail/autocast.hpp"
 #include "memopt/detail/checkpoint_function.hpp"
+#include "memopt/dist/shard_file.hpp"
 #include "memopt/dist/step_sync.hpp"
 #include "memopt/dist/world.hpp"
 
@@ -109,6 +112,31 @@ class FlatParam {
     return received.view({world_->size(), shard_numel_}).sum(0).to(shard_.scalar_type());
   }
 
+  /// Offload to disk: the shard moves into its region of `file` (at `offset`, room for 4 bytes an
+  /// element), keeping its identity; again whenever something gave it other memory (Bf16Pure's
+  /// cast to bf16).
+  void place(ShardFile& file, int64_t offset) {
+    file_ = &file;
+    offset_ = offset;
+    if (file.holds(shard_)) return;
+    torch::NoGradGuard no_grad;
+    torch::Tensor region = file.tensor(offset, shard_numel_, shard_.scalar_type());
+    region.copy_(shard_.detach());
+    shard_.set_data(region);
+    file.release(shard_);
+  }
+  void place_again() {
+    if (file_ != nullptr) place(*file_, offset_);
+  }
+  /// Offloaded: asks for the shard's pages ahead of use, or drops them from memory after.
+  void will_need() const {
+    if (file_ != nullptr) file_->will_need(shard_);
+  }
+  void page_out() const {
+    if (file_ != nullptr) file_->release(shard_);
+  }
+  int64_t shard_numel() const { return shard_numel_; }
+
   /// shard() ← this rank's elements of the tensors as they are now (a resume loaded them).
   void reshard() {
     torch::NoGradGuard no_grad;
@@ -129,6 +157,8 @@ class FlatParam {
   std::vector<int64_t> offsets_;       // where each starts in the flat order
   int64_t numel_ = 0, shard_numel_ = 0;
   torch::Tensor shard_;
+  ShardFile* file_ = nullptr;  // offloaded: the file its shard lives in, at offset_
+  int64_t offset_ = 0;
 };
 
 /// A unit (a block the model runs through run_block, or the root): its flat parameters, and
@@ -146,12 +176,16 @@ struct Unit {
   /// Starts the all-gather (a prefetch) unless one is under way.
   void prefetch() {
     if (!pending.empty()) return;
+    for (auto& f : flats) f->will_need();  // offloaded: read ahead while the other ranks start
     for (auto& f : flats) pending.push_back(f->start_gather());
   }
   /// The tensors whole: the prefetched all-gather, or one now.
   void gather() {
     prefetch();
-    for (size_t i = 0; i < flats.size(); ++i) flats[i]->bind(flats[i]->finish(pending[i]));
+    for (size_t i = 0; i < flats.size(); ++i) {
+      flats[i]->bind(flats[i]->finish(pending[i]));
+      flats[i]->page_out();  // offloaded: the shard was read; its pages leave memory
+    }
     pending.clear();
   }
   void release() {
@@ -328,6 +362,16 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
     root_.flats = split(model, nullptr);
     root_.release();
 
+    if (!options_.offload_params_dir.empty()) {  // the shards into one file, region by region
+      int64_t bytes = 0;
+      for (auto& [g, flat] : shards) bytes += ShardFile::region_bytes(flat->shard_numel());
+      file_ = std::make_unique<ShardFile>(options_.offload_params_dir, world_->rank(), bytes);
+      int64_t offset = 0;
+      for (auto& [g, flat] : shards) {
+        flat->place(*file_, offset);
+        offset += ShardFile::region_bytes(flat->shard_numel());
+      }
+    }
     std::vector<torch::Tensor> others = shard_state(small, groups);  // groups keep the small ones this rank owns
     for (auto& [g, flat] : shards) groups[g].params().push_back(flat->shard());
     std::erase_if(groups, [](const auto& group) { return group.params().empty(); });
@@ -347,12 +391,18 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
   }
 
   void gather_params() override {
+    for_each_flat([](FlatParam& f) { f.place_again(); });  // offloaded: a cast may have moved a shard
     if (whole_) {  // after unshard(): each rank's shard from the parameters as they are, then freed
       for (auto& unit : units_) reshard_release(*unit);
       reshard_release(root_);
       whole_ = false;
     }
     root_.gather();
+  }
+
+  void share_params() override {
+    DataParallel::share_params();
+    for_each_flat([](FlatParam& f) { f.page_out(); });  // offloaded: the step wrote every shard
   }
 
   void unshard() override {
@@ -430,6 +480,13 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
     return detail::UnitFunction::apply(&unit, fn, static_cast<int64_t>(inputs.size()), at::TensorList(all));
   }
 
+  template <class F>
+  void for_each_flat(F&& f) {
+    for (auto& unit : units_)
+      for (auto& flat : unit->flats) f(*flat);
+    for (auto& flat : root_.flats) f(*flat);
+  }
+
   static void reshard_release(Unit& unit) {
     for (auto& flat : unit.flats) flat->reshard();
     unit.release();
@@ -439,6 +496,7 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
   std::map<const torch::nn::Module*, Unit*> by_block_;
   Unit root_;  // the rest: whole from gather_params() to sync_gradients()
   bool whole_ = false;  // unshard() made every parameter whole (until the next step)
+  std::unique_ptr<ShardFile> file_;  // offload_params_dir: the shards' file
 };
 
 }  // namespace memopt::dist
