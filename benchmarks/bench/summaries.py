@@ -109,7 +109,8 @@ def dist_summary(raw: Mapping[str, str]) -> list[dict]:
     def median_step(key: str) -> float:  # over every timed step of every round
         return statistics.median([t for l in runs[key] for t in l["step_ms_all"]])
 
-    for base, keys in (("one", ("two", "two-zero1-broadcast", "two-zero1-allgather", "two-zero3", "one-2threads")),
+    for base, keys in (("one", ("two", "two-zero1-broadcast", "two-zero1-allgather", "two-zero3", "two-zero3-disk",
+                                "one-2threads")),
                        ("peer-one", ("peer-two", "peer-two-fsdp2")), ("fp32-one", ("fp32-two",))):
         one = lines.get(base)
         for key in keys:
@@ -148,15 +149,17 @@ def dist_summary(raw: Mapping[str, str]) -> list[dict]:
                   "sharded_mib_ranks": sharded["optimizer_state_mib_ranks"],
                   "unsharded_mib_ranks": whole["optimizer_state_mib_ranks"],
                   "source": "tracker: live bytes added by the first step, after a barrier; the largest rank's"})
-    for plain, zero3, target in (("two", "two-zero3", 0.55), ("three", "three-zero3", 0.37)):
+    for plain, zero3, target in (("two", "two-zero3", 0.55), ("two", "two-zero3-disk", 0.55),
+                                 ("three", "three-zero3", 0.37)):
         if plain in lines and zero3 in lines:  # model state: tracked bytes at the optimizer phase's peak
             state = lines[zero3]["model_state_mib_per_rank"] / lines[plain]["model_state_mib_per_rank"]
             d = {"name": "zero3_vs_ddp", "impl": "ratio", **dist_config(lines[zero3]), "zero": 3,
+                 "offload_params": lines[zero3].get("offload_params", "none"),
                  "state_per_rank": round(state, 4), "target_state": target,
                  "zero3_mib_ranks": lines[zero3]["model_state_mib_ranks"],
                  "ddp_mib_ranks": lines[plain]["model_state_mib_ranks"],
                  "peak_tracked": round(lines[zero3]["peak_tracked_mib"] / lines[plain]["peak_tracked_mib"], 4)}
-            if plain == "two":  # 3 ranks share 2 cores: no speed there
+            if lines[zero3]["ranks"] == 2:  # 3 ranks share 2 cores: no speed there
                 tokens = median_step(plain) / median_step(zero3)
                 d.update({"tokens_per_s": round(tokens, 4), "target_tokens_per_s": 0.8,
                           "met": state <= target and tokens >= 0.8})

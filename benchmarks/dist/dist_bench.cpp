@@ -61,6 +61,7 @@ struct BenchConfig {
   std::string data;  // a token shard (data/kjv/train.bin); empty: random tokens
   bool sharded = false;  // ZeRO-1 (--sharded or --zero 1)
   int zero = 0;          // 3: ZeRO-3 (TrainerOptions::shard_params)
+  std::string offload_dir;  // ZeRO-3: the parameter shards in a file there (TrainerOptions::offload_params_dir)
   std::string param_gather = "broadcast";
   int64_t bucket_mib = 25;  // the gradient all-reduce's bucket size (TrainerOptions::bucket_mib)
   int64_t comm_reps = 5;    // repetitions of each collective timed after training
@@ -225,6 +226,7 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
                      .max_steps(cfg.warmup + cfg.steps)
                      .shard_optimizer_state(cfg.sharded)
                      .shard_params(cfg.zero == 3)
+                     .offload_params_dir(cfg.offload_dir)
                      .param_gather(cfg.param_gather == "allgather" ? memopt::dist::ParamGather::kAllgather
                                                                    : memopt::dist::ParamGather::kBroadcast)
                      .bucket_mib(cfg.bucket_mib)
@@ -365,6 +367,7 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
       {"threads_per_rank", at::get_num_threads()},
       {"sharded", cfg.sharded && world.distributed()},
       {"zero", world.distributed() ? (cfg.zero == 3 ? 3 : cfg.sharded ? 1 : 0) : 0},
+      {"offload_params", cfg.offload_dir.empty() ? "none" : "disk"},
       {"param_gather", cfg.sharded && world.distributed() ? nlohmann::json(cfg.param_gather) : nlohmann::json()},
       {"tokens_per_s", static_cast<double>(cfg.tokens_per_step()) / step_s},
       {"step_ms", step_s * 1e3},
@@ -436,6 +439,7 @@ int main(int argc, char** argv) {
   app.add_flag("--sharded", cfg.sharded, "ZeRO-1: shard the optimizer state over the ranks");
   app.add_option("--zero", cfg.zero, "ZeRO stage: 0 (replicated), 1 (optimizer state), 3 (parameters too)")
       ->check(CLI::IsMember({0, 1, 3}));
+  app.add_option("--offload_dir", cfg.offload_dir, "--zero 3: keep the parameter shards in a file in this folder");
   app.add_option("--param_gather", cfg.param_gather, "how a sharded step shares the parameters")
       ->check(CLI::IsMember({"broadcast", "allgather"}));
   app.add_option("--bucket_mib", cfg.bucket_mib, "gradient all-reduce bucket size (MiB)")->check(CLI::PositiveNumber);

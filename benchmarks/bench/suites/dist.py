@@ -21,7 +21,8 @@ from ..summaries import dist_summary
 # the King James shard when data/kjv/train.bin exists, else random tokens), bf16 autocast +
 # recompute::EveryBlock, 1 intra-op thread per rank, the same global batch everywhere: 1 rank
 # trains micro-batches of 8 rows x accum 2, 2 ranks 4 rows each of every 8-row micro-batch
-# (RankSlice). Configurations: 1 rank; 2 ranks; 2 ranks with ZeRO-1 (broadcast, all-gather), with ZeRO-3,
+# (RankSlice). Configurations: 1 rank; 2 ranks; 2 ranks with ZeRO-1 (broadcast, all-gather), with ZeRO-3
+# (and once with its parameter shards offloaded to a file),
 # in BENCH_DIST_ROUNDS rounds (default 3) so that drift in the machine's speed hits all alike;
 # the peer, PyTorch eager (benchmarks/peer/trainer_peer.py) on 1 rank and on 2 ranks with
 # DistributedDataParallel (Gloo, 25 MB buckets overlapping backward, no_sync; LCG tokens) and with
@@ -200,6 +201,8 @@ def dist(ctx: Context) -> list[Step]:
                   DistLaunch(f"two-zero1-allgather#{r}", 2, 1, [*bf16, "--sharded", "--param_gather", "allgather"],
                              **common),
                   DistLaunch(f"two-zero3#{r}", 2, 1, [*bf16, "--zero", "3"], **common)]
+    steps += [DistLaunch("two-zero3-disk#1", 2, 1,  # the shards offloaded to a file
+                         [*bf16, "--zero", "3", "--offload_dir", str(ctx.build_dir / "bench-dist" / "offload")], **common)]
     steps += [DistLaunch("peer-one#1", 1, 1, bf16, **common),  # the peer: PyTorch eager, DDP on 2 ranks
               DistLaunch("peer-two#1", 2, 1, bf16, **common),
               DistLaunch("peer-two-fsdp2#1", 2, 1, [*bf16, "--fsdp2"], **common),  # the peer of ZeRO-3
