@@ -26,24 +26,33 @@ rank() {
     "$bin" "$@"
 }
 
+# killed NAME LABEL ARGS...: rank 1 of a job with ARGS is killed after it starts training; rank 0
+# must exit with an error naming it within 60 s.
+killed() {
+  local name="$1" label="$2"
+  shift 2
+  local p pid0 pid1 rc start took
+  p=$(port)
+  rank 0 "$p" "${job[@]}" "$@" --steps 100000 --output_dir "$tmp/$name" > "$tmp/${name}0.log" 2>&1 &
+  pid0=$!
+  rank 1 "$p" "${job[@]}" "$@" --steps 100000 --output_dir "$tmp/$name" > "$tmp/${name}1.log" 2>&1 &
+  pid1=$!
+  until grep -q "^trainer:" "$tmp/${name}0.log" 2> /dev/null || ! kill -0 "$pid0" 2> /dev/null; do sleep 0.2; done
+  sleep 2
+  kill -9 "$pid1"
+  start=$(date +%s)
+  wait "$pid0"
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  if [ "$rc" -ne 0 ] && [ "$took" -le 60 ] && grep -q "lost rank(s): 1" "$tmp/${name}0.log"; then
+    ok "${label}rank 1 killed: rank 0 exits $rc after ${took} s: $(grep -o 'memopt::dist: rank 0 of 2: .\{0,90\}' "$tmp/${name}0.log" | head -1)"
+  else
+    fail "${label}rank 1 killed: rank 0 exit $rc after ${took} s: $(tail -3 "$tmp/${name}0.log")"
+  fi
+}
+
 # ---- a rank killed mid-run ----
-p=$(port)
-rank 0 "$p" "${job[@]}" --steps 100000 --output_dir "$tmp/kill" > "$tmp/kill0.log" 2>&1 &
-pid0=$!
-rank 1 "$p" "${job[@]}" --steps 100000 --output_dir "$tmp/kill" > "$tmp/kill1.log" 2>&1 &
-pid1=$!
-until grep -q "^trainer:" "$tmp/kill0.log" 2> /dev/null || ! kill -0 "$pid0" 2> /dev/null; do sleep 0.2; done
-sleep 2
-kill -9 "$pid1"
-start=$(date +%s)
-wait "$pid0"
-rc=$?
-took=$(( $(date +%s) - start ))
-if [ "$rc" -ne 0 ] && [ "$took" -le 60 ] && grep -q "lost rank(s): 1" "$tmp/kill0.log"; then
-  ok "rank 1 killed: rank 0 exits $rc after ${took} s: $(grep -o 'memopt::dist: rank 0 of 2: .\{0,90\}' "$tmp/kill0.log" | head -1)"
-else
-  fail "rank 1 killed: rank 0 exit $rc after ${took} s: $(tail -3 "$tmp/kill0.log")"
-fi
+killed kill ""
 
 # ---- ZeRO-3: trains, ends whole; a rank killed mid-run is named (it blocks inside a block's all-gather) ----
 p=$(port)
@@ -61,23 +70,7 @@ if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ -n "$after" ] && grep -q "^sample:"
 else
   fail "--zero 3 run: exits $rc0 / $rc1: $(tail -3 "$tmp/z3_0.log")"
 fi
-p=$(port)
-rank 0 "$p" "${job[@]}" --zero 3 --steps 100000 --output_dir "$tmp/z3kill" > "$tmp/z3kill0.log" 2>&1 &
-pid0=$!
-rank 1 "$p" "${job[@]}" --zero 3 --steps 100000 --output_dir "$tmp/z3kill" > "$tmp/z3kill1.log" 2>&1 &
-pid1=$!
-until grep -q "^trainer:" "$tmp/z3kill0.log" 2> /dev/null || ! kill -0 "$pid0" 2> /dev/null; do sleep 0.2; done
-sleep 2
-kill -9 "$pid1"
-start=$(date +%s)
-wait "$pid0"
-rc=$?
-took=$(( $(date +%s) - start ))
-if [ "$rc" -ne 0 ] && [ "$took" -le 60 ] && grep -q "lost rank(s): 1" "$tmp/z3kill0.log"; then
-  ok "--zero 3, rank 1 killed: rank 0 exits $rc after ${took} s: $(grep -o 'memopt::dist: rank 0 of 2: .\{0,90\}' "$tmp/z3kill0.log" | head -1)"
-else
-  fail "--zero 3, rank 1 killed: rank 0 exit $rc after ${took} s: $(tail -3 "$tmp/z3kill0.log")"
-fi
+killed z3kill "--zero 3, " --zero 3
 
 # ---- different shapes ----
 p=$(port)

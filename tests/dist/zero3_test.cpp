@@ -36,6 +36,25 @@ using EveryBlockTrainer = memopt::Trainer<memopt::recompute::EveryBlock, memopt:
 
 memopt::TrainerOptions zero3_options() { return base_options().shard_params(true).param_persistence_threshold(0); }
 
+// A tiny LLaMA seeded as train() seeds it, this rank's slice of its batches and its loss: what
+// the cases that drive one Trainer themselves share.
+struct TinyJob {
+  explicit TinyJob(const memopt::models::LlamaConfig& config = tiny_config()) : model(seeded(config)) {}
+  TinyJob(const TinyJob&) = delete;
+  TinyJob& operator=(const TinyJob&) = delete;
+
+  memopt::models::Llama model;
+  RandomWindowLoader global{tokens(), LoaderOptions(4, 16).seed(7)};
+  RankSlice<RandomWindowLoader> slice{global, memopt::dist::world().rank(), memopt::dist::world().size()};
+  memopt::LossSum<memopt::models::Llama> loss{&model};
+
+ private:
+  static memopt::models::Llama seeded(const memopt::models::LlamaConfig& config) {
+    torch::manual_seed(1);
+    return memopt::models::Llama(config);
+  }
+};
+
 bool zero3_ranks(int n) {
   if (memopt::dist::world().size() == n) return true;
   WARN("WORLD_SIZE is not " << n << ": run through tests/dist/dist_test.sh");
@@ -104,14 +123,12 @@ TEST_CASE("ZeRO-3 changes nothing but memory: dropout, bf16 with fp32 masters", 
 TEST_CASE("ZeRO-3 holds 1/world of the parameters and state per rank", "[dist]") {
   if (!zero3_ranks(2)) return;
   auto& world = memopt::dist::world();
-  torch::manual_seed(1);
-  memopt::models::Llama model(tiny_config());
+  TinyJob job;
+  auto& model = job.model;
   int64_t total = 0, tensors = 0;
   for (const auto& p : model->parameters()) total += p.numel(), ++tensors;
-  RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
-  RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
   EveryBlockTrainer trainer(*model, zero3_options().param_specific_decay(false));
-  trainer.step(slice, memopt::LossSum<memopt::models::Llama>{&model});
+  trainer.step(job.slice, job.loss);
 
   int64_t model_bytes = 0;  // the model's parameters between steps: placeholders
   for (const auto& p : model->parameters()) model_bytes += static_cast<int64_t>(p.storage().nbytes());
@@ -149,19 +166,15 @@ TEST_CASE("ZeRO-3 with its parameter shards offloaded to a file trains the same"
     auto& tracker = memopt::memory::Tracker::instance();
     const auto held = [&](const std::string& to) {  // live bytes after a step, and the file's size
       const int64_t before = tracker.live_bytes();
-      torch::manual_seed(1);
-      memopt::models::Llama model(tiny_config());
-      RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
-      RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
-      EveryBlockTrainer trainer(*model, zero3_options().param_specific_decay(false).offload_params_dir(to));
-      trainer.step(slice, memopt::LossSum<memopt::models::Llama>{&model});
+      TinyJob job;
+      EveryBlockTrainer trainer(*job.model, zero3_options().param_specific_decay(false).offload_params_dir(to));
+      trainer.step(job.slice, job.loss);
       const std::string file = to + "/params-rank" + std::to_string(world.rank()) + ".bin";
       const auto size = to.empty() ? 0 : static_cast<int64_t>(std::filesystem::file_size(file));
       return std::pair{tracker.live_bytes() - before, size};
     };
     const auto [in_memory, none] = held("");
     const auto [offloaded, file_bytes] = held(offload);
-    torch::manual_seed(1);
     memopt::models::Llama shape(tiny_config());
     int64_t shard_elements = 0, blocks = 0, total = 0;  // 3 flats (2 blocks, root), each padded to the ranks
     for (const auto& p : shape->parameters()) total += p.numel();
@@ -186,13 +199,10 @@ TEST_CASE("ZeRO-3 collectives: two gathers and a reduce-scatter per block and mi
   auto& world = memopt::dist::world();
   std::vector<int64_t> per_step;
   for (const int64_t micro : {1, 2}) {
-    torch::manual_seed(1);
-    memopt::models::Llama model(tiny_config());
-    RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
-    RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
-    EveryBlockTrainer trainer(*model, zero3_options().param_specific_decay(false).accum_steps(micro));
+    TinyJob job;
+    EveryBlockTrainer trainer(*job.model, zero3_options().param_specific_decay(false).accum_steps(micro));
     const int64_t before = world.collectives();
-    trainer.step(slice, memopt::LossSum<memopt::models::Llama>{&model});
+    trainer.step(job.slice, job.loss);
     per_step.push_back(world.collectives() - before);
   }
   const int64_t blocks = tiny_config().num_hidden_layers();
@@ -208,15 +218,12 @@ TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
   const std::string ckpt = std::string(dir) + "/zero3";
   auto options = zero3_options().checkpoint_dir(ckpt).save_every(3).max_steps(6);
   auto run = [&](bool resume) {
-    torch::manual_seed(1);
-    memopt::models::Llama model(tiny_config().dropout(0.1));
-    RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
-    RankSlice<RandomWindowLoader> slice(global, memopt::dist::world().rank(), memopt::dist::world().size());
-    EveryBlockTrainer trainer(*model, options);
-    if (resume) REQUIRE(trainer.resume(ckpt + "/step-00000003", slice));
-    trainer.fit(slice, memopt::LossSum<memopt::models::Llama>{&model});
+    TinyJob job(tiny_config().dropout(0.1));
+    EveryBlockTrainer trainer(*job.model, options);
+    if (resume) REQUIRE(trainer.resume(ckpt + "/step-00000003", job.slice));
+    trainer.fit(job.slice, job.loss);
     torch::Tensor weights;
-    trainer.with_full_weights([&] { weights = flat_weights(model); });
+    trainer.with_full_weights([&] { weights = flat_weights(job.model); });
     return weights;
   };
   const torch::Tensor straight = run(false);
@@ -230,12 +237,9 @@ TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
 TEST_CASE("After fit() the ZeRO-3 model is whole on every rank; the next step shards it again", "[dist]") {
   if (!zero3_ranks(2)) return;
   auto& world = memopt::dist::world();
-  torch::manual_seed(1);
-  memopt::models::Llama model(tiny_config());
-  RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
-  RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
+  TinyJob job;
+  auto& model = job.model;
   EveryBlockTrainer trainer(*model, zero3_options().max_steps(2));
-  const auto loss = memopt::LossSum<memopt::models::Llama>{&model};
   const auto stored = [&] {  // bytes of the distinct storages (a unit's tensors share one buffer)
     std::map<const void*, int64_t> storages;
     for (const auto& p : model->parameters()) storages[p.storage().data()] = static_cast<int64_t>(p.storage().nbytes());
@@ -245,14 +249,14 @@ TEST_CASE("After fit() the ZeRO-3 model is whole on every rank; the next step sh
   };
   int64_t total = 0;
   for (const auto& p : model->parameters()) total += p.numel();
-  trainer.fit(slice, loss);
+  trainer.fit(job.slice, job.loss);
   CHECK(stored() >= 4 * total);  // whole, fp32 (a unit's buffer padded to a multiple of the ranks)
   CHECK(stored() < 4 * total + 64);
   const torch::Tensor after_fit = flat_weights(model);
   CHECK_FALSE(torch::isnan(after_fit).any().item<bool>());
   const auto all = world.all_gather(after_fit, "test: weights after fit");
   CHECK(torch::equal(all[0], all[1]));
-  const double value = trainer.step(slice, loss).loss.item<double>();  // shards again from the whole weights
+  const double value = trainer.step(job.slice, job.loss).loss.item<double>();  // shards again from the whole weights
   CHECK(std::isfinite(value));
   CHECK(stored() < 4 * total / 100);
   torch::Tensor stepped;
@@ -315,11 +319,8 @@ TEST_CASE("The estimator predicts a ZeRO-3 rank's peak", "[dist]") {
 
 TEST_CASE("ZeRO-3 names a block that ran outside run_block", "[dist]") {
   if (!zero3_ranks(2)) return;
-  auto& world = memopt::dist::world();
-  torch::manual_seed(1);
-  memopt::models::Llama model(tiny_config());
-  RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
-  RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
+  TinyJob job;
+  auto& model = job.model;
   EveryBlockTrainer trainer(*model, zero3_options());
   // A loss that runs the layers directly (not through ckpt.run_block).
   auto direct = [&](const memopt::Batch& batch, const memopt::recompute::EveryBlock&) {
@@ -329,6 +330,6 @@ TEST_CASE("ZeRO-3 names a block that ran outside run_block", "[dist]") {
       x = model->model->layers->ptr<memopt::models::LlamaDecoderLayerImpl>(i)->forward(x, cos, sin);
     return model->lm_head(x).sum();
   };
-  CHECK_THROWS_WITH(trainer.step(slice, direct), Catch::Contains("block 'model.layers.0'") &&
+  CHECK_THROWS_WITH(trainer.step(job.slice, direct), Catch::Contains("block 'model.layers.0'") &&
                                                      Catch::Contains("run_block"));
 }
