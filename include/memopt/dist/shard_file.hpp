@@ -59,7 +59,6 @@ class ShardFile {
     std::filesystem::remove(path_, ec);
   }
 
-  const std::string& path() const { return path_; }
   int64_t bytes() const { return static_cast<int64_t>(size_); }
 
   /// A tensor of `numel` elements of `dtype` over the region at `offset` (not owned: the file's).

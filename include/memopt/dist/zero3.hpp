@@ -52,11 +52,12 @@ namespace memopt::dist {
 class FlatParam {
  public:
   FlatParam(World& world, std::vector<torch::Tensor> params) : world_(&world), params_(std::move(params)) {
+    int64_t numel = 0;
     for (const auto& p : params_) {
-      offsets_.push_back(numel_);
-      numel_ += p.numel();
+      offsets_.push_back(numel);
+      numel += p.numel();
     }
-    shard_numel_ = (numel_ + world.size() - 1) / world.size();
+    shard_numel_ = (numel + world.size() - 1) / world.size();
     torch::NoGradGuard no_grad;
     shard_ = torch::zeros({shard_numel_}, params_.front().options());
     reshard();
@@ -66,7 +67,6 @@ class FlatParam {
   /// This rank's elements: what the optimizer steps.
   const torch::Tensor& shard() const { return shard_; }
   const std::vector<torch::Tensor>& params() const { return params_; }
-  int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_->size(); }
 
   /// An all-gather under way: `full` is every rank's shard once `work` is done.
@@ -155,7 +155,7 @@ class FlatParam {
   World* world_;
   std::vector<torch::Tensor> params_;  // the model's tensors, in order
   std::vector<int64_t> offsets_;       // where each starts in the flat order
-  int64_t numel_ = 0, shard_numel_ = 0;
+  int64_t shard_numel_ = 0;
   torch::Tensor shard_;
   ShardFile* file_ = nullptr;  // offloaded: the file its shard lives in, at offset_
   int64_t offset_ = 0;
