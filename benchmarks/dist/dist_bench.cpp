@@ -36,6 +36,7 @@
 #include "memopt/data/loader.hpp"
 #include "memopt/dist.hpp"
 #include "memopt/memopt.hpp"
+#include "memopt/memory/report.hpp"
 
 namespace {
 
@@ -62,6 +63,8 @@ struct BenchConfig {
   bool sharded = false;  // ZeRO-1 (--sharded or --zero 1)
   int zero = 0;          // 3: ZeRO-3 (TrainerOptions::shard_params)
   std::string offload_dir;  // ZeRO-3: the parameter shards in a file there (TrainerOptions::offload_params_dir)
+  bool offload_host = false;  // ZeRO-3, --device cuda: the shards in pinned host memory (offload_params_host)
+  std::string device = "cpu";  // cpu | cuda (cuda:LOCAL_RANK)
   std::string param_gather = "broadcast";
   int64_t bucket_mib = 25;  // the gradient all-reduce's bucket size (TrainerOptions::bucket_mib)
   int64_t comm_reps = 5;    // repetitions of each collective timed after training
@@ -112,6 +115,8 @@ struct RankResult {
   int64_t state_tensor_bytes = 0;    // nbytes of the AdamW state tensors this rank holds
   int64_t model_state_bytes = 0;     // tracker live bytes at the optimizer phase's peak, less those before the model
   int64_t peak_tracked_bytes = 0;    // the run's tracked peak, less the bytes live before the model
+  int64_t cuda_between_steps = 0;    // --device cuda: bytes the caching allocator held after the first step
+  int64_t cuda_peak = 0;             // --device cuda: its peak over all steps
   double grad_sync_ms = 0;           // one gradient all-reduce / reduce-scatter (GradientSync::sync) alone, median
   double count_sync_ms = 0;          // one 2-element all-reduce (the target count) alone, median
   double param_share_ms = 0;         // one ParamShare::share alone (sharded), median
@@ -227,6 +232,7 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
                      .shard_optimizer_state(cfg.sharded)
                      .shard_params(cfg.zero == 3)
                      .offload_params_dir(cfg.offload_dir)
+                     .offload_params_host(cfg.offload_host)
                      .param_gather(cfg.param_gather == "allgather" ? memopt::dist::ParamGather::kAllgather
                                                                    : memopt::dist::ParamGather::kBroadcast)
                      .bucket_mib(cfg.bucket_mib)
@@ -249,6 +255,7 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
   world.barrier();
   const int64_t live_before = tracker.live_bytes();
   tracker.reset_peaks();
+  memopt::memory::reset_cuda_peaks();
   size_t events_per_step = 0;  // the timeline's capacity for one timed step
   int64_t profiled = 0;
   CpuTimes cpu_start;
@@ -282,6 +289,7 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
       world.barrier();
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       r.state_tracked_bytes = tracker.live_bytes() - live_before;
+      if (const auto cuda = memopt::memory::CudaMemory::now(); !cuda.empty()) r.cuda_between_steps = cuda.front().allocated_bytes;
     }
     r.losses.push_back(loss);
     if (s >= cfg.warmup) r.step_seconds.push_back(seconds);
@@ -300,6 +308,7 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
   r.model_state_bytes =
       peaks.phase_peak_bytes[static_cast<int>(memopt::memory::Phase::kOptimizer)] - before_model;
   r.peak_tracked_bytes = peaks.peak_bytes - before_model;
+  if (const auto cuda = memopt::memory::CudaMemory::now(); !cuda.empty()) r.cuda_peak = cuda.front().peak_allocated_bytes;
   const CpuTimes cpu_end = CpuTimes::now();
   r.timed_seconds = std::chrono::duration<double>(Clock::now() - timed_start).count();
   r.cpu_timed = {cpu_end.machine - cpu_start.machine, cpu_end.self - cpu_start.self};
@@ -329,6 +338,10 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
   const int64_t before_model = memopt::memory::Tracker::instance().live_bytes();
   memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
   model->train();
+  const torch::Device device(cfg.device == "cuda" ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                                     world.local_rank()))
+                                                  : torch::Device(torch::kCPU));
+  model->to(device);  // the Trainer follows the parameters: the batches go there
 
   const RankResult r = memopt::bench::with_policies(cfg.precision, cfg.recompute, [&]<class C, class P>() {
     return run<C, P>(cfg, world, model, shard, before_model);
@@ -366,8 +379,12 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
       {"ranks", world.size()},
       {"threads_per_rank", at::get_num_threads()},
       {"sharded", cfg.sharded && world.distributed()},
-      {"zero", world.distributed() ? (cfg.zero == 3 ? 3 : cfg.sharded ? 1 : 0) : 0},
-      {"offload_params", cfg.offload_dir.empty() ? "none" : "disk"},
+      {"zero", cfg.zero == 3 ? 3 : cfg.sharded && world.distributed() ? 1 : 0},  // ZeRO-3 runs alone too (offload)
+      {"offload_params", cfg.offload_host ? "host" : cfg.offload_dir.empty() ? "none" : "disk"},
+      {"device", cfg.device},
+      // the CUDA caching allocator (rank 0's GPU): tensors held after the first step, and the peak of all steps
+      {"cuda_between_steps_mib", cfg.device == "cuda" ? nlohmann::json(r.cuda_between_steps / double(1 << 20)) : nullptr},
+      {"cuda_peak_mib", cfg.device == "cuda" ? nlohmann::json(r.cuda_peak / double(1 << 20)) : nullptr},
       {"param_gather", cfg.sharded && world.distributed() ? nlohmann::json(cfg.param_gather) : nlohmann::json()},
       {"tokens_per_s", static_cast<double>(cfg.tokens_per_step()) / step_s},
       {"step_ms", step_s * 1e3},
@@ -440,6 +457,11 @@ int main(int argc, char** argv) {
   app.add_option("--zero", cfg.zero, "ZeRO stage: 0 (replicated), 1 (optimizer state), 3 (parameters too)")
       ->check(CLI::IsMember({0, 1, 3}));
   app.add_option("--offload_dir", cfg.offload_dir, "--zero 3: keep the parameter shards in a file in this folder");
+  app.add_flag("--offload_host", cfg.offload_host, "--zero 3 --device cuda: keep the parameter shards, their state and "
+               "the optimizer step in pinned host memory");
+  app.add_option("--device", cfg.device, "cpu, or cuda (rank r on cuda:LOCAL_RANK)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   app.add_option("--param_gather", cfg.param_gather, "how a sharded step shares the parameters")
       ->check(CLI::IsMember({"broadcast", "allgather"}));
   app.add_option("--bucket_mib", cfg.bucket_mib, "gradient all-reduce bucket size (MiB)")->check(CLI::PositiveNumber);

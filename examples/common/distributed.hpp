@@ -1,6 +1,7 @@
 // examples/common/distributed.hpp — what every example does to run data parallel under
 // torchrun (scripts/launch): the flags of ZeRO sharding (--zero 1: optimizer state, 3:
-// parameters and gradients too) and the gradient buckets, and output from rank 0 only (the other ranks' stdout goes to /dev/null; errors
+// parameters and gradients too; --offload_params, on one rank too) and the gradient buckets, and
+// output from rank 0 only (the other ranks' stdout goes to /dev/null; errors
 // still reach stderr, so a failing rank says why). A world of one changes nothing.
 #pragma once
 
@@ -31,8 +32,9 @@ struct DistributedFlags {
         ->check(CLI::IsMember({0, 1, 3}))
         ->capture_default_str();
     group->add_flag("--shard_optimizer_state", shard_optimizer_state, "the same as --zero 1");
-    group->add_option("--offload_params", offload_params, "--zero 3: none | disk (each rank's parameter shards in a "
-                      "file under --offload_dir, read ahead of use, out of memory between uses)")
+    group->add_option("--offload_params", offload_params, "--zero 3: none | host (--device cuda: the shards, their "
+                      "state and the optimizer step on the host, in pinned memory) | disk (each rank's shards in a "
+                      "file under --offload_dir, read ahead of use, out of memory between uses); one rank too")
         ->capture_default_str();
     group->add_option("--offload_dir", offload_dir, "where --offload_params disk keeps its files")->capture_default_str();
     group->add_option("--param_gather", param_gather, "sharded: broadcast | allgather (how updated weights travel)")
@@ -44,13 +46,15 @@ struct DistributedFlags {
   memopt::TrainerOptions apply(memopt::TrainerOptions options) const {
     TORCH_CHECK(param_gather == "broadcast" || param_gather == "allgather", "--param_gather must be broadcast or "
                 "allgather (got '", param_gather, "'). HINT: broadcast is the default");
-    TORCH_CHECK(offload_params == "none" || offload_params == "disk", "--offload_params must be none or disk (got '",
-                offload_params, "'). HINT: host (pinned memory for CUDA runs) is not built yet; disk works on any device");
+    TORCH_CHECK(offload_params == "none" || offload_params == "host" || offload_params == "disk", "--offload_params "
+                "must be none, host or disk (got '", offload_params, "'). HINT: host keeps a GPU model's shards in "
+                "pinned host memory; disk works on any device");
     TORCH_CHECK(offload_params == "none" || zero == 3, "--offload_params ", offload_params, " offloads ZeRO-3's "
                 "parameter shards (got --zero ", zero, "). HINT: add --zero 3");
     return options.shard_optimizer_state(shard_optimizer_state || zero == 1)
         .shard_params(zero == 3)
         .offload_params_dir(offload_params == "disk" ? offload_dir : "")
+        .offload_params_host(offload_params == "host")
         .param_gather(param_gather == "broadcast" ? memopt::dist::ParamGather::kBroadcast
                                                   : memopt::dist::ParamGather::kAllgather)
         .bucket_mib(bucket_mib);
@@ -63,7 +67,8 @@ inline memopt::dist::World& join_world(const char* program) {
   auto& world = memopt::dist::world();
   if (world.distributed()) {
     if (world.rank() == 0) {
-      fmt::print("{}: data parallel over {} ranks (Gloo), {} thread(s) each\n", program, world.size(),
+      fmt::print("{}: data parallel over {} ranks ({}), {} thread(s) each\n", program, world.size(),
+                 MEMOPT_HAS_CUDA && torch::cuda::is_available() ? "Gloo; NCCL for CUDA tensors" : "Gloo",
                  at::get_num_threads());
       std::fflush(stdout);
     } else {

@@ -1,7 +1,8 @@
 // memopt/dist.hpp — data parallel training, opt-in: include this header (and link
 // memopt::dist) and a Trainer started by torchrun as one of several ranks trains on
 // dist::world(), summing gradients over the ranks (dist/step_sync.hpp), or with
-// TrainerOptions::shard_params sharding parameters too (ZeRO-3, dist/zero3.hpp). Without it every
+// TrainerOptions::shard_params sharding parameters too (ZeRO-3, dist/zero3.hpp; alone, it offloads
+// them: offload_params_dir, offload_params_host). Without it every
 // Trainer trains on its own process. Also brings dist::world(), RankSlice and the collectives.
 //   #include <memopt/memopt.hpp>
 //   #include <memopt/dist.hpp>
@@ -22,8 +23,8 @@ namespace memopt::dist::detail {
 inline const bool data_parallel_registered = [] {
   memopt::detail::data_parallel_factory() = [](const SyncOptions& options) -> std::unique_ptr<StepSync> {
     World& world = dist::world();
+    if (options.shard_params) return std::make_unique<Zero3>(world, options);  // a world of one too: offload
     if (!world.distributed()) return std::make_unique<LocalSync>();
-    if (options.shard_params) return std::make_unique<Zero3>(world, options);
     return std::make_unique<DataParallel>(world, options);
   };
   return true;

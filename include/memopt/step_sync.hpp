@@ -36,6 +36,7 @@ struct SyncOptions {
   bool shard_params = false;                    // ZeRO-3 (dist/zero3.hpp)
   int64_t param_persistence_threshold = 0;  // ZeRO-3: smaller tensors stay whole on every rank
   std::string offload_params_dir;           // ZeRO-3: the parameter shards in a file there (empty: memory)
+  bool offload_params_host = false;         // ZeRO-3, a model on a GPU: the shards in pinned host memory
 };
 
 /// The Trainer's link to the other ranks. Every hook has the one-process meaning here, so

@@ -146,6 +146,11 @@ struct DistributedOptions {
   /// ahead of each all-gather, out of memory between uses), as ZeRO-Infinity's offload_param to
   /// NVMe. Empty: in memory.
   TORCH_ARG(std::string, offload_params_dir) = "";
+  /// ZeRO-3, a model on a GPU: each rank's parameter shards, their gradients and optimizer
+  /// state in pinned host memory; the optimizer steps them on the CPU and each block's
+  /// parameters are copied to the GPU ahead of use, as DeepSpeed's offload_param to cpu (with
+  /// offload_optimizer) and FSDP's CPUOffload(offload_params=True).
+  TORCH_ARG(bool, offload_params_host) = false;
 
  public:
   void validate() const {
@@ -154,13 +159,18 @@ struct DistributedOptions {
     TORCH_CHECK(offload_params_dir_.empty() || shard_params_, "memopt::TrainerOptions: offload_params_dir '",
                 offload_params_dir_, "' offloads parameter shards, but shard_params is off. HINT: set "
                 "shard_params(true) (--zero 3), or leave offload_params_dir empty");
+    TORCH_CHECK(!offload_params_host_ || shard_params_, "memopt::TrainerOptions: offload_params_host offloads "
+                "parameter shards, but shard_params is off. HINT: set shard_params(true) (--zero 3) with it");
+    TORCH_CHECK(!offload_params_host_ || offload_params_dir_.empty(), "memopt::TrainerOptions: offload_params_host "
+                "and offload_params_dir '", offload_params_dir_, "' both given. HINT: the shards go to one place: "
+                "pinned host memory (a model on a GPU) or a file (any device)");
     TORCH_CHECK(param_persistence_threshold_ >= 0, "memopt::TrainerOptions: param_persistence_threshold must be "
                 ">= 0 (got ", param_persistence_threshold_, "). HINT: 0 shards every tensor; 10000 keeps norms whole.");
   }
   /// As dist::DataParallel and dist::Zero3 take them.
   SyncOptions sync_options() const {
     return SyncOptions{bucket_mib_ << 20, shard_optimizer_state_ || shard_params_, param_gather_, shard_params_,
-                       param_persistence_threshold_, offload_params_dir_};
+                       param_persistence_threshold_, offload_params_dir_, offload_params_host_};
   }
 };
 
@@ -210,6 +220,7 @@ struct TrainerOptions {
   MEMOPT_GROUP_SHORTCUT(distributed, bool, shard_params)
   MEMOPT_GROUP_SHORTCUT(distributed, int64_t, param_persistence_threshold)
   MEMOPT_GROUP_SHORTCUT(distributed, std::string, offload_params_dir)
+  MEMOPT_GROUP_SHORTCUT(distributed, bool, offload_params_host)
 
   /// Throws a message naming the option, the value and a HINT when one is out of range.
   void validate() const {

@@ -2,7 +2,8 @@
 # Data-parallel faults and torchrun, with examples/00_llama_lm on a tiny generated corpus:
 #   - a rank killed mid-run: the other exits with an error naming the lost rank, within 60 s;
 #   - ZeRO-3 (--zero 3, shards offloaded to disk): a run ends with a whole model (evaluated,
-#     sampled); a killed rank is named within 60 s as above, from inside a block's collective;
+#     sampled); its checkpoint resumed by one process is refused, naming both world sizes; a
+#     killed rank is named within 60 s as above, from inside a block's collective;
 #   - different model shapes on the ranks: both exit at start, naming the rank and the shapes;
 #   - torchrun (scripts/launch) with LAUNCH_MAX_RESTARTS=1, --save_every and --resume latest:
 #     a worker killed after a checkpoint is restarted with the others, the job resumes from the
@@ -56,11 +57,10 @@ killed kill ""
 
 # ---- ZeRO-3: trains, ends whole; a rank killed mid-run is named (it blocks inside a block's all-gather) ----
 p=$(port)
-rank 0 "$p" "${job[@]}" --zero 3 --offload_params disk --offload_dir "$tmp/z3off" --steps 6 --output_dir "$tmp/z3" \
-  > "$tmp/z3_0.log" 2>&1 &
+z3=(--zero 3 --offload_params disk --offload_dir "$tmp/z3off" --steps 6 --save_every 3 --output_dir "$tmp/z3")
+rank 0 "$p" "${job[@]}" "${z3[@]}" > "$tmp/z3_0.log" 2>&1 &
 pid0=$!
-(rank 1 "$p" "${job[@]}" --zero 3 --offload_params disk --offload_dir "$tmp/z3off" --steps 6 --output_dir "$tmp/z3" \
-  > "$tmp/z3_1.log" 2>&1)
+(rank 1 "$p" "${job[@]}" "${z3[@]}" > "$tmp/z3_1.log" 2>&1)
 rc1=$?
 wait "$pid0"
 rc0=$?
@@ -69,6 +69,14 @@ if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ -n "$after" ] && grep -q "^sample:"
   ok "--zero 3 --offload_params disk on 2 ranks: $after, a sample from the whole model after fit()"
 else
   fail "--zero 3 run: exits $rc0 / $rc1: $(tail -3 "$tmp/z3_0.log")"
+fi
+# its checkpoint resumed by one process (ZeRO-3 alone): refused, naming both world sizes
+if "$bin" "${job[@]}" "${z3[@]}" --resume latest > "$tmp/z3_one.log" 2>&1; then
+  fail "--zero 3 checkpoint of 2 ranks resumed by 1: accepted"
+elif grep -q "written by 2 rank(s), this run has 1. HINT" "$tmp/z3_one.log"; then
+  ok "--zero 3 checkpoint of 2 ranks resumed by 1: refused ($(grep -o 'written by 2 rank.\{0,40\}' "$tmp/z3_one.log" | head -1))"
+else
+  fail "--zero 3 checkpoint of 2 ranks resumed by 1: $(tail -3 "$tmp/z3_one.log")"
 fi
 killed z3kill "--zero 3, " --zero 3
 

@@ -43,7 +43,7 @@ inline std::shared_ptr<const memopt::data::TokenShard> tokens() {
 
 inline torch::Tensor flat_weights(memopt::models::Llama& model) {
   std::vector<torch::Tensor> parts;
-  for (const auto& p : model->parameters()) parts.push_back(p.detach().to(torch::kFloat).reshape({-1}));
+  for (const auto& p : model->parameters()) parts.push_back(p.detach().to(torch::kCPU, torch::kFloat).reshape({-1}));
   return torch::cat(parts);
 }
 
@@ -60,13 +60,15 @@ struct Run {
   int64_t state_bytes = 0;  // bytes of the AdamW state (exp_avg, exp_avg_sq) this rank holds
 };
 
-// `steps` steps of the Trainer T on micro-batches of 4 rows (2 per rank when data parallel).
+// `steps` steps of the Trainer T on micro-batches of 4 rows (2 per rank when data parallel), the
+// model on `device`.
 template <class T>
 inline Run train(memopt::TrainerOptions options, int64_t steps, bool data_parallel,
-                 const memopt::models::LlamaConfig& config = tiny_config()) {
+                 const memopt::models::LlamaConfig& config = tiny_config(), torch::Device device = torch::kCPU) {
   auto& world = memopt::dist::world();
   torch::manual_seed(1);
   memopt::models::Llama model(config);
+  model->to(device);
   RandomWindowLoader global(tokens(), LoaderOptions(4, 16).seed(7));
   RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
   T trainer(*model, options.data_parallel(data_parallel));

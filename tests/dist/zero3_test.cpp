@@ -8,7 +8,10 @@
 // resumes bit for bit; state::Disk steps the shards as AdamW does, state::Int8 trains; the model
 // is whole after fit(); the estimator's per-rank peak for ZeRO-3,
 // ZeRO-1 and plain data parallel is within 10% of the tracker's; a block run outside run_block
-// is named.
+// is named. In a world of one ("[zero3-1]", a process alone): shards offloaded to a file, or
+// (CUDA) a GPU model's shards in pinned host memory with the optimizer on the CPU, train as the
+// Trainer without ZeRO-3, and a checkpoint resumes bit for bit; host offload of a CPU model is
+// refused.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -27,6 +30,7 @@
 #include <memopt/dist.hpp>
 #include <memopt/memopt.hpp>
 #include <memopt/memory/estimator.hpp>
+#include <memopt/memory/report.hpp>
 
 #include "dist/fixtures.hpp"
 #include "support.hpp"
@@ -246,12 +250,13 @@ TEST_CASE("ZeRO-3 collectives: two gathers and a reduce-scatter per block and mi
   CHECK(per_step[0] == 3 * blocks + 5);
 }
 
-TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
-  if (!zero3_ranks(2)) return;
+namespace {
+// A ZeRO-3 run with a checkpoint at step 3, and one resumed from it: the same weights.
+void resumes_bit_for_bit(const std::string& name, memopt::TrainerOptions options) {
   const char* dir = std::getenv("MEMOPT_TEST_DIR");
   REQUIRE(dir != nullptr);
-  const std::string ckpt = std::string(dir) + "/zero3";
-  auto options = zero3_options().checkpoint_dir(ckpt).save_every(3).max_steps(6);
+  const std::string ckpt = std::string(dir) + "/" + name;
+  options.checkpoint_dir(ckpt).save_every(3).max_steps(6);
   auto run = [&](bool resume) {
     TinyJob job(tiny_config().dropout(0.1));
     EveryBlockTrainer trainer(*job.model, options);
@@ -262,11 +267,18 @@ TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
     return weights;
   };
   const torch::Tensor straight = run(false);
-  CHECK(std::filesystem::exists(ckpt + "/step-00000003/trainer-rank1.pt"));
+  const int ranks = memopt::dist::world().size();
+  CHECK(std::filesystem::exists(ckpt + "/step-00000003/" + (ranks > 1 ? "trainer-rank1.pt" : "trainer.pt")));
   CHECK_FALSE(torch::isnan(straight).any().item<bool>());
   const torch::Tensor resumed = run(true);
   INFO("max |straight - resumed| = " << (straight - resumed).abs().max().item<double>());
   CHECK(torch::equal(straight, resumed));
+}
+}  // namespace
+
+TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  resumes_bit_for_bit("zero3", zero3_options());
 }
 
 TEST_CASE("After fit() the ZeRO-3 model is whole on every rank; the next step shards it again", "[dist]") {
@@ -367,4 +379,77 @@ TEST_CASE("ZeRO-3 names a block that ran outside run_block", "[dist]") {
   };
   CHECK_THROWS_WITH(trainer.step(job.slice, direct), Catch::Contains("block 'model.layers.0'") &&
                                                      Catch::Contains("run_block"));
+}
+
+TEST_CASE("ZeRO-3 alone (a world of one) offloads its shards to a file, trains as without it, resumes",
+          "[zero3-1]") {
+  if (!zero3_ranks(1)) return;
+  const char* dir = std::getenv("MEMOPT_TEST_DIR");
+  REQUIRE(dir != nullptr);
+  const Run plain = train<EveryBlockTrainer>(base_options(), 6, true);
+  const Run disk = train<EveryBlockTrainer>(zero3_options().offload_params_dir(std::string(dir) + "/alone"), 6, true);
+  const double diff = (plain.weights - disk.weights).abs().max().item<double>();
+  INFO("max |w_plain - w_zero3_disk| = " << diff);
+  CHECK(diff <= 1e-6);
+  CHECK(disk.losses.back() < disk.losses.front());
+  resumes_bit_for_bit("alone-ckpt", zero3_options().offload_params_dir(std::string(dir) + "/alone-offload"));
+
+  TinyJob job;  // between steps the model holds placeholders; the optimizer steps the shards
+  EveryBlockTrainer trainer(*job.model, zero3_options().param_specific_decay(false));
+  trainer.step(job.slice, job.loss);
+  int64_t model_bytes = 0, tensors = 0;
+  for (const auto& p : job.model->parameters()) model_bytes += static_cast<int64_t>(p.storage().nbytes()), ++tensors;
+  CHECK(model_bytes == 4 * tensors);
+  CHECK(trainer.optimizer().param_groups().front().params().size() == 3);  // 2 blocks + the root
+
+  memopt::test::require_error([&] { EveryBlockTrainer(*job.model, zero3_options().offload_params_host(true)); },
+                              "memopt::dist::Zero3", {"offload_params_host", "cpu", "HINT", "offload_params_dir"});
+  memopt::test::require_error([] { memopt::TrainerOptions().offload_params_host(true).validate(); },
+                              "memopt::TrainerOptions", {"offload_params_host", "shard_params", "HINT"});
+}
+
+TEST_CASE("CUDA: ZeRO-3 alone keeps a GPU model's shards in pinned host memory and trains as without it",
+          "[zero3-1][cuda]") {
+  MEMOPT_REQUIRE_CUDA();
+  if (!zero3_ranks(1)) return;
+  const torch::Device gpu(torch::kCUDA, 0);
+  // The offloaded run steps AdamW on the CPU, the plain one on the GPU: fp32 within 1e-5; under
+  // bf16 autocast those last-bit differences pass through bf16 roundings, so the bound is a
+  // tenth of what bf16 itself moves the weights from the fp32 run (the reference's own error).
+  const auto compare = [&]<class T>(const char* what, const Run* fp32) {
+    const Run plain = train<T>(base_options(), 6, true, tiny_config(), gpu);
+    const Run host = train<T>(zero3_options().offload_params_host(true), 6, true, tiny_config(), gpu);
+    const double diff = (plain.weights - host.weights).abs().max().item<double>();
+    const double bound = fp32 == nullptr ? 1e-5 : 0.1 * (plain.weights - fp32->weights).abs().max().item<double>();
+    INFO(what << ": max |w_gpu - w_host_offload| = " << diff << ", bound " << bound);
+    CHECK(diff <= bound);
+    for (size_t s = 0; s < plain.losses.size(); ++s)
+      CHECK(std::abs(host.losses[s] - plain.losses[s]) <= (fp32 == nullptr ? 1e-5 : 1e-3) * plain.losses[s]);
+    CHECK(host.losses.back() < host.losses.front());
+    return plain;
+  };
+  const Run fp32 = compare.template operator()<EveryBlockTrainer>("fp32", nullptr);
+  compare.template operator()<memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Autocast,
+                                               memopt::accum::Runtime>>("bf16 autocast", &fp32);
+
+  // Between steps the GPU holds none of the parameters, gradients or state: they are on the host.
+  const auto allocated = [&](memopt::TrainerOptions options, bool expect_host) {
+    TinyJob job;
+    job.model->to(gpu);
+    const int64_t before = memopt::memory::CudaMemory::now().at(0).allocated_bytes;
+    EveryBlockTrainer trainer(*job.model, options.param_specific_decay(false));
+    trainer.step(job.slice, job.loss);
+    for (const auto& p : trainer.optimizer().param_groups().front().params()) {
+      CHECK(p.is_cpu() == expect_host);
+      CHECK(p.is_pinned() == expect_host);
+    }
+    return memopt::memory::CudaMemory::now().at(0).allocated_bytes - before;
+  };
+  int64_t elements = 0;
+  for (const auto& p : memopt::models::Llama(tiny_config())->parameters()) elements += p.numel();
+  const int64_t on_gpu = allocated(base_options(), false);
+  const int64_t offloaded = allocated(zero3_options().offload_params_host(true), true);
+  INFO("CUDA bytes allocated after a step: " << on_gpu << " resident, " << offloaded << " offloaded; "
+       << elements << " parameters");
+  CHECK(on_gpu - offloaded >= 8 * elements);  // AdamW's state at least; the gradients and weights too
 }

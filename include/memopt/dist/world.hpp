@@ -1,6 +1,6 @@
 // memopt/dist/world.hpp — the process group a run trains in, on PyTorch's own distributed
 // engine (c10d): Gloo on CPU, NCCL for CUDA tensors when LibTorch was built with it
-// (USE_C10D_NCCL; that path is compile-guarded and has not run on a GPU yet).
+// (USE_C10D_NCCL), one GPU per rank: two ranks on one GPU are refused, naming both.
 //
 // dist::world() is set up once, from the environment torchrun gives each worker (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
@@ -10,7 +10,7 @@
 //     does not read the last attempt's keys;
 //   - started by hand (the same variables, no agent) rank 0 serves the store;
 //   - with no WORLD_SIZE (or 1) it is a world of one: no store, no thread, and every
-//     collective returns at once.
+//     collective returns at once (a gather or all-to-all copies `in` to `out`).
 // Collectives are counted (collectives()), bounded by a timeout (MEMOPT_DIST_TIMEOUT seconds,
 // default 120), and a failure names the ranks that stopped answering: each rank beats a
 // heartbeat into the store every second, and a failed collective waits three beats to see
@@ -27,6 +27,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -97,6 +99,7 @@ class World {
 
   /// Starts summing `t` over the ranks in place; finish with wait().
   c10::intrusive_ptr<c10d::Work> all_reduce_sum_async(torch::Tensor t, const char* what = "all_reduce") {
+    if (!distributed()) return {};
     std::vector<torch::Tensor> one{std::move(t)};
     return run(what, [&] { return on_group(one.front(), [&](auto& g) { return g.allreduce(one); }); });
   }
@@ -105,6 +108,7 @@ class World {
   /// `out` receives out_split[r] elements from each rank r; finish with wait().
   c10::intrusive_ptr<c10d::Work> all_to_all_async(torch::Tensor out, torch::Tensor in, std::vector<int64_t> out_split,
                                                   std::vector<int64_t> in_split, const char* what = "all_to_all") {
+    if (!distributed()) return local_copy(out, in);
     return run(what, [&] {
       return on_group(in, [&](auto& g) { return g.alltoall_base(out, in, out_split, in_split); });
     });
@@ -138,6 +142,7 @@ class World {
                 "memopt::dist::World::all_gather_into_async: `out` must be contiguous and hold world_size (", size(),
                 ") x ", in.numel(), " elements of ", in.scalar_type(), " (got ", out.numel(), " of ",
                 out.scalar_type(), "). HINT: allocate it with torch::empty({world.size() * in.numel()})");
+    if (!distributed()) return local_copy(out, in);
     const torch::Tensor out_bytes = out.view(torch::kByte);
     const int64_t n = in.numel() * static_cast<int64_t>(in.element_size());
     std::vector<std::vector<torch::Tensor>> outs(1);
@@ -153,6 +158,7 @@ class World {
 
   /// Waits for an async collective; a failure names the ranks that stopped answering.
   void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
+    if (!work) return;  // a world of one's: done
     try {
       work->wait(env_.timeout);
     } catch (const std::exception& e) {
@@ -250,6 +256,30 @@ class World {
     }
   }
 
+  // A world of one's gather or all-to-all: `in` is every rank's part.
+  static c10::intrusive_ptr<c10d::Work> local_copy(torch::Tensor& out, const torch::Tensor& in) {
+    torch::NoGradGuard no_grad;
+    out.copy_(in.view(out.sizes()));
+    return {};
+  }
+
+  // NCCL drives one GPU per rank: every rank's (host, GPU) through the store, and a clear error
+  // on the ranks that share one (NCCL itself reports "Duplicate GPU detected" and no HINT).
+  void check_own_gpu(const torch::Device& device) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const std::string mine = fmt::format("{} cuda:{}", host, device.index());
+    store_set("nccl-gpu/" + std::to_string(rank()), mine);
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      const std::string theirs = store_get("nccl-gpu/" + std::to_string(r));
+      TORCH_CHECK(theirs != mine, "memopt::dist: ranks ", std::min(r, rank()), " and ", std::max(r, rank()),
+                  " both run on ", mine, ", and NCCL needs a GPU of its own for each rank. HINT: put rank r's model "
+                  "on cuda:LOCAL_RANK (the examples' --device cuda does), and start at most as many ranks on a "
+                  "machine as it has GPUs (nvidia-smi -L)");
+    }
+  }
+
   // The group for `t`'s device: NCCL for CUDA tensors when LibTorch has it (made on first
   // use, on its own store prefix), Gloo otherwise.
   template <class F>
@@ -257,6 +287,7 @@ class World {
 #if defined(USE_C10D_NCCL)
     if (t.is_cuda()) {
       if (!nccl_) {
+        check_own_gpu(t.device());
         auto store = c10::make_intrusive<c10d::PrefixStore>("nccl", c10::static_intrusive_pointer_cast<c10d::Store>(store_));
         nccl_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::static_intrusive_pointer_cast<c10d::Store>(store),
                                                              env_.rank, env_.world_size);

@@ -1,7 +1,7 @@
 // memopt/dist/zero3.hpp — dist::Zero3: ZeRO-3 (what PyTorch FSDP calls full sharding), the
-// StepSync of a Trainer with TrainerOptions::shard_params(true) in a job of several ranks.
-// Parameters are grouped into units: each block the model runs through `ckpt.run_block` (the
-// items of its outermost ModuleLists and Sequentials: LLaMA's layers), and the root (the rest:
+// StepSync of a Trainer with TrainerOptions::shard_params(true). Parameters are grouped into
+// units (dist/flat_param.hpp: FlatParam, Unit): each block the model runs through `ckpt.run_block`
+// (the items of its outermost ModuleLists and Sequentials: LLaMA's layers), and the root (the rest:
 // embedding, final norm, head). A unit's tensors of at least param_persistence_threshold
 // elements (DeepSpeed's stage3_param_persistence_threshold) are concatenated per optimizer group
 // into a FlatParam, padded to a multiple of the world size; rank r keeps elements
@@ -21,6 +21,11 @@
 //     state (each rank steps the ones it owns and shares them: DataParallel::shard_state).
 //   - offload_params_dir: the shards live in a file (dist/shard_file.hpp), read ahead of each
 //     all-gather and dropped from memory after it and after the optimizer step.
+//   - offload_params_host (a model on a GPU): the shards, their gradients and optimizer state
+//     live in pinned host memory and the optimizer steps on the CPU (ZeRO-Offload); each
+//     all-gather starts with the shard's copy to the GPU, each reduce-scatter ends with one back.
+// In a world of one (no torchrun) it runs the same way, the collectives being copies: what
+// offloads one process's parameters, to a file or from a GPU to the host.
 // Per step and block: its parameters all-gathered twice and its gradients reduce-scattered
 // once per micro-batch; the root's parameters and gradients once per step (docs/distributed.md).
 #pragma once
@@ -40,163 +45,12 @@
 
 #include "memopt/detail/autocast.hpp"
 #include "memopt/detail/checkpoint_function.hpp"
+#include "memopt/dist/flat_param.hpp"
 #include "memopt/dist/shard_file.hpp"
 #include "memopt/dist/step_sync.hpp"
 #include "memopt/dist/world.hpp"
 
 namespace memopt::dist {
-
-/// Tensors of one unit and one optimizer group as one flat parameter, sharded over the ranks:
-/// this rank keeps shard() (its 1/world of the elements, zero padded at the end); gather() and
-/// bind() make the tensors whole views of one buffer, release() frees them again.
-class FlatParam {
- public:
-  FlatParam(World& world, std::vector<torch::Tensor> params) : world_(&world), params_(std::move(params)) {
-    int64_t numel = 0;
-    for (const auto& p : params_) {
-      offsets_.push_back(numel);
-      numel += p.numel();
-    }
-    shard_numel_ = (numel + world.size() - 1) / world.size();
-    torch::NoGradGuard no_grad;
-    shard_ = torch::zeros({shard_numel_}, params_.front().options());
-    reshard();
-    shard_.requires_grad_(true);
-  }
-
-  /// This rank's elements: what the optimizer steps.
-  const torch::Tensor& shard() const { return shard_; }
-  const std::vector<torch::Tensor>& params() const { return params_; }
-  int64_t padded_numel() const { return shard_numel_ * world_->size(); }
-
-  /// An all-gather under way: `full` is every rank's shard once `work` is done.
-  struct Pending {
-    torch::Tensor full;
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-
-  /// Starts gathering every rank's shard, in rank order: the tensors' elements (padded_numel(),
-  /// the shard's dtype).
-  Pending start_gather() const {
-    torch::Tensor full = torch::empty({padded_numel()}, shard_.options().requires_grad(false));
-    return {full, world_->all_gather_into_async(full, shard_.detach(), "ZeRO-3 parameter all-gather")};
-  }
-  torch::Tensor finish(const Pending& pending) const {
-    world_->wait("ZeRO-3 parameter all-gather", pending.work);
-    return pending.full;
-  }
-
-  /// The tensors become views of `full` (gather()'s), keeping their identity.
-  void bind(const torch::Tensor& full) {
-    for (size_t i = 0; i < params_.size(); ++i)
-      params_[i].set_data(full.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes()));
-  }
-
-  /// The tensors become NaN placeholders of their shape holding one element.
-  void release() {
-    const auto nan = torch::full({}, std::numeric_limits<double>::quiet_NaN(), shard_.options().requires_grad(false));
-    for (auto& p : params_) p.set_data(nan.expand(p.sizes()));
-  }
-
-  /// The sums over the ranks of this rank's elements of `grads` (one per tensor, undefined:
-  /// zeros), in the shard's dtype: summed in fp32, as an all-to-all of the padded chunks.
-  torch::Tensor reduce_scatter(const std::vector<torch::Tensor>& grads) const {
-    torch::NoGradGuard no_grad;
-    torch::Tensor flat = torch::zeros({padded_numel()}, shard_.options().dtype(torch::kFloat).requires_grad(false));
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (grads[i].defined()) flat.narrow(0, offsets_[i], params_[i].numel()).copy_(grads[i].reshape({-1}));
-    torch::Tensor received = torch::empty_like(flat);  // (world, n): every rank's copy of my chunk
-    const std::vector<int64_t> split(static_cast<size_t>(world_->size()), shard_numel_);
-    world_->wait("ZeRO-3 gradient reduce-scatter",
-                 world_->all_to_all_async(received, flat, split, split, "ZeRO-3 gradient reduce-scatter"));
-    return received.view({world_->size(), shard_numel_}).sum(0).to(shard_.scalar_type());
-  }
-
-  /// Offload to disk: the shard moves into its region of `file` (at `offset`, room for 4 bytes an
-  /// element), keeping its identity; again whenever something gave it other memory (Bf16Pure's
-  /// cast to bf16).
-  void place(ShardFile& file, int64_t offset) {
-    file_ = &file;
-    offset_ = offset;
-    if (file.holds(shard_)) return;
-    torch::NoGradGuard no_grad;
-    torch::Tensor region = file.tensor(offset, shard_numel_, shard_.scalar_type());
-    region.copy_(shard_.detach());
-    shard_.set_data(region);
-    file.release(shard_);
-  }
-  void place_again() {
-    if (file_ != nullptr) place(*file_, offset_);
-  }
-  /// Offloaded: asks for the shard's pages ahead of use, or drops them from memory after.
-  void will_need() const {
-    if (file_ != nullptr) file_->will_need(shard_);
-  }
-  void page_out() const {
-    if (file_ != nullptr) file_->release(shard_);
-  }
-  int64_t shard_numel() const { return shard_numel_; }
-
-  /// shard() ← this rank's elements of the tensors as they are now (a resume loaded them).
-  void reshard() {
-    torch::NoGradGuard no_grad;
-    const int64_t lo = world_->rank() * shard_numel_;
-    const int64_t hi = lo + shard_numel_;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const int64_t begin = std::max(lo, offsets_[i]);
-      const int64_t end = std::min(hi, offsets_[i] + params_[i].numel());
-      if (begin >= end) continue;
-      shard_.detach().narrow(0, begin - lo, end - begin)
-          .copy_(params_[i].detach().reshape({-1}).narrow(0, begin - offsets_[i], end - begin));
-    }
-  }
-
- private:
-  World* world_;
-  std::vector<torch::Tensor> params_;  // the model's tensors, in order
-  std::vector<int64_t> offsets_;       // where each starts in the flat order
-  int64_t shard_numel_ = 0;
-  torch::Tensor shard_;
-  ShardFile* file_ = nullptr;  // offloaded: the file its shard lives in, at offset_
-  int64_t offset_ = 0;
-};
-
-/// A unit (a block the model runs through run_block, or the root): its flat parameters, and
-/// its trainable tensors below the persistence threshold (whole on every rank).
-struct Unit {
-  std::string name;
-  std::vector<std::unique_ptr<FlatParam>> flats;
-  std::vector<torch::Tensor> replicated;
-  Unit* next = nullptr;  // the block after it in the model (its forward prefetches that one)
-  Unit* prev = nullptr;  // the block before it (its backward prefetches that one)
-  int64_t runs = 0;      // forwards since the last gradient sync
-  bool backward_follows = false;                 // the run under way records a graph
-  std::vector<FlatParam::Pending> pending;      // a prefetched all-gather, one per flat
-
-  /// Starts the all-gather (a prefetch) unless one is under way.
-  void prefetch() {
-    if (!pending.empty()) return;
-    for (auto& f : flats) f->will_need();  // offloaded: read ahead while the other ranks start
-    for (auto& f : flats) pending.push_back(f->start_gather());
-  }
-  /// The tensors whole: the prefetched all-gather, or one now.
-  void gather() {
-    prefetch();
-    for (size_t i = 0; i < flats.size(); ++i) {
-      flats[i]->bind(flats[i]->finish(pending[i]));
-      flats[i]->page_out();  // offloaded: the shard was read; its pages leave memory
-    }
-    pending.clear();
-  }
-  void release() {
-    for (auto& f : flats) f->release();
-  }
-  /// Waits for and frees a prefetch nobody used (the shards are about to change).
-  void drop() {
-    for (size_t i = 0; i < pending.size(); ++i) flats[i]->finish(pending[i]);
-    pending.clear();
-  }
-};
 
 namespace detail {
 
@@ -370,6 +224,14 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
       for (auto& [g, flat] : shards) {
         flat->place(*file_, offset);
         offset += ShardFile::region_bytes(flat->shard_numel());
+      }
+    }
+    if (options_.offload_params_host) {
+      for (auto& [g, flat] : shards) {
+        TORCH_CHECK(flat->device().is_cuda(), "memopt::dist::Zero3: offload_params_host keeps the shards of a model "
+                    "on a GPU in pinned host memory, but this model is on ", flat->device(), ". HINT: on the CPU, "
+                    "offload them to a file (offload_params_dir, --offload_params disk)");
+        flat->place_host();
       }
     }
     std::vector<torch::Tensor> others = shard_state(small, groups);  // groups keep the small ones this rank owns

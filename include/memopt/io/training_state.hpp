@@ -109,6 +109,10 @@ class TrainingState {
     TORCH_CHECK(state.value("trainer", "") == record.trainer, who, ": '", dir, "' was written by ",
                 state.value("trainer", "?"), ", this is ", record.trainer,
                 ". HINT: resume with the policies of the run that wrote it");
+    // First: another number of ranks also changes what depends on it (the global batch).
+    const int saved_world = state.value("world_size", 1);
+    TORCH_CHECK(saved_world == sync.size(), who, ": '", dir, "' was written by ", saved_world, " rank(s), this run has ",
+                sync.size(), ". HINT: resume with the number of ranks (--nproc_per_node) of the run that wrote it");
     auto differences = setting_differences(state.value("options", nlohmann::json()), record.options, mutable_options);
     const auto config = setting_differences(state.value("config", nlohmann::json()), run_config_, {}, "config");
     differences.insert(differences.end(), config.begin(), config.end());
@@ -116,9 +120,6 @@ class TrainingState {
     for (const auto& d : differences) listed += "\n  " + d;
     TORCH_CHECK(differences.empty(), who, ": '", dir, "' was written with other settings:", listed,
                 "\nHINT: resume with the settings of the run that wrote it, or start a new run elsewhere");
-    const int saved_world = state.value("world_size", 1);
-    TORCH_CHECK(saved_world == sync.size(), who, ": '", dir, "' was written by ", saved_world, " rank(s), this run has ",
-                sync.size(), ". HINT: resume with the number of ranks (--nproc_per_node) of the run that wrote it");
     const nlohmann::json& mine = sync.distributed() ? state.at("ranks").at(static_cast<size_t>(sync.rank())) : state;
     if constexpr (ResumableSource<Loader>) {
       TORCH_CHECK(mine.contains("loader"), who, ": '", dir, "' holds no data-loader position. "

@@ -8,12 +8,16 @@
 
 namespace memopt::optim {
 
-/// The L2 norm of each defined gradient of `params`, as a (k,) fp32 tensor (k may be 0).
+/// The L2 norm of each defined gradient of `params`, as a (k,) fp32 tensor (k may be 0) on the
+/// first one's device (ZeRO-3's host-offloaded shards and a GPU's replicated tensors mix).
 inline torch::Tensor grad_norms(const std::vector<torch::Tensor>& params) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> norms;
-  for (const auto& p : params)
-    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad(), 2, c10::nullopt, false, torch::kFloat));
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    torch::Tensor norm = at::linalg_vector_norm(p.grad(), 2, c10::nullopt, false, torch::kFloat);
+    norms.push_back(norms.empty() ? norm : norm.to(norms.front().device()));
+  }
   return norms.empty() ? torch::zeros({0}) : torch::stack(norms);
 }
 
@@ -24,7 +28,7 @@ inline void clip_grads_to_(const std::vector<torch::Tensor>& params, const torch
   torch::NoGradGuard no_grad;
   const torch::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
   for (const auto& p : params)
-    if (p.grad().defined()) p.grad().mul_(coef.to(p.grad().scalar_type()));
+    if (p.grad().defined()) p.grad().mul_(coef.to(p.grad().device(), p.grad().scalar_type()));
 }
 
 /// Clips the global L2 norm of the gradients to `max_norm` (<= 0: measure only).
