@@ -95,6 +95,11 @@ def dist_config(l: Mapping) -> dict:
             "sharded": l.get("sharded", False), "param_gather": l.get("param_gather")}
 
 
+def shape(l: Mapping) -> str:
+    """A line's model shape, e.g. "4x256" (layers x width)."""
+    return f"{l.get('layers', '?')}x{l.get('dim', '?')}"
+
+
 def dist_summary(raw: Mapping[str, str]) -> list[dict]:
     """dist_speedup, loss_curve, dist_vs_peer and optimizer_state_per_rank from the lines kept as
     CONFIGURATION#ROUND."""
@@ -150,11 +155,11 @@ def dist_summary(raw: Mapping[str, str]) -> list[dict]:
                   "unsharded_mib_ranks": whole["optimizer_state_mib_ranks"],
                   "source": "tracker: live bytes added by the first step, after a barrier; the largest rank's"})
     for plain, zero3, target in (("two", "two-zero3", 0.55), ("two", "two-zero3-disk", 0.55),
-                                 ("three", "three-zero3", 0.37)):
+                                 ("three", "three-zero3", 0.37), ("two-l8", "two-zero3-l8", 0.55)):
         if plain in lines and zero3 in lines:  # model state: tracked bytes at the optimizer phase's peak
             state = lines[zero3]["model_state_mib_per_rank"] / lines[plain]["model_state_mib_per_rank"]
             d = {"name": "zero3_vs_ddp", "impl": "ratio", **dist_config(lines[zero3]), "zero": 3,
-                 "offload_params": lines[zero3].get("offload_params", "none"),
+                 "shape": shape(lines[zero3]), "offload_params": lines[zero3].get("offload_params", "none"),
                  "state_per_rank": round(state, 4), "target_state": target,
                  "zero3_mib_ranks": lines[zero3]["model_state_mib_ranks"],
                  "ddp_mib_ranks": lines[plain]["model_state_mib_ranks"],
@@ -166,12 +171,22 @@ def dist_summary(raw: Mapping[str, str]) -> list[dict]:
             else:
                 d["met"] = state <= target
             emit(d)
-    if "two-zero3" in lines and "peer-two-fsdp2" in lines:
-        z, f = lines["two-zero3"], lines["peer-two-fsdp2"]
-        rss, tokens = z["peak_rss_mib"] / f["peak_rss_mib"], median_step("peer-two-fsdp2") / median_step("two-zero3")
-        emit({"name": "zero3_vs_fsdp2", "impl": "ratio", **dist_config(z), "zero": 3, "peak_rss_mib": round(rss, 4),
-              "tokens_per_s": round(tokens, 4), "targets": {"peak_rss_mib": 1.0, "tokens_per_s": 1.1},
-              "met": rss <= 1.0 and tokens >= 1.1, "peer": f.get("peer_data_parallel"),
-              "model_state_mib_per_rank": [z["model_state_mib_per_rank"],
-                                           f.get("model_state_bytes_per_rank", 0) / (1 << 20)]})
+    # against the peers of ZeRO-3: FSDP2 (the issue's targets) and DeepSpeed ZeRO-3 (for reference)
+    for zero3, peer, name, targets in (
+            ("two-zero3", "peer-two-fsdp2", "zero3_vs_fsdp2", True),
+            ("two-zero3-l8", "peer-two-fsdp2-l8", "zero3_vs_fsdp2", True),
+            ("two-zero3", "peer-two-deepspeed3", "zero3_vs_deepspeed", False),
+            ("two-zero3-l8", "peer-two-deepspeed3-l8", "zero3_vs_deepspeed", False)):
+        if zero3 not in lines or peer not in lines:
+            continue
+        z, f = lines[zero3], lines[peer]
+        rss, tokens = z["peak_rss_mib"] / f["peak_rss_mib"], median_step(peer) / median_step(zero3)
+        d = {"name": name, "impl": "ratio", **dist_config(z), "zero": 3, "shape": shape(z),
+             "peak_rss_mib": round(rss, 4), "tokens_per_s": round(tokens, 4), "peer": f.get("peer_data_parallel"),
+             "model_state_mib_per_rank": [z["model_state_mib_per_rank"],
+                                          f.get("model_state_bytes_per_rank", 0) / (1 << 20)],
+             "loss_last": [z.get("loss_last"), f.get("loss_last")]}
+        if targets:
+            d.update({"targets": {"peak_rss_mib": 1.0, "tokens_per_s": 1.1}, "met": rss <= 1.0 and tokens >= 1.1})
+        emit(d)
     return out

@@ -18,8 +18,15 @@ place, the peer of memopt's ZeRO-3: fully_shard over a 1-D Gloo CPU mesh on ever
 then on the root (reshard_after_forward, fp32 parameters, no MixedPrecisionPolicy: bf16 comes
 from the same autocast), set_requires_gradient_sync(False) on all but the last micro-batch (the
 analogue of no_sync), the global-norm clip over the DTensor gradients, AdamW on the sharded
-parameters. Every line says what each rank holds: param/grad/state_bytes_per_rank (the local
-shards of DTensors, the largest rank's) and model_state_bytes_ranks.
+parameters. --deepspeed (2+ ranks) puts DeepSpeed ZeRO-3 there instead, on the CPU
+(DS_ACCELERATOR=cpu, the same Gloo group): deepspeed.initialize with stage 3,
+stage3_param_persistence_threshold 0 (every tensor sharded, as memopt's default), the same
+AdamW as its client optimizer, gradient_clipping 1.0, gradient_accumulation_steps --accum with
+engine.backward(loss, scale_wrt_gas=False) (the loss is already divided by the batch's target
+count) and engine.step() after each micro-batch; fp32 weights, bf16 from the same autocast.
+Every line says what each rank holds: param/grad/state_bytes_per_rank (the local
+shards of DTensors or DeepSpeed's partitions and fp32 copies, the largest rank's) and
+model_state_bytes_ranks.
 
 Attention is F.scaled_dot_product_attention(is_causal=True): what a PyTorch 2.x user writes (its
 CPU flash kernel never materialises the T x T scores).
@@ -223,7 +230,9 @@ def quantize_blocks(model, compute_dtype):
 def logical_numel(p):
     """A parameter's element count; a Linear4bit weight's is its unquantised shape's, not its packed bytes'."""
     state = getattr(p, "quant_state", None)
-    return state.shape.numel() if state is not None else p.numel()
+    if state is not None:
+        return state.shape.numel()
+    return getattr(p, "ds_numel", p.numel())  # a DeepSpeed ZeRO-3 parameter is empty between uses
 
 
 def fully_shard_fn():
@@ -242,6 +251,32 @@ def local_bytes(t):
     if hasattr(t, "to_local"):  # DTensor (an FSDP2 parameter, its gradient, its AdamW moments)
         t = t.to_local()
     return t.numel() * t.element_size()
+
+
+def deepspeed_engine(model, optimizer, args, world):
+    """DeepSpeed ZeRO-3 over the initialised Gloo group, on the CPU (see the docstring)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    config = {
+        "train_micro_batch_size_per_gpu": args.micro // world,
+        "gradient_accumulation_steps": args.accum,
+        "gradient_clipping": 1.0,
+        "zero_allow_untested_optimizer": True,  # torch.optim.AdamW, the other peers' optimizer
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "overlap_comm": False,
+                              "contiguous_gradients": True, "reduce_bucket_size": 25 << 20},
+        "steps_per_print": 1 << 30,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+    return engine, f"deepspeed {deepspeed.__version__} ZeRO-3"
+
+
+def deepspeed_bytes(engine):
+    """This rank's DeepSpeed ZeRO-3 bytes: parameter partitions (and their fp32 copies), gradient partitions."""
+    zero = engine.optimizer
+    params = sum(local_bytes(getattr(p, "ds_tensor", p)) for p in engine.module.parameters())
+    params += sum(local_bytes(t) for t in getattr(zero, "fp32_partitioned_groups_flat", []))
+    grads = local_bytes(getattr(zero, "grad_partitions_flat_buffer", None))
+    return params, grads
 
 
 def add_adapters(model, rank, targets):
@@ -278,13 +313,18 @@ def main():
     ap.add_argument("--fsdp2", action="store_true",
                     help="with WORLD_SIZE > 1: PyTorch FSDP2 (fully_shard per block + root over a Gloo CPU mesh) "
                          "instead of DistributedDataParallel")
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="with WORLD_SIZE > 1: DeepSpeed ZeRO-3 on the CPU instead of DistributedDataParallel")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    if args.fsdp2 and world < 2:
-        sys.exit("trainer_peer.py: --fsdp2 shards over ranks; start 2 or more with RANK / WORLD_SIZE / MASTER_ADDR / "
-                 f"MASTER_PORT (as torchrun does); WORLD_SIZE is {world}")
+    if (args.fsdp2 or args.deepspeed) and world < 2:
+        sys.exit("trainer_peer.py: --fsdp2 and --deepspeed shard over ranks; start 2 or more with RANK / WORLD_SIZE / "
+                 f"MASTER_ADDR / MASTER_PORT (as torchrun does); WORLD_SIZE is {world}")
+    if args.deepspeed and (args.fsdp2 or args.finetune != "full" or args.compile):
+        sys.exit("trainer_peer.py: --deepspeed is the full fine-tune peer of memopt's ZeRO-3, alone (no --fsdp2, "
+                 "--finetune or --compile)")
     if args.fsdp2 and args.finetune == "qlora":
         sys.exit("trainer_peer.py: --fsdp2 with --finetune qlora is not supported: fully_shard's all-gathered "
                  "Linear4bit weights lose their Params4bit quant_state (bitsandbytes: 'ValueError: quant_state is "
@@ -329,8 +369,10 @@ def main():
     params = [p for _, p in trainable]
     loader = LcgTokenLoader(args.micro, args.seq, args.vocab, args.seed)
     rows = slice(rank * args.micro // world, (rank + 1) * args.micro // world)  # this rank's rows
-    ddp = world > 1 and not args.fsdp2
+    ddp = world > 1 and not args.fsdp2 and not args.deepspeed
     trained = DistributedDataParallel(model, bucket_cap_mb=25) if ddp else model
+    if args.deepspeed:  # the engine partitions the parameters and wraps the optimizer
+        trained, peer_engine = deepspeed_engine(model, optimizer, args, world)
     if args.compile:
         trained = torch.compile(trained)  # compiles during the warm-up step(s)
     impl = "pytorch_compile" if args.compile else "pytorch"
@@ -354,10 +396,18 @@ def main():
             with sync:
                 with autocast:
                     loss = trained(inputs, targets, checkpoint, reentrant).float() / num_targets
-                loss.backward()
+                if args.deepspeed:
+                    trained.backward(loss, scale_wrt_gas=False)
+                    if last:  # its gradient partitions, reduced, before the step
+                        held["param"], held["grad"] = deepspeed_bytes(trained)
+                    trained.step()  # steps (and clips) at the accumulation boundary only
+                else:
+                    loss.backward()
             loss_sum += loss.detach()
         if world > 1:
             dist.all_reduce(loss_sum)  # the global batch's mean loss
+        if args.deepspeed:
+            return loss_sum.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)  # DTensor gradients: the global norm over all shards
         held["grad"] = sum(local_bytes(p.grad) for p in params)  # this rank's gradients at the step
         optimizer.step()
@@ -389,7 +439,8 @@ def main():
     # The peak scripts/bench divides by for the line's mfu, as memopt_bench_trainer measures it.
     gemm = gemm_gflops(args.micro * args.seq, args.dim, ffn_size(args.dim) if args.ffn == 0 else args.ffn,
                        torch.bfloat16 if bf16 else torch.float32)
-    held["param"] = sum(local_bytes(p) for p in model.parameters())  # frozen ones too; FSDP2: the shards
+    if not args.deepspeed:  # (DeepSpeed's, measured at the step)
+        held["param"] = sum(local_bytes(p) for p in model.parameters())  # frozen ones too; FSDP2: the shards
     # each rank's [param, grad, state, peak RSS KiB], in rank order
     mine = torch.tensor([held["param"], held["grad"], held["state"],
                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss], dtype=torch.float64)
@@ -422,7 +473,7 @@ def main():
         "loss_last": loss_last,
         "losses": losses,
         "params_m": sum(logical_numel(p) for p in model.parameters()) / 1e6,
-        "trainable_m": sum(p.numel() for p in params) / 1e6,
+        "trainable_m": sum(logical_numel(p) for p in params) / 1e6,
         "layers": args.layers,
         "dim": args.dim,
         "heads": args.heads,
@@ -447,6 +498,9 @@ def main():
     if args.fsdp2:
         line["peer_data_parallel"] = ("fully_shard(gloo cpu mesh), per block + root, reshard_after_forward, "
                                       "set_requires_gradient_sync")
+    elif args.deepspeed:
+        line["peer_data_parallel"] = (f"{peer_engine}, gloo, stage3_param_persistence_threshold 0, client AdamW, "
+                                      "gradient_clipping 1.0")
     elif world > 1:
         line["peer_data_parallel"] = "DistributedDataParallel(gloo, bucket_cap_mb=25), no_sync"
     if world > 1:

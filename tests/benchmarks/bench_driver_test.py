@@ -70,11 +70,13 @@ state = lambda t, ranks, mib, rss=100.0: json.dumps({**json.loads(one(t, ranks))
                                                      "peak_rss_mib": rss})
 out = S.dist_summary({"two#1": state(200, 2, 100.0), "two-zero3#1": state(180, 2, 50.0, 90.0),
                       "peer-two-fsdp2#1": state(150, 2, 50.0, 120.0), "three#1": state(10, 3, 100.0),
-                      "three-zero3#1": state(10, 3, 40.0)})
+                      "three-zero3#1": state(10, 3, 40.0), "peer-two-deepspeed3#1": state(90, 2, 60.0, 180.0)})
 z = {(o["name"], o["ranks"]): o for o in out}
 assert z["zero3_vs_ddp", 2]["state_per_rank"] == 0.5 and z["zero3_vs_ddp", 2]["tokens_per_s"] == 0.9 and z["zero3_vs_ddp", 2]["met"]
 assert z["zero3_vs_ddp", 3]["state_per_rank"] == 0.4 and not z["zero3_vs_ddp", 3]["met"] and "tokens_per_s" not in z["zero3_vs_ddp", 3]
 assert z["zero3_vs_fsdp2", 2]["peak_rss_mib"] == 0.75 and z["zero3_vs_fsdp2", 2]["tokens_per_s"] == 1.2 and z["zero3_vs_fsdp2", 2]["met"]
+assert z["zero3_vs_deepspeed", 2]["peak_rss_mib"] == 0.5 and z["zero3_vs_deepspeed", 2]["tokens_per_s"] == 2.0
+assert "met" not in z["zero3_vs_deepspeed", 2]  # a reference, no target
 
 # a suite's steps against canned process results (no process runs): failures, kept lines, derived lines
 printed = []

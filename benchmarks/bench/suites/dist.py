@@ -26,9 +26,10 @@ from ..summaries import dist_summary
 # in BENCH_DIST_ROUNDS rounds (default 3) so that drift in the machine's speed hits all alike;
 # the peer, PyTorch eager (benchmarks/peer/trainer_peer.py) on 1 rank and on 2 ranks with
 # DistributedDataParallel (Gloo, 25 MB buckets overlapping backward, no_sync; LCG tokens) and with
-# FSDP2 (fully_shard per block + root, the peer of ZeRO-3); then, for context, 1 rank x 2 threads,
-# fp32 at 1 and 2 ranks (a tight loss-curve check), and DDP and ZeRO-3 on 3 ranks (6-row
-# micro-batches; memory only: 3 ranks on 2 cores).
+# FSDP2 (fully_shard per block + root) and DeepSpeed ZeRO-3 (on the CPU), the peers of ZeRO-3; then,
+# for context, 1 rank x 2 threads, fp32 at 1 and 2 ranks (a tight loss-curve check), and DDP and
+# ZeRO-3 on 3 ranks (6-row micro-batches; memory only: 3 ranks on 2 cores); last the 8 x 512
+# shape (8 layers, d512, seq 512) at 2 ranks: DDP, ZeRO-3, FSDP2 and DeepSpeed, 6 timed steps.
 # Rank 0 prints each run's line ("run": configuration#round; rank logs under
 # build-release/bench-dist/). Ratio lines: dist_speedup (tokens/s over 1 rank x 1 thread's, from
 # the median step over all rounds' timed steps; also from the means, the fastest steps and each
@@ -37,19 +38,24 @@ from ..summaries import dist_summary
 # relative difference of the per-step losses from 1 rank's), optimizer_state_per_rank
 # (sharded / unsharded tracker bytes, the largest rank's), zero3_vs_ddp (model state per rank:
 # tracked bytes at the optimizer phase's peak, and tokens/s; targets <= 0.55 at 2 ranks, <= 0.37
-# at 3, tokens/s >= 0.8) and zero3_vs_fsdp2 (peak RSS <= 1.0, tokens/s >= 1.1). Timings need an idle machine: before
+# at 3, tokens/s >= 0.8), zero3_vs_fsdp2 (peak RSS <= 1.0, tokens/s >= 1.1) and zero3_vs_deepspeed
+# (no target), each per shape. Timings need an idle machine: before
 # each configuration the suite waits (up to BENCH_IDLE_WAIT seconds, default 600; not with
 # --quick) until other processes keep fewer than 0.15 CPUs busy, and each line says how many CPUs
 # other processes kept busy while it was timed (other_cpus_busy; load_avg_1m counts the ranks
-# themselves); a configuration disturbed by >= 0.15 CPUs of other work runs once more. ~10 min
-# on an idle 2-core machine (--quick: ~10 s once built).
+# themselves); a configuration disturbed by >= 0.15 CPUs of other work runs once more. ~20 min
+# on an idle 2-core machine (--quick: ~30 s once built; DeepSpeed builds its CPU ops once, ~1 min).
 DIST = {"model": "--layers 4 --dim 256 --heads 8 --seq 256 --vocab 4096 --micro 8 --accum 2",
         "bf16": "--precision bf16 --recompute every --warmup 2 --steps 30",  # ~1.3 s a step on 1 rank
-        "fp32": "--precision fp32 --recompute every --warmup 2 --steps 10"}  # ~2 s
+        "fp32": "--precision fp32 --recompute every --warmup 2 --steps 10",  # ~2 s
+        "large": "--layers 8 --dim 512 --heads 8 --seq 512 --vocab 4096 --micro 8 --accum 2",
+        "large_steps": {"--warmup": "1", "--steps": "6"}}
 # --quick, a smoke test: every configuration, a tiny shape, 2 steps
 DIST_QUICK = {"model": "--layers 2 --dim 64 --heads 4 --seq 32 --vocab 4096 --micro 4 --accum 2",
               "bf16": "--precision bf16 --recompute every --warmup 1 --steps 1",
-              "fp32": "--precision fp32 --recompute every --warmup 1 --steps 1"}
+              "fp32": "--precision fp32 --recompute every --warmup 1 --steps 1",
+              "large": "--layers 2 --dim 64 --heads 4 --seq 64 --vocab 4096 --micro 4 --accum 2",
+              "large_steps": {"--warmup": "1", "--steps": "1"}}
 BUSY = 0.15  # CPUs kept busy by other processes that make a timing disturbed
 ATTEMPTS = 3  # another port when one was taken; once more when other work disturbed the timing
 
@@ -205,15 +211,23 @@ def dist(ctx: Context) -> list[Step]:
                          [*bf16, "--zero", "3", "--offload_dir", str(ctx.build_dir / "bench-dist" / "offload")], **common)]
     steps += [DistLaunch("peer-one#1", 1, 1, bf16, **common),  # the peer: PyTorch eager, DDP on 2 ranks
               DistLaunch("peer-two#1", 2, 1, bf16, **common),
-              DistLaunch("peer-two-fsdp2#1", 2, 1, [*bf16, "--fsdp2"], **common),  # the peer of ZeRO-3
+              DistLaunch("peer-two-fsdp2#1", 2, 1, [*bf16, "--fsdp2"], **common),  # the peers of ZeRO-3
+              DistLaunch("peer-two-deepspeed3#1", 2, 1, [*bf16, "--deepspeed"], **common),
               DistLaunch("one-2threads#1", 1, 2, bf16, **common),
               DistLaunch("fp32-one#1", 1, 1, fp32, **common), DistLaunch("fp32-two#1", 2, 1, fp32, **common)]
     # 3 ranks (more than the cores: memory only, their tokens/s mean nothing): 6-row micro-batches
     three = {**common, "model": [("6" if i > 0 and common["model"][i - 1] == "--micro" else a)
                                  for i, a in enumerate(common["model"])]}
     steps += [DistLaunch("three#1", 3, 1, bf16, **three), DistLaunch("three-zero3#1", 3, 1, [*bf16, "--zero", "3"], **three)]
+    # the 8 x 512 shape at 2 ranks: DDP, ZeRO-3 and its peers, fewer steps (~5 s a step)
+    large = {**common, "model": plan["large"].split()}
+    short = [a if i == 0 or bf16[i - 1] not in ("--steps", "--warmup") else plan["large_steps"][bf16[i - 1]]
+             for i, a in enumerate(bf16)]
+    steps += [DistLaunch("two-l8#1", 2, 1, short, **large), DistLaunch("two-zero3-l8#1", 2, 1, [*short, "--zero", "3"], **large),
+              DistLaunch("peer-two-fsdp2-l8#1", 2, 1, [*short, "--fsdp2"], **large),
+              DistLaunch("peer-two-deepspeed3-l8#1", 2, 1, [*short, "--deepspeed"], **large)]
     return steps + [Summary(dist_summary, "dist_speedup, loss_curve, dist_vs_peer, optimizer_state_per_rank, "
-                                          "zero3_vs_ddp, zero3_vs_fsdp2")]
+                                          "zero3_vs_ddp, zero3_vs_fsdp2, zero3_vs_deepspeed")]
 
 
 # ---- suite: collectives ----
