@@ -64,6 +64,8 @@ struct BenchConfig {
   int zero = 0;          // 3: ZeRO-3 (TrainerOptions::shard_params)
   std::string offload_dir;  // ZeRO-3: the parameter shards in a file there (TrainerOptions::offload_params_dir)
   bool offload_host = false;  // ZeRO-3, --device cuda: the shards in pinned host memory (offload_params_host)
+  bool keep_gathered = false;  // ZeRO-3: blocks whole from their first use to the step's end (keep_gathered)
+  bool gather_half = false;    // ZeRO-3, bf16: blocks' matrices all-gathered in bf16 (gather_half)
   std::string device = "cpu";  // cpu | cuda (cuda:LOCAL_RANK)
   std::string param_gather = "broadcast";
   int64_t bucket_mib = 25;  // the gradient all-reduce's bucket size (TrainerOptions::bucket_mib)
@@ -233,6 +235,8 @@ RankResult run(const BenchConfig& cfg, memopt::dist::World& world, memopt::model
                      .shard_params(cfg.zero == 3)
                      .offload_params_dir(cfg.offload_dir)
                      .offload_params_host(cfg.offload_host)
+                     .keep_gathered(cfg.keep_gathered)
+                     .gather_half(cfg.gather_half)
                      .param_gather(cfg.param_gather == "allgather" ? memopt::dist::ParamGather::kAllgather
                                                                    : memopt::dist::ParamGather::kBroadcast)
                      .bucket_mib(cfg.bucket_mib)
@@ -381,6 +385,8 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
       {"sharded", cfg.sharded && world.distributed()},
       {"zero", cfg.zero == 3 ? 3 : cfg.sharded && world.distributed() ? 1 : 0},  // ZeRO-3 runs alone too (offload)
       {"offload_params", cfg.offload_host ? "host" : cfg.offload_dir.empty() ? "none" : "disk"},
+      {"keep_gathered", cfg.keep_gathered},
+      {"gather_half", cfg.gather_half},
       {"device", cfg.device},
       // the CUDA caching allocator (rank 0's GPU): tensors held after the first step, and the peak of all steps
       {"cuda_between_steps_mib", cfg.device == "cuda" ? nlohmann::json(r.cuda_between_steps / double(1 << 20)) : nullptr},
@@ -459,6 +465,9 @@ int main(int argc, char** argv) {
   app.add_option("--offload_dir", cfg.offload_dir, "--zero 3: keep the parameter shards in a file in this folder");
   app.add_flag("--offload_host", cfg.offload_host, "--zero 3 --device cuda: keep the parameter shards, their state and "
                "the optimizer step in pinned host memory");
+  app.add_flag("--keep_gathered", cfg.keep_gathered, "--zero 3: keep each block whole from its first use in a step "
+               "to the step's end");
+  app.add_flag("--gather_half", cfg.gather_half, "--zero 3 --precision bf16: all-gather the blocks' matrices in bf16");
   app.add_option("--device", cfg.device, "cpu, or cuda (rank r on cuda:LOCAL_RANK)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

@@ -22,6 +22,8 @@ struct DistributedFlags {
   int zero = 0;
   std::string offload_params = "none";
   std::string offload_dir = (std::filesystem::temp_directory_path() / "memopt-offload").string();
+  bool keep_gathered = false;
+  bool gather_half = false;
   std::string param_gather = "broadcast";
   int64_t bucket_mib = 25;
 
@@ -37,6 +39,10 @@ struct DistributedFlags {
                       "file under --offload_dir, read ahead of use, out of memory between uses); one rank too")
         ->capture_default_str();
     group->add_option("--offload_dir", offload_dir, "where --offload_params disk keeps its files")->capture_default_str();
+    group->add_flag("--keep_gathered", keep_gathered, "--zero 3: each block stays whole from its first use in a step to "
+                    "the step's end (one all-gather a block and step, for the memory of the whole model's weights)");
+    group->add_flag("--gather_half", gather_half, "--zero 3 --precision bf16: all-gather the blocks' matrices in bf16 "
+                    "(what autocast casts them to anyway: the same results, half the bytes)");
     group->add_option("--param_gather", param_gather, "sharded: broadcast | allgather (how updated weights travel)")
         ->capture_default_str();
     group->add_option("--bucket_mib", bucket_mib, "gradient all-reduce bucket size")->capture_default_str();
@@ -51,10 +57,16 @@ struct DistributedFlags {
                 "pinned host memory; disk works on any device");
     TORCH_CHECK(offload_params == "none" || zero == 3, "--offload_params ", offload_params, " offloads ZeRO-3's "
                 "parameter shards (got --zero ", zero, "). HINT: add --zero 3");
+    TORCH_CHECK(!gather_half || zero == 3, "--gather_half gathers ZeRO-3's blocks in bf16 (got --zero ", zero,
+                "). HINT: add --zero 3");
+    TORCH_CHECK(!keep_gathered || zero == 3, "--keep_gathered keeps ZeRO-3's blocks whole within a step (got --zero ",
+                zero, "). HINT: add --zero 3");
     return options.shard_optimizer_state(shard_optimizer_state || zero == 1)
         .shard_params(zero == 3)
         .offload_params_dir(offload_params == "disk" ? offload_dir : "")
         .offload_params_host(offload_params == "host")
+        .keep_gathered(keep_gathered)
+        .gather_half(gather_half)
         .param_gather(param_gather == "broadcast" ? memopt::dist::ParamGather::kBroadcast
                                                   : memopt::dist::ParamGather::kAllgather)
         .bucket_mib(bucket_mib);

@@ -35,6 +35,12 @@ concept RunCheap = requires(const P& p, const BlockFn& fn, const std::vector<tor
 /// `p.autocast(device_type)` returns an RAII guard held around the forward.
 template <class P>
 concept Autocast = requires(const P& p, c10::DeviceType device) { p.autocast(device); };
+/// Optional: `P::kMatmulDtype`, the dtype its autocast casts matmul weights to (ZeRO-3's
+/// TrainerOptions::gather_half all-gathers a block's matrices in it).
+template <class P>
+concept MatmulDtype = requires {
+  { P::kMatmulDtype } -> std::convertible_to<c10::ScalarType>;
+};
 /// `p.backward(loss)` backpropagates a (possibly scaled) loss.
 template <class P>
 concept Backward = requires(P& p, const torch::Tensor& loss) { p.backward(loss); };

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,8 @@ struct SyncOptions {
   int64_t param_persistence_threshold = 0;  // ZeRO-3: smaller tensors stay whole on every rank
   std::string offload_params_dir;           // ZeRO-3: the parameter shards in a file there (empty: memory)
   bool offload_params_host = false;         // ZeRO-3, a model on a GPU: the shards in pinned host memory
+  bool keep_gathered = false;               // ZeRO-3: blocks stay whole from their first use to the step's end
+  std::optional<c10::ScalarType> matrix_gather_dtype;  // ZeRO-3 gather_half: blocks' matrices gathered in it
 };
 
 /// The Trainer's link to the other ranks. Every hook has the one-process meaning here, so

@@ -73,7 +73,7 @@ class Trainer {
   Trainer(torch::nn::Module& model, TrainerOptions options, Accum accum, State opt_state)
       : options_(validated(options)), accum_(std::move(accum)), opt_state_(std::move(opt_state)), model_(&model),
         budget_(options_.memory_budget()), state_(options_.checkpoint_dir(), options_.keep_checkpoints()),
-        sync_(make_step_sync(options_.data_parallel(), options_.sync_options())) {
+        sync_(make_step_sync(options_.data_parallel(), sync_options(options_))) {
     for (const auto& p : model.parameters())
       if (p.requires_grad()) params_.push_back(p);
     TORCH_CHECK(!params_.empty(), "memopt::Trainer: the model has no trainable parameters. "
@@ -278,6 +278,14 @@ class Trainer {
   static TrainerOptions validated(TrainerOptions o) {
     o.validate();
     return o;
+  }
+  // What the StepSync is built with: the options', and with gather_half the precision's matmul dtype.
+  static SyncOptions sync_options(const TrainerOptions& o) {
+    SyncOptions sync = o.sync_options();
+    if constexpr (hooks::MatmulDtype<Precision>) {
+      if (o.gather_half()) sync.matrix_gather_dtype = Precision::kMatmulDtype;
+    }
+    return sync;
   }
   static Accum make_accum_policy(const TrainerOptions& o) {
     if constexpr (std::is_constructible_v<Accum, int64_t>) {

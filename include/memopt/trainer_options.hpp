@@ -151,6 +151,17 @@ struct DistributedOptions {
   /// parameters are copied to the GPU ahead of use, as DeepSpeed's offload_param to cpu (with
   /// offload_optimizer) and FSDP's CPUOffload(offload_params=True).
   TORCH_ARG(bool, offload_params_host) = false;
+  /// ZeRO-3: each block stays whole from its first all-gather in a step until the gradients are
+  /// synced after the last micro-batch (FSDP2's reshard_after_forward=False with
+  /// set_reshard_after_backward(False)): one all-gather per block and step instead of two per
+  /// micro-batch, for the memory of the whole model's parameters during the step.
+  TORCH_ARG(bool, keep_gathered) = false;
+  /// ZeRO-3 under an autocast precision (Bf16Autocast): a block's matrices (tensors of 2 or more
+  /// dimensions) are all-gathered in the dtype autocast casts matmul weights to — what they would
+  /// be cast to anyway, so the same results where every matrix of a block feeds an autocast
+  /// matmul (LLaMA, MoE and LLaDA blocks; not LoRA's fp32 adapters), for half the bytes; vectors
+  /// (norms), the root and the shards stay fp32. Checkpoints and evaluation see fp32 weights.
+  TORCH_ARG(bool, gather_half) = false;
 
  public:
   void validate() const {
@@ -164,13 +175,18 @@ struct DistributedOptions {
     TORCH_CHECK(!offload_params_host_ || offload_params_dir_.empty(), "memopt::TrainerOptions: offload_params_host "
                 "and offload_params_dir '", offload_params_dir_, "' both given. HINT: the shards go to one place: "
                 "pinned host memory (a model on a GPU) or a file (any device)");
+    TORCH_CHECK(!gather_half_ || shard_params_, "memopt::TrainerOptions: gather_half all-gathers ZeRO-3's blocks "
+                "in 16 bits, but shard_params is off. HINT: set shard_params(true) (--zero 3) with it");
+    TORCH_CHECK(!keep_gathered_ || shard_params_, "memopt::TrainerOptions: keep_gathered keeps ZeRO-3's blocks "
+                "whole within a step, but shard_params is off. HINT: set shard_params(true) (--zero 3) with it");
     TORCH_CHECK(param_persistence_threshold_ >= 0, "memopt::TrainerOptions: param_persistence_threshold must be "
                 ">= 0 (got ", param_persistence_threshold_, "). HINT: 0 shards every tensor; 10000 keeps norms whole.");
   }
   /// As dist::DataParallel and dist::Zero3 take them.
   SyncOptions sync_options() const {
     return SyncOptions{bucket_mib_ << 20, shard_optimizer_state_ || shard_params_, param_gather_, shard_params_,
-                       param_persistence_threshold_, offload_params_dir_, offload_params_host_};
+                       param_persistence_threshold_, offload_params_dir_, offload_params_host_,
+                       keep_gathered_};
   }
 };
 
@@ -221,6 +237,8 @@ struct TrainerOptions {
   MEMOPT_GROUP_SHORTCUT(distributed, int64_t, param_persistence_threshold)
   MEMOPT_GROUP_SHORTCUT(distributed, std::string, offload_params_dir)
   MEMOPT_GROUP_SHORTCUT(distributed, bool, offload_params_host)
+  MEMOPT_GROUP_SHORTCUT(distributed, bool, keep_gathered)
+  MEMOPT_GROUP_SHORTCUT(distributed, bool, gather_half)
 
   /// Throws a message naming the option, the value and a HINT when one is out of range.
   void validate() const {

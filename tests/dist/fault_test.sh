@@ -2,8 +2,9 @@
 # Data-parallel faults and torchrun, with examples/00_llama_lm on a tiny generated corpus:
 #   - a rank killed mid-run: the other exits with an error naming the lost rank, within 60 s;
 #   - ZeRO-3 (--zero 3, shards offloaded to disk): a run ends with a whole model (evaluated,
-#     sampled); its checkpoint resumed by one process is refused, naming both world sizes; a
-#     killed rank is named within 60 s as above, from inside a block's collective;
+#     sampled); its checkpoint resumed by one process is refused, naming both world sizes; host
+#     offload of a CPU model is refused; a killed rank is named within 60 s as above, from
+#     inside a block's collective;
 #   - different model shapes on the ranks: both exit at start, naming the rank and the shapes;
 #   - torchrun (scripts/launch) with LAUNCH_MAX_RESTARTS=1, --save_every and --resume latest:
 #     a worker killed after a checkpoint is restarted with the others, the job resumes from the
@@ -77,6 +78,14 @@ elif grep -q "written by 2 rank(s), this run has 1. HINT" "$tmp/z3_one.log"; the
   ok "--zero 3 checkpoint of 2 ranks resumed by 1: refused ($(grep -o 'written by 2 rank.\{0,40\}' "$tmp/z3_one.log" | head -1))"
 else
   fail "--zero 3 checkpoint of 2 ranks resumed by 1: $(tail -3 "$tmp/z3_one.log")"
+fi
+# host offload of a model on the CPU: refused at start, naming the device, with a HINT (disk)
+if "$bin" "${job[@]}" --zero 3 --offload_params host --steps 1 --output_dir "$tmp/z3host" > "$tmp/z3host.log" 2>&1; then
+  fail "--zero 3 --offload_params host on the CPU: accepted"
+elif grep -q "offload_params_host .* this model is on cpu. HINT: .*offload_params disk" "$tmp/z3host.log"; then
+  ok "--zero 3 --offload_params host on the CPU: refused with a HINT to offload to disk"
+else
+  fail "--zero 3 --offload_params host on the CPU: $(grep -m1 error "$tmp/z3host.log")"
 fi
 killed z3kill "--zero 3, " --zero 3
 

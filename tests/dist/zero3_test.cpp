@@ -6,7 +6,8 @@
 // model's parameters holds one element and each rank keeps 1/world of the elements as optimizer
 // parameters and state; the collectives per block and micro-batch are counted; a checkpoint
 // resumes bit for bit; state::Disk steps the shards as AdamW does, state::Int8 trains; the model
-// is whole after fit(); the estimator's per-rank peak for ZeRO-3,
+// is whole after fit(); keep_gathered gives the same weights with one all-gather per block and
+// step; the estimator's per-rank peak for ZeRO-3,
 // ZeRO-1 and plain data parallel is within 10% of the tracker's; a block run outside run_block
 // is named. In a world of one ("[zero3-1]", a process alone): shards offloaded to a file, or
 // (CUDA) a GPU model's shards in pinned host memory with the optimizer on the CPU, train as the
@@ -275,6 +276,50 @@ void resumes_bit_for_bit(const std::string& name, memopt::TrainerOptions options
   CHECK(torch::equal(straight, resumed));
 }
 }  // namespace
+
+TEST_CASE("ZeRO-3 keep_gathered: the same weights, one all-gather per block and step", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  auto& world = memopt::dist::world();
+  const Run each_time = train<EveryBlockTrainer>(zero3_options(), 6, true);  // 2 micro-batches a step
+  const Run kept = train<EveryBlockTrainer>(zero3_options().keep_gathered(true), 6, true);
+  CHECK(torch::equal(each_time.weights, kept.weights));
+  const auto collectives = [&](memopt::TrainerOptions options) {  // one step's, and the model's bytes after it
+    TinyJob job;
+    EveryBlockTrainer trainer(*job.model, options.param_specific_decay(false).accum_steps(2));
+    const int64_t before = world.collectives();
+    trainer.step(job.slice, job.loss);
+    int64_t model_bytes = 0, tensors = 0;
+    for (const auto& p : job.model->parameters()) model_bytes += static_cast<int64_t>(p.storage().nbytes()), ++tensors;
+    CHECK(model_bytes == 4 * tensors);  // released when the step's gradients were synced
+    return world.collectives() - before;
+  };
+  const int64_t blocks = tiny_config().num_hidden_layers();
+  CHECK(collectives(zero3_options()) - collectives(zero3_options().keep_gathered(true)) == 3 * blocks);  // 4 gathers -> 1
+  memopt::test::require_error([] { memopt::TrainerOptions().keep_gathered(true).validate(); },
+                              "memopt::TrainerOptions", {"keep_gathered", "shard_params", "HINT"});
+}
+
+TEST_CASE("ZeRO-3 gather_half: bf16 autocast's weights bit for bit, matrices gathered in bf16", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  using Bf16Trainer = memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Autocast, memopt::accum::Runtime>;
+  const Run fp32_gathers = train<Bf16Trainer>(zero3_options(), 6, true);
+  const Run half_gathers = train<Bf16Trainer>(zero3_options().gather_half(true), 6, true);
+  // with_full_weights gathers fp32: bf16-rounded weights would differ here
+  CHECK(torch::equal(fp32_gathers.weights, half_gathers.weights));
+  CHECK(fp32_gathers.losses == half_gathers.losses);
+
+  {
+    TinyJob job;  // a block's matrices and vectors (norms) are flats of their own: 2 a block, 1 for the root
+    Bf16Trainer trainer(*job.model, zero3_options().gather_half(true).param_specific_decay(false));
+    CHECK(trainer.optimizer().param_groups().front().params().size() == 2 * 2 + 1);
+  }
+  memopt::test::require_error([] {
+    TinyJob j;
+    EveryBlockTrainer(*j.model, zero3_options().gather_half(true));
+  }, "memopt::TrainerOptions", {"gather_half", "precision::Fp32", "HINT", "Bf16Autocast"});
+  memopt::test::require_error([] { memopt::TrainerOptions().gather_half(true).validate(); },
+                              "memopt::TrainerOptions", {"gather_half", "shard_params", "HINT"});
+}
 
 TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
   if (!zero3_ranks(2)) return;

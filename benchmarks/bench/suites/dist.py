@@ -22,7 +22,8 @@ from ..summaries import dist_summary
 # recompute::EveryBlock, 1 intra-op thread per rank, the same global batch everywhere: 1 rank
 # trains micro-batches of 8 rows x accum 2, 2 ranks 4 rows each of every 8-row micro-batch
 # (RankSlice). Configurations: 1 rank; 2 ranks; 2 ranks with ZeRO-1 (broadcast, all-gather), with ZeRO-3
-# (and once with its parameter shards offloaded to a file),
+# (and once each: its parameter shards offloaded to a file, blocks kept whole within a step, matrices
+# gathered in bf16),
 # in BENCH_DIST_ROUNDS rounds (default 3) so that drift in the machine's speed hits all alike;
 # the peer, PyTorch eager (benchmarks/peer/trainer_peer.py) on 1 rank and on 2 ranks with
 # DistributedDataParallel (Gloo, 25 MB buckets overlapping backward, no_sync; LCG tokens) and with
@@ -208,7 +209,9 @@ def dist(ctx: Context) -> list[Step]:
                              **common),
                   DistLaunch(f"two-zero3#{r}", 2, 1, [*bf16, "--zero", "3"], **common)]
     steps += [DistLaunch("two-zero3-disk#1", 2, 1,  # the shards offloaded to a file
-                         [*bf16, "--zero", "3", "--offload_dir", str(ctx.build_dir / "bench-dist" / "offload")], **common)]
+                         [*bf16, "--zero", "3", "--offload_dir", str(ctx.build_dir / "bench-dist" / "offload")], **common),
+              DistLaunch("two-zero3-keep#1", 2, 1, [*bf16, "--zero", "3", "--keep_gathered"], **common),
+              DistLaunch("two-zero3-half#1", 2, 1, [*bf16, "--zero", "3", "--gather_half"], **common)]
     steps += [DistLaunch("peer-one#1", 1, 1, bf16, **common),  # the peer: PyTorch eager, DDP on 2 ranks
               DistLaunch("peer-two#1", 2, 1, bf16, **common),
               DistLaunch("peer-two-fsdp2#1", 2, 1, [*bf16, "--fsdp2"], **common),  # the peers of ZeRO-3
@@ -224,6 +227,7 @@ def dist(ctx: Context) -> list[Step]:
     short = [a if i == 0 or bf16[i - 1] not in ("--steps", "--warmup") else plan["large_steps"][bf16[i - 1]]
              for i, a in enumerate(bf16)]
     steps += [DistLaunch("two-l8#1", 2, 1, short, **large), DistLaunch("two-zero3-l8#1", 2, 1, [*short, "--zero", "3"], **large),
+              DistLaunch("two-zero3-half-l8#1", 2, 1, [*short, "--zero", "3", "--gather_half"], **large),
               DistLaunch("peer-two-fsdp2-l8#1", 2, 1, [*short, "--fsdp2"], **large),
               DistLaunch("peer-two-deepspeed3-l8#1", 2, 1, [*short, "--deepspeed"], **large)]
     return steps + [Summary(dist_summary, "dist_speedup, loss_curve, dist_vs_peer, optimizer_state_per_rank, "

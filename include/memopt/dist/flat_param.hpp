@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,8 +25,10 @@ namespace memopt::dist {
 /// bind() make the tensors whole views of one buffer, release() frees them again.
 class FlatParam {
  public:
-  FlatParam(World& world, std::vector<torch::Tensor> params)
-      : world_(&world), params_(std::move(params)), device_(params_.front().device()) {
+  /// `compute_dtype`: what gather() makes the tensors for the block's computation (empty: the
+  /// shard's dtype; gather_half: bf16); gather(false) always gives the shard's.
+  FlatParam(World& world, std::vector<torch::Tensor> params, std::optional<c10::ScalarType> compute_dtype = {})
+      : world_(&world), params_(std::move(params)), device_(params_.front().device()), compute_dtype_(compute_dtype) {
     int64_t numel = 0;
     for (const auto& p : params_) {
       offsets_.push_back(numel);
@@ -50,10 +53,11 @@ class FlatParam {
   };
 
   /// Starts gathering every rank's shard, in rank order: the tensors' elements (padded_numel(),
-  /// the shard's dtype).
-  Pending start_gather() const {
-    torch::Tensor full = torch::empty({padded_numel()}, on_device());
-    torch::Tensor mine = shard_.detach().to(device_, /*non_blocking=*/true);  // offloaded to host: to the GPU
+  /// in the compute dtype for the block's computation, else the shard's).
+  Pending start_gather(bool compute = true) const {
+    const auto dtype = compute && compute_dtype_ ? *compute_dtype_ : shard_.scalar_type();
+    torch::Tensor full = torch::empty({padded_numel()}, on_device().dtype(dtype));
+    torch::Tensor mine = shard_.detach().to(device_, dtype, /*non_blocking=*/true);  // offloaded: to the GPU
     return {full, world_->all_gather_into_async(full, mine, "ZeRO-3 parameter all-gather")};
   }
   torch::Tensor finish(const Pending& pending) const {
@@ -146,6 +150,7 @@ class FlatParam {
   World* world_;
   std::vector<torch::Tensor> params_;  // the model's tensors, in order
   torch::Device device_;               // theirs
+  std::optional<c10::ScalarType> compute_dtype_;  // what they are gathered in for computing
   std::vector<int64_t> offsets_;       // where each starts in the flat order
   int64_t shard_numel_ = 0;
   torch::Tensor shard_;
@@ -164,25 +169,40 @@ struct Unit {
   Unit* prev = nullptr;  // the block before it (its backward prefetches that one)
   int64_t runs = 0;      // forwards since the last gradient sync
   bool backward_follows = false;                 // the run under way records a graph
+  bool keep = false;    // stays whole from its first gather until release() (SyncOptions::keep_gathered)
+  bool whole = false;   // its tensors are whole now
   std::vector<FlatParam::Pending> pending;      // a prefetched all-gather, one per flat
 
-  /// Starts the all-gather (a prefetch) unless one is under way.
+  /// Starts the all-gather (a prefetch) unless one is under way or the tensors are whole.
   void prefetch() {
-    if (!pending.empty()) return;
+    if (whole || !pending.empty()) return;
     for (auto& f : flats) f->will_need();  // offloaded: read ahead while the other ranks start
     for (auto& f : flats) pending.push_back(f->start_gather());
   }
   /// The tensors whole: the prefetched all-gather, or one now.
   void gather() {
+    if (whole) return;
     prefetch();
     for (size_t i = 0; i < flats.size(); ++i) {
       flats[i]->bind(flats[i]->finish(pending[i]));
       flats[i]->page_out();  // offloaded: the shard was read; its pages leave memory
     }
     pending.clear();
+    whole = true;
   }
   void release() {
     for (auto& f : flats) f->release();
+    whole = false;
+  }
+  /// After a use: released, unless it is kept whole for the rest of the step.
+  void done() {
+    if (!keep) release();
+  }
+  /// The tensors whole in the shards' dtype (for checkpoints and evaluation; not a prefetch's).
+  void gather_whole() {
+    drop();
+    for (auto& f : flats) f->bind(f->finish(f->start_gather(/*compute=*/false)));
+    whole = true;
   }
   /// Waits for and frees a prefetch nobody used (the shards are about to change).
   void drop() {

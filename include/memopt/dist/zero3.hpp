@@ -14,6 +14,14 @@
 //     after it in forward, the one before it in backward; depth 1), so it overlaps the compute.
 //     Between uses a block's parameters are NaN placeholders of one element (a block run some
 //     other way computes NaN, and sync_gradients names it).
+//   - keep_gathered: a block stays whole from its first all-gather in a step until the
+//     gradients are synced after the last micro-batch (FSDP2's reshard_after_forward=False and
+//     set_reshard_after_backward(False)): one all-gather per block and step instead of two per
+//     micro-batch, for the memory of every block's parameters whole during the step.
+//   - gather_half (SyncOptions::matrix_gather_dtype, from an autocast precision): a block's
+//     matrices are flats of their own, all-gathered in bf16 for its computation — what autocast
+//     casts them to anyway — and its vectors (norms) in fp32; checkpoints and evaluation gather
+//     the shards' dtype.
 //   - Root: gathered when the step begins and released when its gradients, accumulated over
 //     the micro-batches, are reduce-scattered after backward (as FSDP2 keeps its root unit
 //     gathered from forward into backward). Outside step(), Trainer::with_full_weights.
@@ -54,11 +62,12 @@ namespace memopt::dist {
 
 namespace detail {
 
-// A block's gathered parameters, released when the scope ends (also when it throws).
+// A block's gathered parameters, released when the scope ends (also when it throws), unless the
+// unit is kept whole for the step (keep_gathered).
 class Gathered {
  public:
   explicit Gathered(Unit& unit) : unit_(&unit) { unit.gather(); }
-  ~Gathered() { unit_->release(); }
+  ~Gathered() { unit_->done(); }
   Gathered(const Gathered&) = delete;
   Gathered& operator=(const Gathered&) = delete;
 
@@ -178,24 +187,27 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
     std::vector<torch::Tensor> small;  // below the threshold: whole everywhere, ZeRO-1 state
     std::vector<std::pair<size_t, FlatParam*>> shards;  // (group, flat)
     std::set<const void*> seen;
-    // The tensors of `module` not seen yet: flat per group when large, else small.
+    // The tensors of `module` not seen yet: flat per group when large, else small. In a block
+    // (replicated given) with gather_half, the matrices have flats of their own, gathered in 16 bits.
     const auto split = [&](torch::nn::Module& module, std::vector<torch::Tensor>* replicated) {
-      std::vector<std::vector<torch::Tensor>> large(groups.size());
+      const bool half = replicated != nullptr && options_.matrix_gather_dtype.has_value();
+      std::vector<std::vector<torch::Tensor>> large(2 * groups.size());  // [2g]: vectors (or all), [2g+1]: matrices
       for (const auto& p : module.parameters()) {
         const void* id = p.unsafeGetTensorImpl();
         if (!trainable.count(id) || !seen.insert(id).second) continue;
         if (p.numel() >= options_.param_persistence_threshold) {
-          large[group_of.at(id)].push_back(p);
+          large[2 * group_of.at(id) + (half && p.dim() >= 2 ? 1 : 0)].push_back(p);
         } else {
           small.push_back(p);
           if (replicated) replicated->push_back(p);
         }
       }
       std::vector<std::unique_ptr<FlatParam>> flats;
-      for (size_t g = 0; g < large.size(); ++g) {
-        if (large[g].empty()) continue;
-        flats.push_back(std::make_unique<FlatParam>(*world_, std::move(large[g])));
-        shards.emplace_back(g, flats.back().get());
+      for (size_t k = 0; k < large.size(); ++k) {
+        if (large[k].empty()) continue;
+        const auto dtype = k % 2 == 1 ? options_.matrix_gather_dtype : std::nullopt;
+        flats.push_back(std::make_unique<FlatParam>(*world_, std::move(large[k]), dtype));
+        shards.emplace_back(k / 2, flats.back().get());
       }
       return flats;
     };
@@ -204,6 +216,7 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
       unit->name = name;
       unit->flats = split(*block, &unit->replicated);
       if (unit->flats.empty()) continue;  // nothing sharded: it runs as any block
+      unit->keep = options_.keep_gathered;
       unit->release();
       by_block_[block] = unit.get();
       if (!units_.empty()) {
@@ -270,14 +283,15 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
   void unshard() override {
     if (whole_) return;
     for (auto& unit : units_) unit->drop();
-    for (auto& unit : units_) unit->gather();
+    for (auto& unit : units_) unit->gather_whole();  // in the shards' dtype (not gather_half's)
     root_.gather();
     whole_ = true;
   }
 
   int sync_gradients(torch::Tensor& loss_sum, int local_signal) override {
     for (auto& unit : units_) {
-      unit->drop();  // a prefetch the model's order left unused
+      unit->drop();     // a prefetch the model's order left unused
+      unit->release();  // keep_gathered: whole since its first forward this step
       TORCH_CHECK(unit->runs > 0, "memopt::dist::Zero3: block '", unit->name, "' holds sharded parameters but ran "
                   "no forward through run_block this step, so it computed with NaN placeholders. HINT: run each "
                   "item of the model's ModuleList through ckpt.run_block (memopt::run_sequential does)");
@@ -289,7 +303,6 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
       for (const auto& p : f->params()) grads.push_back(p.grad());
       torch::Tensor summed = f->reduce_scatter(grads);
       for (auto p : f->params()) p.mutable_grad() = torch::Tensor();
-      f->release();
       torch::Tensor shard = f->shard();
       if (shard.grad().defined()) {
         shard.mutable_grad().add_(summed);
@@ -297,15 +310,21 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
         shard.mutable_grad() = summed;
       }
     }
+    root_.release();
     return DataParallel::sync_gradients(loss_sum, local_signal);
   }
 
   void with_full_weights(const std::function<void()>& f, bool write_back) override {
     if (whole_) return f();  // the parameters are the truth; the next step reshards from them
-    std::vector<std::unique_ptr<detail::Gathered>> gathered;
-    for (auto& unit : units_) unit->drop();
-    for (auto& unit : units_) gathered.push_back(std::make_unique<detail::Gathered>(*unit));
-    gathered.push_back(std::make_unique<detail::Gathered>(root_));
+    struct ReleaseAll {  // every unit released when this ends (also when `f` throws), kept ones too
+      Zero3* self;
+      ~ReleaseAll() {
+        for (auto& unit : self->units_) unit->release();
+        self->root_.release();
+      }
+    } release_all{this};
+    for (auto& unit : units_) unit->gather_whole();  // in the shards' dtype (not gather_half's)
+    root_.gather();
     f();
     if (!write_back) return;
     for (auto& unit : units_)

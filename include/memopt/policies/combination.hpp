@@ -29,6 +29,11 @@ void check_combination(const TrainerOptions& options, const Accum& accum, const 
                 " (its inf/nan check sees only this rank's shard). HINT: use bf16, or shard_optimizer_state(false) "
                 "and shard_params(false)");
   }
+  if constexpr (!hooks::MatmulDtype<Precision>) {
+    TORCH_CHECK(!options.gather_half(), "memopt::TrainerOptions: gather_half all-gathers ZeRO-3's matrices in the "
+                "dtype autocast casts them to, but ", detail::policy_name<Precision>(), " runs no autocast. HINT: use "
+                "precision::Bf16Autocast (--precision bf16), or gather_half(false)");
+  }
   if constexpr (hooks::StepsInBackward<State>) {
     // One gradient per parameter per step, taken whole: nothing that needs every gradient at once.
     static_assert(!hooks::PrepareGrads<Precision>,

@@ -48,6 +48,7 @@ struct Fp32 {
 struct Bf16Autocast {
   static std::string name() { return "precision::Bf16Autocast"; }
   static memory::DtypeDesc describe() { return {.flag = "bf16", .half_matmuls = true}; }
+  static constexpr c10::ScalarType kMatmulDtype = c10::kBFloat16;  // what autocast casts matmul weights to
   /// On the CPU: bf16 GEMMs at fp32 speed where the CPU has no bf16 units (memopt/bf16_gemm.hpp).
   void prepare(c10::DeviceType device) const {
     if (device == c10::kCPU) bf16_gemm::enable();
