@@ -223,8 +223,9 @@ int train(const Args& a, const Data& d, Model& model, const std::string& descrip
                            .max_steps(a.steps)
                            .accum_steps(a.grad_accum)
                            .log_interval(a.log_interval);
-  TrainerT trainer(*model, a.memory.options(a.distributed.apply(a.checkpoints.apply(options, a.output_dir)))
-                               .memory_budget(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget)));
+  const int64_t budget = a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget);
+  TrainerT trainer(*model, a.memory.options(a.distributed.apply(a.checkpoints.apply(options, a.output_dir)
+                                                                    .memory_budget(budget))));
   trainer.set_run_config(run_settings(a));
   a.memory.attach(trainer, "moe_lm");  // --release_cache_every
   auto& world = memopt::dist::world();  // data parallel: each rank trains on its rows of every batch

@@ -48,8 +48,14 @@ struct DistributedFlags {
     group->add_option("--bucket_mib", bucket_mib, "gradient all-reduce bucket size")->capture_default_str();
   }
 
-  /// The data-parallel options on top of `options`.
+  /// The data-parallel options on top of `options`. ZeRO-3 on several ranks: the step does not
+  /// re-split over --memory_budget (the ranks gather together); the planned micro-batch stands.
   memopt::TrainerOptions apply(memopt::TrainerOptions options) const {
+    if (zero == 3 && memopt::dist::world().distributed() && options.memory_budget() > 0) {
+      fmt::print("--zero 3 on {} ranks: steps are not re-split over --memory_budget (the ranks gather blocks "
+                 "together); the planned micro-batch stands\n", memopt::dist::world().size());
+      options.memory_budget(0);
+    }
     TORCH_CHECK(param_gather == "broadcast" || param_gather == "allgather", "--param_gather must be broadcast or "
                 "allgather (got '", param_gather, "'). HINT: broadcast is the default");
     TORCH_CHECK(offload_params == "none" || offload_params == "host" || offload_params == "disk", "--offload_params "

@@ -321,6 +321,13 @@ TEST_CASE("ZeRO-3 gather_half: bf16 autocast's weights bit for bit, matrices gat
                               "memopt::TrainerOptions", {"gather_half", "shard_params", "HINT"});
 }
 
+TEST_CASE("ZeRO-3 on several ranks refuses memory_budget's lone re-runs", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  TinyJob job;
+  memopt::test::require_error([&] { EveryBlockTrainer(*job.model, zero3_options().memory_budget(64 << 20)); },
+                              "memopt::Trainer", {"memory_budget", "shard_params", "2 ranks", "HINT", "memory_budget(0)"});
+}
+
 TEST_CASE("A ZeRO-3 checkpoint resumes bit for bit", "[dist]") {
   if (!zero3_ranks(2)) return;
   resumes_bit_for_bit("zero3", zero3_options());
@@ -362,7 +369,7 @@ namespace {
 // The tracker's peak over one step after a warm-up step, above what was alive before the model,
 // on this rank, against memory::estimate for `ranks` ranks and ZeRO stage `zero`.
 template <class T>
-void zero3_estimate_matches(int zero, int64_t accum, double tolerance) {
+void zero3_estimate_matches(int zero, int64_t accum, double tolerance, bool keep = false, bool half = false) {
   auto& world = memopt::dist::world();
   auto& tracker = memopt::memory::Tracker::instance();
   REQUIRE(tracker.installed());
@@ -374,7 +381,8 @@ void zero3_estimate_matches(int zero, int64_t accum, double tolerance) {
   memopt::models::Llama model(config);
   RandomWindowLoader global(tokens(), LoaderOptions(micro * world.size(), seq).seed(7));
   RankSlice<RandomWindowLoader> slice(global, world.rank(), world.size());
-  T trainer(*model, base_options().accum_steps(accum).shard_optimizer_state(zero == 1).shard_params(zero == 3));
+  T trainer(*model, base_options().accum_steps(accum).shard_optimizer_state(zero == 1).shard_params(zero == 3)
+                        .keep_gathered(keep).gather_half(half));
   trainer.step(slice, memopt::LossSum<memopt::models::Llama>{&model});
   world.barrier();
   tracker.reset_peaks();
@@ -383,10 +391,13 @@ void zero3_estimate_matches(int zero, int64_t accum, double tolerance) {
   memopt::memory::RunDesc run{micro, seq};
   run.ranks = world.size();
   run.zero = zero;
+  run.keep_gathered = keep;
+  run.gather_half = half;
   const auto predicted = memopt::memory::estimate(memopt::models::describe(config), run,
                                                   memopt::memory::describe<T>(accum));
   const double error = static_cast<double>(predicted.peak) / static_cast<double>(measured) - 1.0;
-  INFO(T::name() << " zero " << zero << " accum " << accum << ", rank " << world.rank() << ": predicted "
+  INFO(T::name() << " zero " << zero << " accum " << accum << (keep ? " keep_gathered" : "")
+                 << (half ? " gather_half" : "") << ", rank " << world.rank() << ": predicted "
                  << memopt::memory::mib(predicted.peak) << " MiB, measured " << memopt::memory::mib(measured)
                  << " MiB\n" << predicted.table());
   CHECK(std::abs(error) <= tolerance);
@@ -403,6 +414,8 @@ TEST_CASE("The estimator predicts a ZeRO-3 rank's peak", "[dist]") {
   SECTION("fp32, accumulation 2") { zero3_estimate_matches<Fp32Trainer>(3, 2, 0.10); }
   SECTION("bf16 autocast, checkpointed blocks") { zero3_estimate_matches<Bf16Every>(3, 1, 0.10); }
   SECTION("bf16 weights, fp32 masters") { zero3_estimate_matches<PureNone>(3, 1, 0.10); }
+  SECTION("keep_gathered, accumulation 2") { zero3_estimate_matches<Fp32Trainer>(3, 2, 0.10, true); }
+  SECTION("bf16 autocast, gather_half") { zero3_estimate_matches<Bf16Every>(3, 1, 0.10, false, true); }
   SECTION("ZeRO-1 and plain data parallel") {
     zero3_estimate_matches<Fp32Trainer>(1, 1, 0.10);
     zero3_estimate_matches<Fp32Trainer>(0, 1, 0.10);

@@ -21,8 +21,9 @@
 // Data parallel (RunDesc::ranks, zero): one rank's bytes. ZeRO-1 divides the optimizer state and
 // fp32 masters by the ranks; ZeRO-3 (dist::Zero3) the parameters and gradients too, recomputes
 // every block, and adds what a step holds whole: the root unit, two blocks (the running one and
-// the prefetched next), and at a block's reduce-scatter its gradients with two fp32 buffers
-// (within 10% of the tracker on 2 ranks: tests/dist/zero3_test.cpp).
+// the prefetched next; every block with keep_gathered, in 16 bits with gather_half), and at a
+// block's reduce-scatter its gradients with two fp32 buffers (within 10% of the tracker on 2
+// ranks: tests/dist/zero3_test.cpp).
 //
 // The policies come as their descriptions (memory/policy_desc.hpp), so the estimator knows
 // no policy by name: a new policy that describes itself is estimated like the built-in ones.
@@ -65,6 +66,10 @@ struct RunDesc {
   /// (the one running and the prefetched next) whole in a step (shard_params, dist::Zero3).
   int64_t ranks = 1;
   int zero = 0;
+  /// zero 3, TrainerOptions::keep_gathered: every block whole from its first use to the step's
+  /// end (not two at a time); gather_half (under autocast): blocks gathered in 16 bits.
+  bool keep_gathered = false;
+  bool gather_half = false;
 };
 
 /// The prediction, in bytes. peak is the largest of the three moments the estimator models:
@@ -234,8 +239,10 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
     state_numels.assign(static_cast<size_t>(m.num_layers), static_cast<int64_t>(std::ceil(block_trainable / N)));
     state_numels.push_back(static_cast<int64_t>(std::ceil(root / N)));
   }
-  const double gathered = z3 ? param_e * (root + 2 * block_trainable) : 0;
-  const double reduce_buffers = z3 ? 2 * 4 * block_trainable + grad_e * block_trainable : 0;  // + its full gradients
+  const double gather_e = run.gather_half && autocast ? 2 : param_e;  // a block's gathered weights and their gradients
+  const double blocks_whole = run.keep_gathered ? static_cast<double>(m.num_layers) : 2;
+  const double gathered = z3 ? param_e * root + gather_e * blocks_whole * block_trainable : 0;
+  const double reduce_buffers = z3 ? 2 * 4 * block_trainable + gather_e * block_trainable : 0;  // + its full gradients
   if (z3) largest = std::max(block_trainable, root) / N;
 
   Estimate e;

@@ -29,6 +29,15 @@ void check_combination(const TrainerOptions& options, const Accum& accum, const 
                 " (its inf/nan check sees only this rank's shard). HINT: use bf16, or shard_optimizer_state(false) "
                 "and shard_params(false)");
   }
+  // memory_budget retries a step on the rank that ran over; ZeRO-3's ranks gather and
+  // reduce-scatter inside forward and backward together, so a lone retry would pair one rank's
+  // collectives with another's different ones.
+  TORCH_CHECK(!(sync.distributed() && options.shard_params() && options.memory_budget() > 0),
+              "memopt::Trainer: memory_budget (", options.memory_budget(), " bytes) re-runs a step with smaller "
+              "micro-batches on the rank that ran over it, but with shard_params (ZeRO-3) on ", sync.size(),
+              " ranks the blocks are gathered inside the step by all ranks together. HINT: choose the micro-batch "
+              "ahead (memopt::plan with PlanOptions::ranks; the examples' --memory_budget does), and set "
+              "memory_budget(0)");
   if constexpr (!hooks::MatmulDtype<Precision>) {
     TORCH_CHECK(!options.gather_half(), "memopt::TrainerOptions: gather_half all-gathers ZeRO-3's matrices in the "
                 "dtype autocast casts them to, but ", detail::policy_name<Precision>(), " runs no autocast. HINT: use "
