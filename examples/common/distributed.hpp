@@ -2,7 +2,8 @@
 // torchrun (scripts/launch): the flags of ZeRO sharding (--zero 1: optimizer state, 3:
 // parameters and gradients too; --offload_params, on one rank too) and the gradient buckets, and
 // output from rank 0 only (the other ranks' stdout goes to /dev/null; errors
-// still reach stderr, so a failing rank says why). A world of one changes nothing.
+// still reach stderr, so a failing rank says why). A world of one trains alone; --zero 3 there
+// keeps ZeRO-3's blocks and offload, its collectives being copies.
 #pragma once
 
 #include <cstdio>

@@ -282,7 +282,6 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
 
   void unshard() override {
     if (whole_) return;
-    for (auto& unit : units_) unit->drop();
     for (auto& unit : units_) unit->gather_whole();  // in the shards' dtype (not gather_half's)
     root_.gather();
     whole_ = true;
@@ -291,7 +290,7 @@ class Zero3 final : public DataParallel, private memopt::detail::BlockRunner {
   int sync_gradients(torch::Tensor& loss_sum, int local_signal) override {
     for (auto& unit : units_) {
       unit->drop();     // a prefetch the model's order left unused
-      unit->release();  // keep_gathered: whole since its first forward this step
+      if (unit->whole) unit->release();  // keep_gathered: whole since its first forward this step
       TORCH_CHECK(unit->runs > 0, "memopt::dist::Zero3: block '", unit->name, "' holds sharded parameters but ran "
                   "no forward through run_block this step, so it computed with NaN placeholders. HINT: run each "
                   "item of the model's ModuleList through ckpt.run_block (memopt::run_sequential does)");
