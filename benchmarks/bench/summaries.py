@@ -92,7 +92,8 @@ def data_summary(raw: Mapping[str, str]) -> list[dict]:
 # ---- dist ----
 def dist_config(l: Mapping) -> dict:
     return {"precision": l["precision"], "ranks": l["ranks"], "threads_per_rank": l.get("threads_per_rank", l.get("threads")),
-            "sharded": l.get("sharded", False), "param_gather": l.get("param_gather")}
+            "sharded": l.get("sharded", False), "param_gather": l.get("param_gather"),
+            "attention": l.get("attention"), "fused_kernels": l.get("fused_kernels")}
 
 
 def shape(l: Mapping) -> str:

@@ -68,6 +68,10 @@ struct BenchConfig {
   bool gather_half = false;    // ZeRO-3, bf16: blocks' matrices all-gathered in bf16 (gather_half)
   std::string device = "cpu";  // cpu | cuda (cuda:LOCAL_RANK)
   std::string param_gather = "broadcast";
+  // The model's kernels: SDPA (what the PyTorch peers run; named, not `auto`, so that every rank
+  // runs the same kernel) and the fused RMSNorm/RoPE/SwiGLU (nn/fused.hpp), as memopt_bench_trainer.
+  std::string attention = "sdpa";
+  bool fused_kernels = true;
   int64_t bucket_mib = 25;  // the gradient all-reduce's bucket size (TrainerOptions::bucket_mib)
   int64_t comm_reps = 5;    // repetitions of each collective timed after training
 
@@ -340,7 +344,10 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
               shard->vocab_size(), ", more than --vocab ", cfg.vocab, ". HINT: pass --vocab ", shard->vocab_size());
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
   const int64_t before_model = memopt::memory::Tracker::instance().live_bytes();
-  memopt::models::Llama model(memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq));
+  auto config = memopt::bench::llama_config(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq);
+  config.attention_kind(memopt::nn::parse_attention_kind(cfg.attention, "memopt_bench_dist: --attention"));
+  config.fused_kernels(cfg.fused_kernels);
+  memopt::models::Llama model(config);
   model->train();
   const torch::Device device(cfg.device == "cuda" ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
                                                                      world.local_rank()))
@@ -436,6 +443,8 @@ nlohmann::ordered_json measure(const BenchConfig& cfg) {
       {"warmup", cfg.warmup},
       {"precision", cfg.precision},
       {"recompute", cfg.recompute},
+      {"attention", cfg.attention},
+      {"fused_kernels", cfg.fused_kernels},
       {"data", cfg.data.empty() ? std::string("lcg") : cfg.data},
   };
   memopt::dist::shutdown();  // a last barrier: no rank leaves while another still gathers
@@ -473,6 +482,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--param_gather", cfg.param_gather, "how a sharded step shares the parameters")
       ->check(CLI::IsMember({"broadcast", "allgather"}));
+  app.add_option("--attention", cfg.attention, "math | blockwise | sdpa | auto (measured per rank: the ranks may "
+                 "differ)")->capture_default_str();
+  app.add_option("--fused_kernels", cfg.fused_kernels, "RMSNorm, RoPE and SwiGLU as nn/fused.hpp's kernels (false: "
+                 "the ATen composites)")->capture_default_str();
   app.add_option("--bucket_mib", cfg.bucket_mib, "gradient all-reduce bucket size (MiB)")->check(CLI::PositiveNumber);
   app.add_option("--comm_reps", cfg.comm_reps, "times each collective is timed alone after training")
       ->check(CLI::PositiveNumber);

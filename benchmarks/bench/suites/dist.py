@@ -18,7 +18,8 @@ from ..summaries import dist_summary
 # Data-parallel training (dist/data_parallel.hpp through the Trainer; memopt_bench_dist, one
 # process per rank started as torchrun would on loopback: RANK, WORLD_SIZE, MASTER_ADDR, a random
 # MASTER_PORT, OMP_NUM_THREADS=1) on the reference LLaMA (4 x d256, 8 heads, seq 256, vocab 4096;
-# the King James shard when data/kjv/train.bin exists, else random tokens), bf16 autocast +
+# the King James shard when data/kjv/train.bin exists, else random tokens; memopt's model with
+# SDPA, as the peers', and its fused RMSNorm/RoPE/SwiGLU kernels), bf16 autocast +
 # recompute::EveryBlock, 1 intra-op thread per rank, the same global batch everywhere: 1 rank
 # trains micro-batches of 8 rows x accum 2, 2 ranks 4 rows each of every 8-row micro-batch
 # (RankSlice). Configurations: 1 rank; 2 ranks; 2 ranks with ZeRO-1 (broadcast, all-gather), with ZeRO-3
