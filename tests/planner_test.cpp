@@ -3,6 +3,7 @@
 // calibration, GritLM's plan, and the errors of bad flags and sizes. plan_finetune: tests/planner/finetune_test.cpp.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <cstdlib>
@@ -99,6 +100,12 @@ TEST_CASE("with several ranks the planner weighs ZeRO-1 and ZeRO-3: DDP while it
   const auto policies = p.chosen.policies;
   CHECK(memopt::memory::estimate(desc, four, policies).peak < memopt::memory::estimate(desc, two, policies).peak);
   memopt::test::require_error([&] { plan_for(0, 0); }, "memopt::plan", {"ranks", "(got 0)", "HINT"});
+  // zero_stages: only the stages named are weighed (a run that names its stage: --zero 3)
+  const auto named = memopt::plan(desc, 256, candidates, options(0, 2).zero_stages({3}));
+  CHECK(named.rows.size() == plan_for(0, 1).rows.size());
+  CHECK(std::all_of(named.rows.begin(), named.rows.end(), [](const auto& r) { return r.zero == 3; }));
+  memopt::test::require_error([&] { memopt::plan(desc, 256, candidates, options(0, 2).zero_stages({2})); },
+                              "memopt::plan", {"zero_stages holds 2", "HINT"});
 }
 
 TEST_CASE("a calibrated plan follows the measured peak: overruns move down, overestimates let more in",

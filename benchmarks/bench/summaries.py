@@ -117,7 +117,8 @@ def dist_summary(raw: Mapping[str, str]) -> list[dict]:
 
     for base, keys in (("one", ("two", "two-zero1-broadcast", "two-zero1-allgather", "two-zero3", "two-zero3-disk",
                                 "one-2threads")),
-                       ("peer-one", ("peer-two", "peer-two-fsdp2")), ("fp32-one", ("fp32-two",))):
+                       ("peer-one", ("peer-two", "peer-two-fsdp2")), ("fp32-one", ("fp32-two",)),
+                       ("math-one", ("math-two",))):
         one = lines.get(base)
         for key in keys:
             two = lines.get(key)
@@ -134,7 +135,7 @@ def dist_summary(raw: Mapping[str, str]) -> list[dict]:
                  "rounds": len(runs[key]),
                  "tokens_per_s_by_round": [round(t["tokens_per_s"] / o["tokens_per_s"], 4)
                                            for o, t in zip(runs[base], runs[key])]}
-            if two["ranks"] > 1 and base == "one":
+            if two["ranks"] > 1 and base in ("one", "math-one"):
                 d.update({"target": 1.8, "met": speedup >= 1.8})
             emit(d)
             if two["ranks"] > 1:

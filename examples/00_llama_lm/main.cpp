@@ -375,8 +375,9 @@ int run(Args& a) {  // non-const: --finetune resolves a.lora
   config.validate();
 
   // ---- policies: the flags, or the planner's choice for the budget; the estimate either way ----
-  const auto plan_options = memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
-                                .machine(memopt::MachineModel::from_device(device));
+  const auto plan_options = a.distributed.plan_options(  // on several ranks: the ZeRO stage(s) too
+      memopt::PlanOptions().budget_bytes(budget).effective_batch(a.micro_batch * a.accum)
+          .machine(memopt::MachineModel::from_device(device)), a.calibrate, "llama_lm");
   if (a.lora.automatic()) {  // --finetune auto: full, LoRA or QLoRA, the first that fits the budget
     const auto way = memopt::plan_finetune(a.lora.ways(memopt::models::describe(config)), a.seq_len,
                                            a.policies == "auto" ? plannable(device) : std::vector{policies},
@@ -401,10 +402,14 @@ int run(Args& a) {  // non-const: --finetune resolves a.lora
                                                 plan_options, a.calibrate ? measure : memopt::MeasureStep());
     policies = chosen.policies;
     micro_batch = chosen.micro_batch;
+    if (a.distributed.automatic()) {  // --zero auto: the chosen stage
+      a.distributed.adopt(chosen.zero);
+      options = a.distributed.apply(options);
+    }
     torch::manual_seed(static_cast<int64_t>(a.seed));   // the run starts as it would have without the probes
     memopt::memory::Tracker::instance().reset_peaks();  // and its measured peak is its own
   }
-  const auto estimate = memopt::memory::estimate(desc, {micro_batch, a.seq_len}, policies);
+  const auto estimate = memopt::memory::estimate(desc, a.distributed.run({micro_batch, a.seq_len}), policies);
   fmt::print("{}", estimate.table());
   if (a.estimate_only) return 0;
   options.accum_steps(policies.accum);
@@ -572,7 +577,7 @@ int main(int argc, char** argv) {
   app.add_flag("--estimate_only", a.estimate_only, "print the memory estimate (and the plan) and stop");
   app.add_option("--output_dir", a.output_dir, "where checkpoints go (OUTPUT_DIR/checkpoints)")->capture_default_str();
   a.checkpoints.add_to(app);
-  a.distributed.add_to(app);
+  a.distributed.add_to(app, /*plans=*/true);
   auto* data = app.add_option_group("other data", "train on --dataset instead of DATA/train.bin");
   data->add_option("--dataset", a.dataset, "text, JSONL (--text_field), token shards, a memopt-pretokenize "
                    "index.json, a directory or a glob; repeatable")

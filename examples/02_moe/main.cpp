@@ -341,20 +341,22 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   // ---- model ----
   torch::manual_seed(static_cast<int64_t>(a.seed));
   const MoeConfig cfg = model_config(a, d.vocab);
-  if (a.estimate_only || a.policies == "auto" || !a.memory_budget.empty()) {  // memory/estimator.hpp, planner.hpp
+  const bool planning = a.policies == "auto" || !a.memory_budget.empty() || a.distributed.automatic();
+  if (a.estimate_only || planning) {  // memory/estimator.hpp, planner.hpp
     TORCH_CHECK(a.dispatch == "sorted", "moe_lm: the memory estimate models the sorted dispatch (got --dispatch ",
                 a.dispatch, "). HINT: drop --dispatch dense, or measure it with a short run.");
     auto policies = policies_of(a);
     const auto desc = a.dense ? memopt::models::describe(cfg.dense_equivalent())
                               : memopt::models::describe(cfg);
     int64_t micro = a.batch_size;
-    if (a.policies == "auto" || !a.memory_budget.empty()) {  // fixed + budget: the micro-batch finder only
+    if (planning) {  // fixed + budget: the micro-batch finder only
       const auto chosen = memopt::choose_policies(
           desc, a.seq_len, policies, a.policies == "auto", memopt::candidates<MoeTrainers>(),
-          memopt::PlanOptions()
-              .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
-              .effective_batch(a.batch_size * a.grad_accum)
-              .machine(memopt::MachineModel::from_device(device)),
+          a.distributed.plan_options(memopt::PlanOptions()  // on several ranks: the ZeRO stage(s) too
+                                         .budget_bytes(a.memory_budget.empty() ? 0 : memopt::parse_bytes(a.memory_budget))
+                                         .effective_batch(a.batch_size * a.grad_accum)
+                                         .machine(memopt::MachineModel::from_device(device)),
+                                     a.calibrate, "moe_lm"),
           a.calibrate ? (a.dense ? probe_steps<Llama>(a, d, cfg.dense_equivalent()) : probe_steps<MoeLM>(a, d, cfg))
                       : memopt::MeasureStep());
       policies = chosen.policies;
@@ -364,11 +366,12 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
       a.optimizer_state = policies.state.flag;
       a.batch_size = micro;
       a.grad_accum = policies.accum;
+      a.distributed.adopt(chosen.zero);  // --zero auto: the chosen stage (train_with_flags applies it)
       torch::manual_seed(static_cast<int64_t>(a.seed));   // the run starts as it would have without the probes
       memopt::memory::Tracker::instance().reset_peaks();  // and its measured peak is its own
     }
     fmt::print("{} ({}, micro-batch {})\n{}", a.dense ? "dense equivalent" : a.config, policies.name(), micro,
-               memopt::memory::estimate(desc, {micro, a.seq_len}, policies).table());
+               memopt::memory::estimate(desc, a.distributed.run({micro, a.seq_len}), policies).table());
     if (a.estimate_only) return 0;
   }
   if (a.dense) {
@@ -442,7 +445,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   a.memory.add_to(app, /*release_default=*/0);
   a.checkpoints.add_to(app);
-  a.distributed.add_to(app);
+  a.distributed.add_to(app, /*plans=*/true);
   app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   app.add_option("--warmup", a.warmup, "warmup steps")->capture_default_str();
   app.add_option("--eval_batches", a.eval_batches, "held-out batches to evaluate (0: none)")->capture_default_str();

@@ -82,6 +82,8 @@ struct PlanOptions {
   /// ZeRO-3 (one rank's peak; the step's collectives in its time), and effective_batch is each
   /// rank's share of the step's sequences.
   TORCH_ARG(int64_t, ranks) = 1;
+  /// With ranks > 1: the ZeRO stages weighed (0, 1, 3; empty: all three).
+  TORCH_ARG(std::vector<int>, zero_stages) = {};
 };
 
 /// One candidate as plan() judged it.
@@ -245,6 +247,9 @@ inline void check_plan_options(const std::vector<memory::PolicyDesc>& candidates
               "calibration > 0 (got ", options.budget_bytes(), " and ", options.calibration(), ").");
   TORCH_CHECK(options.ranks() >= 1, "memopt::plan: ranks must be >= 1 (got ", options.ranks(),
               "). HINT: pass dist::world().size()");
+  for (const int zero : options.zero_stages())
+    TORCH_CHECK(zero == 0 || zero == 1 || zero == 3, "memopt::plan: zero_stages holds ", zero, ", not a ZeRO stage. "
+                "HINT: 0 (replicated), 1 (optimizer state sharded) or 3 (parameters too)");
 }
 }  // namespace detail
 
@@ -310,7 +315,9 @@ inline std::vector<PlanRow> plan_rows(const memory::ModelDesc& m, int64_t seq_le
                                       const std::vector<memory::PolicyDesc>& candidates, const PlanOptions& options) {
   check_plan_options(candidates, options);
   std::vector<PlanRow> rows;
-  const std::vector<int> stages = options.ranks() > 1 ? std::vector<int>{0, 1, 3} : std::vector<int>{0};
+  const std::vector<int> stages = options.ranks() <= 1             ? std::vector<int>{0}
+                                  : options.zero_stages().empty() ? std::vector<int>{0, 1, 3}
+                                                                  : options.zero_stages();
   for (const auto& candidate : candidates)
     for (const int zero : stages) rows.push_back(plan_row(m, seq_len, candidate, zero, options));
   return rows;

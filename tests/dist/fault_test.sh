@@ -5,6 +5,8 @@
 #     sampled); its checkpoint resumed by one process is refused, naming both world sizes; host
 #     offload of a CPU model is refused; a killed rank is named within 60 s as above, from
 #     inside a block's collective;
+#   - --zero auto: the planner picks ZeRO-3 where only it fits the budget, and the run trains
+#     with it; without a budget it is refused with a HINT;
 #   - different model shapes on the ranks: both exit at start, naming the rank and the shapes;
 #   - torchrun (scripts/launch) with LAUNCH_MAX_RESTARTS=1, --save_every and --resume latest:
 #     a worker killed after a checkpoint is restarted with the others, the job resumes from the
@@ -88,6 +90,31 @@ else
   fail "--zero 3 --offload_params host on the CPU: $(grep -m1 error "$tmp/z3host.log")"
 fi
 killed z3kill "--zero 3, " --zero 3
+
+# ---- --zero auto: the planner weighs ZeRO-0, 1 and 3 on the ranks; 8 small blocks on 8-token rows
+# (model state dominates): only ZeRO-3 fits 18 MiB, and the run trains with it ----
+p=$(port)
+auto=(--layers 8 --dim 128 --seq_len 8 --micro_batch 2 --accum 1 --zero auto --memory_budget 18MiB --steps 2
+      --output_dir "$tmp/auto")
+rank 0 "$p" "${job[@]}" "${auto[@]}" > "$tmp/auto0.log" 2>&1 &
+pid0=$!
+(rank 1 "$p" "${job[@]}" "${auto[@]}" > "$tmp/auto1.log" 2>&1)
+rc1=$?
+wait "$pid0"
+rc0=$?
+if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && grep -q "^chose .* + ZeRO-3 (micro" "$tmp/auto0.log" \
+   && grep -q "^plan: 3 candidates" "$tmp/auto0.log" && grep -q "^--zero 3 on 2 ranks" "$tmp/auto0.log"; then
+  ok "--zero auto --memory_budget 18MiB on 2 ranks: $(grep -o '^chose .*(micro *[0-9]*)' "$tmp/auto0.log"), trained; $(grep -o 'estimated peak .*' "$tmp/auto0.log")"
+else
+  fail "--zero auto: exits $rc0 / $rc1: $(grep -E '^chose|error' "$tmp/auto0.log" "$tmp/auto1.log" | head -3)"
+fi
+if "$bin" "${job[@]}" --zero auto --steps 1 --output_dir "$tmp/auto1" > "$tmp/auto_nobudget.log" 2>&1; then
+  fail "--zero auto without --memory_budget: accepted"
+elif grep -q "zero auto picks the stage that fits --memory_budget (got no budget). HINT" "$tmp/auto_nobudget.log"; then
+  ok "--zero auto without --memory_budget: refused with a HINT"
+else
+  fail "--zero auto without --memory_budget: $(grep -m1 error "$tmp/auto_nobudget.log")"
+fi
 
 # ---- different shapes ----
 p=$(port)

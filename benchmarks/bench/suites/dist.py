@@ -30,7 +30,9 @@ from ..summaries import dist_summary
 # DistributedDataParallel (Gloo, 25 MB buckets overlapping backward, no_sync; LCG tokens) and with
 # FSDP2 (fully_shard per block + root) and DeepSpeed ZeRO-3 (on the CPU), the peers of ZeRO-3; then,
 # for context, 1 rank x 2 threads, fp32 at 1 and 2 ranks (a tight loss-curve check), and DDP and
-# ZeRO-3 on 3 ranks (6-row micro-batches; memory only: 3 ranks on 2 cores); last the 8 x 512
+# ZeRO-3 on 3 ranks (6-row micro-batches; memory only: 3 ranks on 2 cores), 1 and 2 ranks with the
+# math attention and the ATen composites (math-one, math-two: how far the data-parallel overhead
+# alone keeps 2 ranks from 2x, where the step is slower); last the 8 x 512
 # shape (8 layers, d512, seq 512) at 2 ranks: DDP, ZeRO-3, FSDP2 and DeepSpeed, 6 timed steps.
 # Rank 0 prints each run's line ("run": configuration#round; rank logs under
 # build-release/bench-dist/). Ratio lines: dist_speedup (tokens/s over 1 rank x 1 thread's, from
@@ -58,6 +60,7 @@ DIST_QUICK = {"model": "--layers 2 --dim 64 --heads 4 --seq 32 --vocab 4096 --mi
               "fp32": "--precision fp32 --recompute every --warmup 1 --steps 1",
               "large": "--layers 2 --dim 64 --heads 4 --seq 64 --vocab 4096 --micro 4 --accum 2",
               "large_steps": {"--warmup": "1", "--steps": "1"}}
+MATH = ["--attention", "math", "--fused_kernels", "false"]  # the model without memopt's kernels
 BUSY = 0.15  # CPUs kept busy by other processes that make a timing disturbed
 ATTEMPTS = 3  # another port when one was taken; once more when other work disturbed the timing
 
@@ -218,6 +221,10 @@ def dist(ctx: Context) -> list[Step]:
               DistLaunch("peer-two-fsdp2#1", 2, 1, [*bf16, "--fsdp2"], **common),  # the peers of ZeRO-3
               DistLaunch("peer-two-deepspeed3#1", 2, 1, [*bf16, "--deepspeed"], **common),
               DistLaunch("one-2threads#1", 1, 2, bf16, **common),
+              # the same at 1 and 2 ranks with the math attention and the ATen composites: a slower step,
+              # against which the data-parallel overhead weighs less (the scaling the kernels cost)
+              DistLaunch("math-one#1", 1, 1, [*bf16, *MATH], **common),
+              DistLaunch("math-two#1", 2, 1, [*bf16, *MATH], **common),
               DistLaunch("fp32-one#1", 1, 1, fp32, **common), DistLaunch("fp32-two#1", 2, 1, fp32, **common)]
     # 3 ranks (more than the cores: memory only, their tokens/s mean nothing): 6-row micro-batches
     three = {**common, "model": [("6" if i > 0 and common["model"][i - 1] == "--micro" else a)
