@@ -147,18 +147,19 @@ def dist_summary(raw: Mapping[str, str]) -> list[dict]:
               "tokens_per_s": round(median_step("peer-two") / median_step("two"), 4),
               "tokens_per_s_one_rank": round(median_step("peer-one") / median_step("one"), 4) if "peer-one" in runs else None,
               "peer": lines["peer-two"].get("peer_data_parallel")})
-    whole = lines.get("two")
-    for key in ("two-zero1-broadcast", "two-zero1-allgather"):
-        sharded = lines.get(key)
+    for plain, key in (("two", "two-zero1-broadcast"), ("two", "two-zero1-allgather"), ("two-l8", "two-zero1-l8")):
+        whole, sharded = lines.get(plain), lines.get(key)
         if whole and sharded:
-            emit({"name": "optimizer_state_per_rank", "impl": "ratio", **dist_config(sharded),
+            emit({"name": "optimizer_state_per_rank", "impl": "ratio", **dist_config(sharded), "shape": shape(sharded),
                   "value": round(sharded["optimizer_state_mib_per_rank"] / whole["optimizer_state_mib_per_rank"], 4),
+                  "tokens_per_s": round(median_step(plain) / median_step(key), 4),
                   "sharded_mib_ranks": sharded["optimizer_state_mib_ranks"],
                   "unsharded_mib_ranks": whole["optimizer_state_mib_ranks"],
                   "source": "tracker: live bytes added by the first step, after a barrier; the largest rank's"})
     for plain, zero3, target in (("two", "two-zero3", 0.55), ("two", "two-zero3-disk", 0.55), ("two", "two-zero3-keep", None),
                                  ("two", "two-zero3-half", None), ("three", "three-zero3", 0.37),
-                                 ("two-l8", "two-zero3-l8", 0.55), ("two-l8", "two-zero3-half-l8", None)):
+                                 ("two-l8", "two-zero3-l8", 0.55), ("two-l8", "two-zero3-disk-l8", 0.55),
+                                 ("two-l8", "two-zero3-half-l8", None)):
         if plain in lines and zero3 in lines:  # model state: tracked bytes at the optimizer phase's peak
             state = lines[zero3]["model_state_mib_per_rank"] / lines[plain]["model_state_mib_per_rank"]
             d = {"name": "zero3_vs_ddp", "impl": "ratio", **dist_config(lines[zero3]), "zero": 3,

@@ -6,7 +6,7 @@
 #     offload of a CPU model is refused; a killed rank is named within 60 s as above, from
 #     inside a block's collective;
 #   - --zero auto: the planner picks ZeRO-3 where only it fits the budget, and the run trains
-#     with it; without a budget it is refused with a HINT;
+#     with it; without a budget, or with --calibrate, it is refused with a HINT;
 #   - different model shapes on the ranks: both exit at start, naming the rank and the shapes;
 #   - torchrun (scripts/launch) with LAUNCH_MAX_RESTARTS=1, --save_every and --resume latest:
 #     a worker killed after a checkpoint is restarted with the others, the job resumes from the
@@ -114,6 +114,15 @@ elif grep -q "zero auto picks the stage that fits --memory_budget (got no budget
   ok "--zero auto without --memory_budget: refused with a HINT"
 else
   fail "--zero auto without --memory_budget: $(grep -m1 error "$tmp/auto_nobudget.log")"
+fi
+if "$bin" "${job[@]}" --zero auto --memory_budget 1GiB --calibrate --steps 1 --output_dir "$tmp/auto1" \
+     > "$tmp/auto_calibrate.log" 2>&1; then
+  fail "--zero auto --calibrate: accepted"
+elif grep -q "calibrate measures a step on this rank alone, not a sharded one (got --zero auto). HINT" \
+     "$tmp/auto_calibrate.log"; then
+  ok "--zero auto --calibrate: refused with a HINT"
+else
+  fail "--zero auto --calibrate: $(grep -m1 error "$tmp/auto_calibrate.log")"
 fi
 
 # ---- different shapes ----

@@ -33,14 +33,15 @@ from ..summaries import dist_summary
 # ZeRO-3 on 3 ranks (6-row micro-batches; memory only: 3 ranks on 2 cores), 1 and 2 ranks with the
 # math attention and the ATen composites (math-one, math-two: how far the data-parallel overhead
 # alone keeps 2 ranks from 2x, where the step is slower); last the 8 x 512
-# shape (8 layers, d512, seq 512) at 2 ranks: DDP, ZeRO-3, FSDP2 and DeepSpeed, 6 timed steps.
+# shape (8 layers, d512, seq 512) at 2 ranks: DDP, ZeRO-1, ZeRO-3 (also with its shards on disk, and
+# with bf16 gathers), FSDP2 and DeepSpeed, 6 timed steps.
 # Rank 0 prints each run's line ("run": configuration#round; rank logs under
 # build-release/bench-dist/). Ratio lines: dist_speedup (tokens/s over 1 rank x 1 thread's, from
 # the median step over all rounds' timed steps; also from the means, the fastest steps and each
 # round; target >= 1.8 for 2 ranks; impl ratio_pytorch: the peer's own), dist_vs_peer (memopt's
 # 2-rank tokens/s over DDP's, and 1 rank's over 1 rank's), loss_curve (the largest
 # relative difference of the per-step losses from 1 rank's), optimizer_state_per_rank
-# (sharded / unsharded tracker bytes, the largest rank's), zero3_vs_ddp (model state per rank:
+# (sharded / unsharded tracker bytes, the largest rank's, with tokens/s; both shapes), zero3_vs_ddp (model state per rank:
 # tracked bytes at the optimizer phase's peak, and tokens/s; targets <= 0.55 at 2 ranks, <= 0.37
 # at 3, tokens/s >= 0.8), zero3_vs_fsdp2 (peak RSS <= 1.0, tokens/s >= 1.1) and zero3_vs_deepspeed
 # (no target), each per shape. Timings need an idle machine: before
@@ -234,7 +235,11 @@ def dist(ctx: Context) -> list[Step]:
     large = {**common, "model": plan["large"].split()}
     short = [a if i == 0 or bf16[i - 1] not in ("--steps", "--warmup") else plan["large_steps"][bf16[i - 1]]
              for i, a in enumerate(bf16)]
-    steps += [DistLaunch("two-l8#1", 2, 1, short, **large), DistLaunch("two-zero3-l8#1", 2, 1, [*short, "--zero", "3"], **large),
+    steps += [DistLaunch("two-l8#1", 2, 1, short, **large),
+              DistLaunch("two-zero1-l8#1", 2, 1, [*short, "--sharded", "--param_gather", "broadcast"], **large),
+              DistLaunch("two-zero3-l8#1", 2, 1, [*short, "--zero", "3"], **large),
+              DistLaunch("two-zero3-disk-l8#1", 2, 1,
+                         [*short, "--zero", "3", "--offload_dir", str(ctx.build_dir / "bench-dist" / "offload")], **large),
               DistLaunch("two-zero3-half-l8#1", 2, 1, [*short, "--zero", "3", "--gather_half"], **large),
               DistLaunch("peer-two-fsdp2-l8#1", 2, 1, [*short, "--fsdp2"], **large),
               DistLaunch("peer-two-deepspeed3-l8#1", 2, 1, [*short, "--deepspeed"], **large)]
