@@ -75,14 +75,13 @@ struct DistributedFlags {
     if (!world.distributed()) return options;
     return options.ranks(world.size()).zero_stages(automatic() ? std::vector<int>{} : std::vector<int>{stage()});
   }
-  /// The estimator's run on these ranks at this stage (one rank: `run` as it is).
+  /// The estimator's run on these ranks (one alone too) at this stage.
   memopt::memory::RunDesc run(memopt::memory::RunDesc run) const {
-    auto& world = memopt::dist::world();
-    if (!world.distributed()) return run;
-    run.ranks = world.size();
+    run.ranks = memopt::dist::world().size();
     run.zero = stage();
     run.keep_gathered = keep_gathered;
     run.gather_half = gather_half;
+    run.offload_params = offload_params == "disk";
     return run;
   }
 

@@ -96,10 +96,7 @@ class FlatParam {
   void place_host() {
     host_ = true;
     if (shard_.is_pinned()) return;
-    torch::NoGradGuard no_grad;
-    torch::Tensor pinned = torch::empty({shard_numel_}, shard_.options().device(torch::kCPU).pinned_memory(true));
-    pinned.copy_(shard_.detach());
-    shard_.set_data(pinned);
+    move_to(torch::empty({shard_numel_}, shard_.options().device(torch::kCPU).pinned_memory(true)));
   }
 
   /// Offload to disk: the shard moves into its region of `file` (at `offset`, room for 4 bytes an
@@ -109,10 +106,7 @@ class FlatParam {
     file_ = &file;
     offset_ = offset;
     if (file.holds(shard_)) return;
-    torch::NoGradGuard no_grad;
-    torch::Tensor region = file.tensor(offset, shard_numel_, shard_.scalar_type());
-    region.copy_(shard_.detach());
-    shard_.set_data(region);
+    move_to(file.tensor(offset, shard_numel_, shard_.scalar_type()));
     file.release(shard_);
   }
   void place_again() {
@@ -145,6 +139,12 @@ class FlatParam {
   }
 
  private:
+  // The shard's elements copied into `memory`, which becomes its storage (its identity kept).
+  void move_to(torch::Tensor memory) {
+    torch::NoGradGuard no_grad;
+    memory.copy_(shard_.detach());
+    shard_.set_data(memory);
+  }
   torch::TensorOptions on_device() const { return shard_.options().device(device_).requires_grad(false); }
 
   World* world_;

@@ -23,7 +23,8 @@
 // every block, and adds what a step holds whole: the root unit, two blocks (the running one and
 // the prefetched next; every block with keep_gathered, in 16 bits with gather_half), and at a
 // block's reduce-scatter its gradients with two fp32 buffers (within 10% of the tracker on 2
-// ranks: tests/dist/zero3_test.cpp).
+// ranks: tests/dist/zero3_test.cpp). In a world of one the shards are whole, and with
+// RunDesc::offload_params (a file) they leave the tracked bytes.
 //
 // The policies come as their descriptions (memory/policy_desc.hpp), so the estimator knows
 // no policy by name: a new policy that describes itself is estimated like the built-in ones.
@@ -70,6 +71,9 @@ struct RunDesc {
   /// end (not two at a time); gather_half (under autocast): blocks gathered in 16 bits.
   bool keep_gathered = false;
   bool gather_half = false;
+  /// zero 3, TrainerOptions::offload_params_dir: the parameter shards live in a file, outside the
+  /// tracked bytes (zero 3 in a world of one: the shards are whole, with ZeRO-3's gathers).
+  bool offload_params = false;
 };
 
 /// The prediction, in bytes. peak is the largest of the three moments the estimator models:
@@ -186,7 +190,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   const auto numels = m.trainable_numels();  // what the optimizer steps (LoRA: the adapters alone)
   double P = 0, largest = 0;
   for (int64_t n : numels) P += static_cast<double>(n), largest = std::max(largest, static_cast<double>(n));
-  const bool z3 = run.zero == 3 && run.ranks > 1;
+  const bool z3 = run.zero == 3;
   const double N = static_cast<double>(run.ranks);
   const double state_share = run.zero >= 1 ? 1 / N : 1;  // of the optimizer state and fp32 masters
   const double B = static_cast<double>(run.micro_batch), T = static_cast<double>(run.seq_len);
@@ -246,7 +250,7 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   if (z3) largest = std::max(block_trainable, root) / N;
 
   Estimate e;
-  e.parameters = m.frozen_bytes(pure ? 2 : 4) + static_cast<int64_t>(param_e * P * shard);
+  e.parameters = m.frozen_bytes(pure ? 2 : 4) + (z3 && run.offload_params ? 0 : static_cast<int64_t>(param_e * P * shard));
   e.master_weights = pure ? static_cast<int64_t>(4 * P * state_share) : 0;
   e.gradients = in_backward ? 0 : static_cast<int64_t>(4 * P * shard);
   e.optimizer_state = pol.state.resident(state_numels);
