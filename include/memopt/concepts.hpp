@@ -76,7 +76,8 @@ concept CastWeights = requires(P& p, const std::vector<torch::Tensor>& params) {
 template <class P>
 concept SkipStep = requires(P& p) { p.skip_step(); };
 /// Optional: `P::kSkipsOnLocalGrads` true means step() decides from this rank's gradients
-/// whether to skip (Scaled's inf/nan check), so it cannot shard the optimizer state.
+/// whether to skip (Scaled's inf/nan check), so a sharded optimizer state needs the Trainer's
+/// check of the global gradient norm (TrainerOptions::skip_nonfinite) for the ranks to agree.
 template <class P>
 concept SkipsOnLocalGrads = requires { requires P::kSkipsOnLocalGrads; };
 

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <utility>
 #include <string>
@@ -320,6 +321,49 @@ TEST_CASE("ZeRO-3 gather_half: bf16 autocast's weights bit for bit, matrices gat
   }, "memopt::TrainerOptions", {"gather_half", "precision::Fp32", "HINT", "Bf16Autocast"});
   memopt::test::require_error([] { memopt::TrainerOptions().gather_half(true).validate(); },
                               "memopt::TrainerOptions", {"gather_half", "shard_params", "HINT"});
+}
+
+TEST_CASE("Loss scaling with sharded state: ZeRO-1 and ZeRO-3 train as one process, skip together", "[dist]") {
+  if (!zero3_ranks(2)) return;
+  using ScaledTrainer =
+      memopt::Trainer<memopt::recompute::EveryBlock, memopt::precision::Scaled<c10::kFloat>, memopt::accum::Runtime>;
+  SECTION("ZeRO-3") { zero3_matches_one_process<ScaledTrainer>(zero3_options()); }
+  SECTION("ZeRO-1") { check_against_reference<ScaledTrainer>(base_options().shard_optimizer_state(true), 1e-6); }
+  SECTION("an inf gradient in one rank's shard: both ranks skip, both scales back off, no weight moves") {
+    auto& world = memopt::dist::world();
+    TinyJob job;
+    ScaledTrainer trainer(*job.model, zero3_options());
+    REQUIRE(trainer.step(job.slice, job.loss).stepped);
+    const double scale = trainer.precision().scaler().current_scale();
+    torch::Tensor before;
+    trainer.with_full_weights([&] { before = flat_weights(job.model); });
+    // Rank 0's gradient of the head's first element becomes inf: after the reduce-scatter only
+    // the rank that owns that element holds it.
+    auto head = job.model->lm_head->weight;
+    const bool poison = world.rank() == 0;
+    unsigned hook = 0;
+    if (poison) {
+      hook = head.register_hook([](torch::Tensor g) {
+        g = g.clone();
+        g.view(-1)[0] = std::numeric_limits<float>::infinity();
+        return g;
+      });
+    }
+    const auto skipped = trainer.step(job.slice, job.loss);
+    if (poison) head.remove_hook(hook);
+    CHECK_FALSE(skipped.stepped);
+    CHECK(trainer.precision().scaler().current_scale() == scale / 2);
+    torch::Tensor after;
+    trainer.with_full_weights([&] { after = flat_weights(job.model); });
+    CHECK(torch::equal(before, after));
+    const auto stepped = world.all_gather(torch::tensor({skipped.stepped ? 1 : 0}), "test: stepped");
+    CHECK(stepped[0].item<int>() == stepped[1].item<int>());
+    CHECK(trainer.step(job.slice, job.loss).stepped);  // the next step is clean again
+  }
+  memopt::test::require_error([] {
+    TinyJob j;
+    ScaledTrainer(*j.model, zero3_options().skip_nonfinite(false));
+  }, "memopt::Trainer", {"Scaled", "skip_nonfinite(false)", "HINT"});
 }
 
 TEST_CASE("ZeRO-3 on several ranks refuses memory_budget's lone re-runs", "[dist]") {

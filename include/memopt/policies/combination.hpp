@@ -24,9 +24,13 @@ void check_combination(const TrainerOptions& options, const Accum& accum, const 
               detail::policy_name<Accum>(), " runs ", accum.micro_steps(), " micro-batch(es) a step. HINT: use "
               "accum::Runtime for a run-time count, give the policy its count, or leave accum_steps at 1");
   if constexpr (hooks::SkipsOnLocalGrads<Precision>) {
-    TORCH_CHECK(!(sync.distributed() && (options.shard_optimizer_state() || options.shard_params())),
-                "memopt::Trainer: a sharded optimizer state cannot combine with ", detail::policy_name<Precision>(),
-                " (its inf/nan check sees only this rank's shard). HINT: use bf16, or shard_optimizer_state(false) "
+    // Sharded, its inf/nan check sees only this rank's shard; the ranks agree through the Trainer's
+    // check of the global gradient norm, which runs first and skips on every rank together.
+    TORCH_CHECK(!(sync.distributed() && (options.shard_optimizer_state() || options.shard_params())) ||
+                    options.skip_nonfinite(),
+                "memopt::Trainer: ", detail::policy_name<Precision>(), " with a sharded optimizer state decides its "
+                "skips from this rank's shard alone, and skip_nonfinite(false) turns off the global gradient-norm "
+                "check that makes the ranks agree. HINT: leave skip_nonfinite(true), or shard_optimizer_state(false) "
                 "and shard_params(false)");
   }
   // memory_budget retries a step on the rank that ran over; ZeRO-3's ranks gather and
