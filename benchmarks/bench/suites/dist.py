@@ -41,9 +41,10 @@ from ..summaries import dist_summary
 # round; target >= 1.8 for 2 ranks; impl ratio_pytorch: the peer's own), dist_vs_peer (memopt's
 # 2-rank tokens/s over DDP's, and 1 rank's over 1 rank's), loss_curve (the largest
 # relative difference of the per-step losses from 1 rank's), optimizer_state_per_rank
-# (sharded / unsharded tracker bytes, the largest rank's, with tokens/s; both shapes), zero3_vs_ddp (model state per rank:
-# tracked bytes at the optimizer phase's peak, and tokens/s; targets <= 0.55 at 2 ranks, <= 0.37
-# at 3, tokens/s >= 0.8), zero3_vs_fsdp2 (peak RSS <= 1.0, tokens/s >= 1.1) and zero3_vs_deepspeed
+# (sharded / unsharded tracker bytes, the largest rank's, with tokens/s; both shapes),
+# zero3_vs_ddp (model state per rank: tracked bytes at the optimizer phase's peak, and tokens/s;
+# targets <= 0.55 at 2 ranks, <= 0.37 at 3, tokens/s >= 0.8 for ZeRO-3 without offload),
+# zero3_vs_fsdp2 (peak RSS <= 1.0, tokens/s >= 1.1) and zero3_vs_deepspeed
 # (no target), each per shape. Timings need an idle machine: before
 # each configuration the suite waits (up to BENCH_IDLE_WAIT seconds, default 600; not with
 # --quick) until other processes keep fewer than 0.15 CPUs busy, and each line says how many CPUs
