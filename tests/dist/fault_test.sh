@@ -30,6 +30,19 @@ rank() {
     "$bin" "$@"
 }
 
+# pair NAME ARGS...: a 2-rank job with ARGS (logs $tmp/NAME0.log and NAME1.log); sets rc0 and rc1.
+pair() {
+  local name="$1" p pid0
+  shift
+  p=$(port)
+  rank 0 "$p" "${job[@]}" "$@" > "$tmp/${name}0.log" 2>&1 &
+  pid0=$!
+  (rank 1 "$p" "${job[@]}" "$@" > "$tmp/${name}1.log" 2>&1)
+  rc1=$?
+  wait "$pid0"
+  rc0=$?
+}
+
 # killed NAME LABEL ARGS...: rank 1 of a job with ARGS is killed after it starts training; rank 0
 # must exit with an error naming it within 60 s.
 killed() {
@@ -59,14 +72,8 @@ killed() {
 killed kill ""
 
 # ---- ZeRO-3: trains, ends whole; a rank killed mid-run is named (it blocks inside a block's all-gather) ----
-p=$(port)
 z3=(--zero 3 --offload_params disk --offload_dir "$tmp/z3off" --steps 6 --save_every 3 --output_dir "$tmp/z3")
-rank 0 "$p" "${job[@]}" "${z3[@]}" > "$tmp/z3_0.log" 2>&1 &
-pid0=$!
-(rank 1 "$p" "${job[@]}" "${z3[@]}" > "$tmp/z3_1.log" 2>&1)
-rc1=$?
-wait "$pid0"
-rc0=$?
+pair z3_ "${z3[@]}"
 after=$(grep -o 'held-out loss after 6 steps [0-9.]*' "$tmp/z3_0.log")
 if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && [ -n "$after" ] && grep -q "^sample:" "$tmp/z3_0.log"; then
   ok "--zero 3 --offload_params disk on 2 ranks: $after, a sample from the whole model after fit()"
@@ -93,15 +100,8 @@ killed z3kill "--zero 3, " --zero 3
 
 # ---- --zero auto: the planner weighs ZeRO-0, 1 and 3 on the ranks; 8 small blocks on 8-token rows
 # (model state dominates): only ZeRO-3 fits 18 MiB, and the run trains with it ----
-p=$(port)
-auto=(--layers 8 --dim 128 --seq_len 8 --micro_batch 2 --accum 1 --zero auto --memory_budget 18MiB --steps 2
-      --output_dir "$tmp/auto")
-rank 0 "$p" "${job[@]}" "${auto[@]}" > "$tmp/auto0.log" 2>&1 &
-pid0=$!
-(rank 1 "$p" "${job[@]}" "${auto[@]}" > "$tmp/auto1.log" 2>&1)
-rc1=$?
-wait "$pid0"
-rc0=$?
+pair auto --layers 8 --dim 128 --seq_len 8 --micro_batch 2 --accum 1 --zero auto --memory_budget 18MiB --steps 2 \
+  --output_dir "$tmp/auto"
 if [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] && grep -q "^chose .* + ZeRO-3 (micro" "$tmp/auto0.log" \
    && grep -q "^plan: 3 candidates" "$tmp/auto0.log" && grep -q "^--zero 3 on 2 ranks" "$tmp/auto0.log"; then
   ok "--zero auto --memory_budget 18MiB on 2 ranks: $(grep -o '^chose .*(micro *[0-9]*)' "$tmp/auto0.log"), trained; $(grep -o 'estimated peak .*' "$tmp/auto0.log")"
