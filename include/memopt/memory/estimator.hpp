@@ -22,9 +22,10 @@
 // fp32 masters by the ranks; ZeRO-3 (dist::Zero3) the parameters and gradients too, recomputes
 // every block, and adds what a step holds whole: the root unit, two blocks (the running one and
 // the prefetched next; every block with keep_gathered, in 16 bits with gather_half), and at a
-// block's reduce-scatter its gradients with two fp32 buffers (within 10% of the tracker on 2
-// ranks: tests/dist/zero3_test.cpp). In a world of one the shards are whole, and with
-// RunDesc::offload_params (a file) they leave the tracked bytes.
+// block's reduce-scatter its gradients with two fp32 buffers (-3% to +9% of the tracker on 2
+// ranks of an AMX host; the test, tests/dist/zero3_test.cpp, allows -10% to +15% across CPU
+// kinds). In a world of one the shards are whole, and with RunDesc::offload_params (a file) they
+// leave the tracked bytes.
 //
 // The policies come as their descriptions (memory/policy_desc.hpp), so the estimator knows
 // no policy by name: a new policy that describes itself is estimated like the built-in ones.
@@ -72,7 +73,7 @@ struct RunDesc {
   bool keep_gathered = false;
   bool gather_half = false;
   /// zero 3, TrainerOptions::offload_params_dir: the parameter shards live in a file, outside the
-  /// tracked bytes (zero 3 in a world of one: the shards are whole, with ZeRO-3's gathers).
+  /// tracked bytes. (zero 3 with ranks 1: the shards are whole, beside ZeRO-3's gathered blocks.)
   bool offload_params = false;
 };
 
