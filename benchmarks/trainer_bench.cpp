@@ -289,11 +289,14 @@ int main(int argc, char** argv) {
         {"loss_chunk", cfg.loss_chunk},
         {"mlp_tiles", cfg.mlp_tiles},
     };
-    for (const auto& [shape, choice] : memopt::nn::attention_choices())  // what auto measured, per shape
-      line["attention_choices"].push_back({{"shape", shape.str()},
-                                           {"kind", memopt::nn::attention_kind_name(choice.kind)},
-                                           {"sdpa_ms", choice.sdpa.ms},
-                                           {"blockwise_ms", choice.blockwise.ms}});
+    for (const auto& [shape, choice] : memopt::nn::attention_choices()) {  // what auto measured, per shape
+      nlohmann::ordered_json c{{"shape", shape.str()},
+                               {"kind", memopt::nn::attention_kind_name(choice.kind)},
+                               {"sdpa_ms", choice.sdpa.ms},
+                               {"blockwise_ms", choice.blockwise.ms}};
+      if (choice.flash) c["flash_ms"] = choice.flash->ms;
+      line["attention_choices"].push_back(c);
+    }
     // The peak scripts/bench divides by for the line's mfu: the model's widest GEMM, (B·T, C)·(C, ffn),
     // in the precision it computes in, timed after the run (outside its tracked peak).
     line["gemm_gflops"] = memopt::machine::gemm_gflops(cfg.micro * cfg.seq, cfg.dim, config.ffn_size(),

@@ -8,7 +8,7 @@
 // memory between steps; CUDA only); the seed project's "original" is --dispatch dense --precision fp32
 // --grad_accum 1 without recompute. --preset memory_optimized (= --train_memory_optimized, the
 // seed's script) turns on recompute every, --precision auto and --grad_accum 2 unless given.
-// --attention math|blockwise|sdpa|auto picks the attention, --release_cache_every N gives freed
+// --attention math|blockwise|sdpa|flash|auto picks the attention, --release_cache_every N gives freed
 // memory back every N steps (common/memory_flags.hpp), --memory_trace N traces the first N
 // steps into OUT/memory.trace.json. It logs loss, aux loss, z-loss, dropped assignments and
 // per-expert load, evaluates held-out perplexity, writes OUT/metrics.jsonl (a summary line

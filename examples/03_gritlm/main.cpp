@@ -8,7 +8,7 @@
 // --precision bf16 (precision::Bf16Autocast; the seed's --mixed_precision) or fp16
 // (precision::Fp16Scaled, CUDA only), --optimizer_state pinned-host (state::PinnedHost: AdamW's
 // state in pinned host memory between steps, CUDA only) — or --policies auto --memory_budget
-// 512MiB: the planner's fastest fitting choice of those (planner.hpp); --attention math|blockwise|sdpa|auto and --release_cache_every N
+// 512MiB: the planner's fastest fitting choice of those (planner.hpp); --attention math|blockwise|sdpa|flash|auto and --release_cache_every N
 // (common/memory_flags.hpp). Batches are built by --workers threads ahead of the step
 // (data/prefetch.hpp; auto, the default: 1 per 2000 train records, at most 8 and the hardware
 // threads), length-bucketed. Data parallel (torchrun, scripts/launch): each rank's queries are

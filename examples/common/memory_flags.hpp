@@ -1,6 +1,6 @@
 // examples/common/memory_flags.hpp — the memory levers every example spells alike, besides the
 // policies (policy_flags.hpp):
-//   --attention math|blockwise|sdpa|auto   which attention the model runs (memopt/nn/attention.hpp)
+//   --attention math|blockwise|sdpa|flash|auto   which attention the model runs (memopt/nn/attention.hpp)
 //   --release_cache_every N           every N steps, on every rank (after a barrier when data
 //                                     parallel), give freed memory back: malloc_trim on CPU, the
 //                                     CUDA caching allocator's cache in CUDA builds (0: never)

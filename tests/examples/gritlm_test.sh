@@ -337,7 +337,7 @@ expect_error split_emb_auto "split_emb fixes GradCache's layout" --grad_cache_ch
 expect_error impossible_budget "no policy combination fits .*smallest chunk" --policies auto --memory_budget 1KiB
 expect_error negative_workers "workers must be >= 0 \(got -1\)" --workers -1
 expect_error workers_word "workers must be auto or a number of threads \(got 'many'\)" --workers many
-expect_error bad_attention "attention must be math, blockwise, sdpa or auto \(got 'flash'\)" --attention flash
+expect_error bad_attention "attention must be math, blockwise, sdpa, flash or auto \(got 'fastest'\)" --attention fastest
 expect_error negative_release "release_cache_every must be >= 0 \(got -1\)" --release_cache_every -1
 expect_error missing_jsonl "$tmp/none.jsonl" --embed_jsonl "$tmp/none.jsonl"
 expect_error missing_raw "King James text '$tmp/no_raw' does not exist" --raw "$tmp/no_raw"

@@ -226,7 +226,7 @@ expect_error bad_device "device must be cpu or cuda\[:N\] \(got 'tpu'\)" --teach
   --output_dir "$tmp/e8" --device tpu
 expect_error bad_teacher_device "teacher_device must be cpu or cuda\[:N\] \(got 'gpu'\)" \
   --teacher_model "$tmp/teacher" --output_dir "$tmp/e9" --teacher_device gpu
-expect_error bad_attention "attention must be math, blockwise, sdpa or auto \(got 'bogus'\)" \
+expect_error bad_attention "attention must be math, blockwise, sdpa, flash or auto \(got 'bogus'\)" \
   --teacher_model "$tmp/teacher" --output_dir "$tmp/e11" --attention bogus
 expect_error negative_release_cache_every "release_cache_every must be >= 0 \(got -1\)" \
   --teacher_model "$tmp/teacher" --output_dir "$tmp/e12" --release_cache_every -1

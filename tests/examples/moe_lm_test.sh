@@ -194,7 +194,7 @@ expect_error fp16_on_cpu "--precision fp16 needs a CUDA device \(got --precision
   --precision fp16 --device cpu
 expect_error pinned_host_on_cpu "pinned-host keeps AdamW's state in pinned host memory for training on a GPU \(got --device cpu\)" \
   --optimizer_state pinned-host --device cpu
-expect_error bad_attention "attention must be math, blockwise, sdpa or auto \(got 'flash'\)" --attention flash
+expect_error bad_attention "attention must be math, blockwise, sdpa, flash or auto \(got 'fastest'\)" --attention fastest
 expect_error negative_release "release_cache_every must be >= 0 \(got -1\)" --release_cache_every -1
 if ! nvidia-smi -L > /dev/null 2>&1; then  # no GPU here: a CUDA run must stop at start, saying why
   expect_error cuda_without_gpu "device cuda: (no CUDA GPU is visible|this build's LibTorch .* has no CUDA)" --device cuda

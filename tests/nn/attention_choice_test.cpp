@@ -1,5 +1,5 @@
 // Tests for memopt/nn/attention_choice.hpp: the decision rule (speed, then memory, then SDPA),
-// the measurement (both kernels timed on the shape, the tracked peak and the global RNG left as
+// the measurement (every kernel timed on the shape, the tracked peak and the global RNG left as
 // they were), one measurement per shape per process, the paths taken without measuring
 // (dropout, causal with padding), and the bad options' errors. Values and gradients of
 // attention_auto against the math path are in attention_test.cpp.
@@ -45,6 +45,22 @@ TEST_CASE("pick_attention takes the faster kernel, on a tie the smaller, then SD
   CHECK(pick_attention(AttentionTiming{10, 100}, AttentionTiming{10.6, 50}, 0.1) == AttentionKind::kBlockwise);
 }
 
+TEST_CASE("pick_attention of three: the fastest, within the tie the smallest, then the first listed",
+          "[attention][choice]") {
+  using memopt::nn::pick_attention;
+  const auto three = [](AttentionTiming sdpa, AttentionTiming blockwise, AttentionTiming flash) {
+    return pick_attention({{AttentionKind::kSdpa, sdpa}, {AttentionKind::kBlockwise, blockwise},
+                           {AttentionKind::kFlash, flash}}, 0.05);
+  };
+  CHECK(three({10, 100}, {20, 50}, {5, 100}) == AttentionKind::kFlash);
+  CHECK(three({10, 100}, {20, 50}, {12, 100}) == AttentionKind::kSdpa);
+  CHECK(three({10.3, 100}, {20, 50}, {10, 100}) == AttentionKind::kSdpa);     // a tie on time and bytes: SDPA
+  CHECK(three({10.3, 100}, {10.4, 50}, {10, 100}) == AttentionKind::kBlockwise);  // within the tie, fewer bytes
+  CHECK(three({10.3, 100}, {10.4, 50}, {10, 40}) == AttentionKind::kFlash);
+  CHECK(three({11, 100}, {20, 50}, {10, 100}) == AttentionKind::kFlash);      // 10% slower is no tie
+  memopt::test::require_error([&] { pick_attention({}, 0.05); }, "memopt::nn::pick_attention", {"no candidates"});
+}
+
 TEST_CASE("measure_attention times both kernels and leaves the tracked peak and the global RNG alone",
           "[attention][choice]") {
   const auto shape = unseen_shape(96, true);
@@ -66,7 +82,16 @@ TEST_CASE("measure_attention times both kernels and leaves the tracked peak and 
   const int64_t output_bytes = shape.batch * shape.heads * shape.q_len * shape.head_dim * 4;
   CHECK(c.sdpa.saved_bytes >= output_bytes);
   CHECK(c.blockwise.saved_bytes >= output_bytes);
-  CHECK(c.kind == memopt::nn::pick_attention(c.sdpa, c.blockwise, 0.05));
+  // attention_flash is timed where its backward runs (a CPU build with the batch-reduce GEMM, fp32).
+  std::vector<std::pair<AttentionKind, AttentionTiming>> timed{{AttentionKind::kSdpa, c.sdpa},
+                                                               {AttentionKind::kBlockwise, c.blockwise}};
+  CHECK(c.flash.has_value() == memopt::nn::flash_backward_supported(c10::kCPU, torch::kFloat, 8, false, false));
+  if (c.flash) {
+    CHECK(c.flash->ms > 0);
+    CHECK(c.flash->saved_bytes >= output_bytes);
+    timed.emplace_back(AttentionKind::kFlash, *c.flash);
+  }
+  CHECK(c.kind == memopt::nn::pick_attention(timed, 0.05));
   CHECK(choices_for(shape) == 0);  // measuring is not choosing: the table is untouched
 }
 
@@ -84,9 +109,10 @@ TEST_CASE("choose_attention measures a shape once, and attention_auto runs what 
   // attention_auto's output is bit-equal to the chosen kernel's (the other kernel's is not
   // guaranteed to be).
   const auto y = memopt::nn::attention_auto(q, k, k, false, 0.0, false);
-  const auto want = first.kind == AttentionKind::kSdpa
-                        ? memopt::nn::attention_sdpa(q, k, k, false, 0.0, false)
-                        : memopt::nn::attention_blockwise(q, k, k, memopt::nn::BlockwiseAttentionOptions().causal(false));
+  const auto want = first.kind == AttentionKind::kSdpa    ? memopt::nn::attention_sdpa(q, k, k, false, 0.0, false)
+                    : first.kind == AttentionKind::kFlash ? memopt::nn::attention_flash(q, k, k, false, 0.0, false)
+                                                          : memopt::nn::attention_blockwise(
+                                                                q, k, k, memopt::nn::BlockwiseAttentionOptions().causal(false));
   CHECK(torch::equal(y, want));
   CHECK(choices_for(shape) == 1);
   INFO(shape.str());

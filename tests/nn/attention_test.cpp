@@ -1,5 +1,6 @@
 // Tests for memopt/nn/attention.hpp and attention_kernels.hpp: the blockwise attention,
-// LibTorch's SDPA (attention_sdpa) and attention_auto (the measured one of the two) against the
+// LibTorch's SDPA (attention_sdpa), attention_flash (nn/attention_flash.hpp, whose own tests are
+// in attention_flash_test.cpp) and attention_auto (the measured one of those) against the
 // math path (values and gradients: causal, bidirectional, padded
 // keys and fully padded rows, grouped KV heads, ragged blocks, bf16), their memory against the
 // math path's, their errors, and the LLaMA model with each attention.
@@ -34,11 +35,15 @@ struct TwoThreads {
   TwoThreads& operator=(const TwoThreads&) = delete;
 };
 
-TEST_CASE("attention_blockwise, attention_sdpa and attention_auto equal the math path in fp32, values and gradients",
-          "[attention]") {
-  for (const auto path : {Path::kBlockwise, Path::kSdpa, Path::kAuto}) {
+TEST_CASE("attention_blockwise, attention_sdpa, attention_flash and attention_auto equal the math path in fp32, "
+          "values and gradients", "[attention]") {
+  for (const auto path : {Path::kBlockwise, Path::kSdpa, Path::kAuto, Path::kFlash}) {
+    const char* name = path == Path::kSdpa    ? "sdpa: "
+                       : path == Path::kAuto  ? "auto: "
+                       : path == Path::kFlash ? "flash: "
+                                              : "blockwise: ";
     for (const auto& c : attention_cases()) {
-      DYNAMIC_SECTION((path == Path::kSdpa ? "sdpa: " : path == Path::kAuto ? "auto: " : "blockwise: ") << c.name) {
+      DYNAMIC_SECTION(name << c.name) {
         const auto in = make_inputs(c, torch::kFloat);
         const auto want = run(c, in, Path::kMath, torch::kFloat);
         const auto got = run(c, in, path, torch::kFloat);
@@ -201,13 +206,14 @@ TEST_CASE("the blockwise attention rejects dropout and bad inputs with a HINT", 
       "memopt::nn::attention_blockwise", {"q_block"});
 }
 
-TEST_CASE("Llama gives the same logits and gradients with blockwise attention, SDPA and auto", "[attention][llama]") {
+TEST_CASE("Llama gives the same logits and gradients with blockwise attention, SDPA, flash and auto",
+          "[attention][llama]") {
   using memopt::nn::AttentionKind;
   for (const auto& [causal, kind] : {std::pair{true, AttentionKind::kBlockwise}, std::pair{false, AttentionKind::kBlockwise},
                                      std::pair{true, AttentionKind::kSdpa}, std::pair{false, AttentionKind::kSdpa},
+                                     std::pair{true, AttentionKind::kFlash}, std::pair{false, AttentionKind::kFlash},
                                      std::pair{true, AttentionKind::kAuto}, std::pair{false, AttentionKind::kAuto}}) {
-    const char* name = kind == AttentionKind::kSdpa ? "sdpa" : kind == AttentionKind::kAuto ? "auto" : "blockwise";
-    DYNAMIC_SECTION((causal ? "causal " : "bidirectional ") << name) {
+    DYNAMIC_SECTION((causal ? "causal " : "bidirectional ") << memopt::nn::attention_kind_name(kind)) {
       torch::manual_seed(11);
       memopt::models::Llama math(small_llama(causal));
       auto blockwise = copy_of(math, small_llama(causal)

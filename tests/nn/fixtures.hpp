@@ -73,7 +73,7 @@ struct Result {
   torch::Tensor out, dq, dk, dv;
 };
 
-enum class Path { kMath, kBlockwise, kSdpa, kAuto };
+enum class Path { kMath, kBlockwise, kSdpa, kAuto, kFlash };
 
 // Forward + backward of one path on fresh leaves holding the inputs' values.
 inline Result run(const Case& c, const Inputs& in, Path path, c10::ScalarType dtype) {
@@ -83,6 +83,8 @@ inline Result run(const Case& c, const Inputs& in, Path path, c10::ScalarType dt
   torch::Tensor out;
   if (path == Path::kSdpa) {
     out = memopt::nn::attention_sdpa(q, k, v, c.causal, 0.0, false, in.mask);
+  } else if (path == Path::kFlash) {
+    out = memopt::nn::attention_flash(q, k, v, c.causal, 0.0, false, in.mask);
   } else if (path == Path::kAuto) {
     out = memopt::nn::attention_auto(q, k, v, c.causal, 0.0, false, in.mask, c.q_block, c.kv_block);
   } else if (path == Path::kBlockwise) {

@@ -1,8 +1,9 @@
 // memopt/nn/attention.hpp — LLaMA self-attention as a module (HF parameter names q_proj,
 // k_proj, v_proj, o_proj), rotary embeddings on q and k, optional grouped KV heads, causal or
 // bidirectional, running the attention its options name (AttentionKind): math, blockwise,
-// SDPA, or auto, the faster of blockwise and SDPA on each shape, measured here
-// (attention_choice.hpp). The attention functions themselves are in attention_kernels.hpp.
+// SDPA, flash (SDPA's forward, memopt's brgemm backward), or auto, the fastest of blockwise,
+// SDPA and flash on each shape, measured here (attention_choice.hpp). The attention functions
+// themselves are in attention_kernels.hpp and attention_flash.hpp.
 #pragma once
 
 #include <utility>
@@ -31,7 +32,8 @@ struct AttentionOptions {
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(double, dropout) = 0.0;
   /// kBlockwise: attention_blockwise (memory linear in T; dropout must be 0); kSdpa: attention_sdpa;
-  /// kAuto: attention_auto (the faster of those two on each shape, measured on its first call).
+  /// kFlash: attention_flash; kAuto: attention_auto (the fastest of those three on each shape,
+  /// measured on its first call).
   TORCH_ARG(AttentionKind, kind) = AttentionKind::kMath;
   /// Blocks of the blockwise path: query and key positions per block.
   TORCH_ARG(int64_t, q_block) = kAttentionQBlock;
@@ -108,6 +110,8 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
       y = attention_blockwise(q, k, v, blockwise.q_block(options.q_block()).kv_block(options.kv_block()));
     } else if (options.kind() == AttentionKind::kSdpa) {
       y = attention_sdpa(q, k, v, causal, options.dropout(), is_training(), key_padding);
+    } else if (options.kind() == AttentionKind::kFlash) {
+      y = attention_flash(q, k, v, causal, options.dropout(), is_training(), key_padding);
     } else if (options.kind() == AttentionKind::kAuto) {
       y = attention_auto(q, k, v, causal, options.dropout(), is_training(), key_padding, options.q_block(),
                          options.kv_block());

@@ -1,19 +1,21 @@
-// memopt/nn/attention_choice.hpp — AttentionKind::kAuto: of memopt's blockwise attention and
-// LibTorch's SDPA, whichever is faster on this shape on this machine, measured rather than
-// assumed. Neither wins everywhere: at D=64, causal, fp32 on two AVX-512 cores, SDPA was 1.5x
-// faster at T=512 and blockwise 1.2x faster at T=1024 (benchmarks/results/attention.jsonl),
-// and the order moves with the CPU kind, the dtype and the GPU.
+// memopt/nn/attention_choice.hpp — AttentionKind::kAuto: of memopt's blockwise attention,
+// LibTorch's SDPA and attention_flash (SDPA's forward, memopt's brgemm backward; where it runs:
+// nn/attention_flash.hpp), whichever is fastest on this shape on this machine, measured rather
+// than assumed. None wins everywhere: at D=64, causal, fp32 on two AVX-512 cores, SDPA was 1.5x
+// faster than blockwise at T=512 and blockwise 1.2x faster at T=1024
+// (benchmarks/results/attention.jsonl), and the order moves with the CPU kind, the dtype and the GPU.
 //
 // The first call on a shape (device, dtypes, autocast, B, H, KV, Tq, Tk, D, causal, padded)
 // times a forward and backward of each on inputs of that shape (one warm-up, the fastest of
-// `reps`), keeps the faster, and remembers it for the rest of the process: every later call on
-// the shape, the recompute of a checkpointed block included, runs the same kernel. Where the two
-// times are within `tie` of each other, the one that keeps fewer bytes for backward wins, then
-// SDPA (LibTorch's own). The probe draws from a generator of its own (the global RNG never
+// `reps`), keeps the fastest, and remembers it for the rest of the process: every later call on
+// the shape, the recompute of a checkpointed block included, runs the same kernel. Where times
+// are within `tie` of the fastest, the one that keeps fewer bytes for backward wins, then SDPA
+// (LibTorch's own). The probe draws from a generator of its own (the global RNG never
 // moves) and its tensors stay out of the tracked peaks.
 //
 // The choice is per process: a resumed run may measure the other kernel, whose results differ
-// in the last bits. Name kSdpa or kBlockwise where bitwise repeatability across processes matters.
+// in the last bits. Name kSdpa, kFlash or kBlockwise where bitwise repeatability across processes
+// matters.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -34,6 +37,7 @@
 
 #include "memopt/memory/report.hpp"
 #include "memopt/memory/tracker.hpp"
+#include "memopt/nn/attention_flash.hpp"
 #include "memopt/nn/attention_kernels.hpp"
 
 namespace memopt::nn {
@@ -110,8 +114,9 @@ struct AttentionTiming {
 
 /// Which kernel runs on a shape, with the figures that decided it.
 struct AttentionChoice {
-  AttentionKind kind = AttentionKind::kSdpa;  // kSdpa or kBlockwise
+  AttentionKind kind = AttentionKind::kSdpa;  // kSdpa, kBlockwise or kFlash
   AttentionTiming sdpa, blockwise;
+  std::optional<AttentionTiming> flash;  // measured where flash_backward_supported says it runs
 };
 
 /// How attention_auto measures.  AttentionChoiceOptions().reps(5).tie(0.03)
@@ -122,13 +127,22 @@ struct AttentionChoiceOptions {
   TORCH_ARG(double, tie) = 0.05;
 };
 
-/// The decision alone: the faster kernel, unless the slower is within `tie` of it and keeps
-/// fewer bytes; on a full tie SDPA (what LibTorch already provides).
+/// The decision alone: the fastest kernel, unless a slower one is within `tie` of it and keeps
+/// fewer bytes; on a full tie the one listed first (SDPA, what LibTorch already provides).
+inline AttentionKind pick_attention(const std::vector<std::pair<AttentionKind, AttentionTiming>>& candidates,
+                                    double tie) {
+  TORCH_CHECK(!candidates.empty(), "memopt::nn::pick_attention: no candidates. HINT: pass at least SDPA's timing.");
+  double fast = candidates.front().second.ms;
+  for (const auto& [kind, t] : candidates) fast = std::min(fast, t.ms);
+  const std::pair<AttentionKind, AttentionTiming>* best = nullptr;
+  for (const auto& c : candidates)
+    if (c.second.ms <= fast * (1 + tie) && (!best || c.second.saved_bytes < best->second.saved_bytes)) best = &c;
+  return best->first;
+}
+
+/// Of SDPA and the blockwise kernel.
 inline AttentionKind pick_attention(const AttentionTiming& sdpa, const AttentionTiming& blockwise, double tie) {
-  const double fast = std::min(sdpa.ms, blockwise.ms), slow = std::max(sdpa.ms, blockwise.ms);
-  if (slow <= fast * (1 + tie)) return blockwise.saved_bytes < sdpa.saved_bytes ? AttentionKind::kBlockwise
-                                                                                 : AttentionKind::kSdpa;
-  return blockwise.ms < sdpa.ms ? AttentionKind::kBlockwise : AttentionKind::kSdpa;
+  return pick_attention({{AttentionKind::kSdpa, sdpa}, {AttentionKind::kBlockwise, blockwise}}, tie);
 }
 
 }  // namespace memopt::nn
@@ -199,8 +213,8 @@ inline AttentionChoiceTable& attention_choice_table() {
 
 namespace memopt::nn {
 
-/// Times SDPA and the blockwise kernel on `shape` now (forward and backward, under the caller's
-/// autocast state; the tracked peaks are left as they were) and picks one.
+/// Times SDPA, the blockwise kernel and (where it runs) attention_flash on `shape` now (forward
+/// and backward, under the caller's autocast state; the tracked peaks are left as they were) and picks one.
 ///   auto c = memopt::nn::measure_attention(memopt::nn::AttentionShape::of(q, k, v, true, false));
 inline AttentionChoice measure_attention(const AttentionShape& shape, const AttentionChoiceOptions& options = {}) {
   TORCH_CHECK(options.reps() >= 1 && options.tie() >= 0, "memopt::nn::measure_attention: reps must be >= 1 and tie "
@@ -215,7 +229,15 @@ inline AttentionChoice measure_attention(const AttentionShape& shape, const Atte
   c.blockwise = memopt::detail::time_attention(shape, options.reps(), [&](auto& q, auto& k, auto& v, auto& mask) {
     return attention_blockwise(q, k, v, shape.blockwise(mask));
   });
-  c.kind = pick_attention(c.sdpa, c.blockwise, options.tie());
+  std::vector<std::pair<AttentionKind, AttentionTiming>> candidates{{AttentionKind::kSdpa, c.sdpa},
+                                                                    {AttentionKind::kBlockwise, c.blockwise}};
+  if (flash_backward_supported(shape.device, shape.autocast, shape.head_dim, false, shape.padded)) {
+    c.flash = memopt::detail::time_attention(shape, options.reps(), [&](auto& q, auto& k, auto& v, auto& mask) {
+      return attention_flash(q, k, v, shape.causal, 0.0, false, mask);
+    });
+    candidates.emplace_back(AttentionKind::kFlash, *c.flash);
+  }
+  c.kind = pick_attention(candidates, options.tie());
   return c;
 }
 
@@ -236,8 +258,8 @@ inline std::vector<std::pair<AttentionShape, AttentionChoice>> attention_choices
   return {t.choices.begin(), t.choices.end()};
 }
 
-/// attention_sdpa's conventions, on whichever of SDPA and attention_blockwise (with q_block ×
-/// kv_block blocks) choose_attention measured faster on this shape. Dropout in training runs
+/// attention_sdpa's conventions, on whichever of SDPA, attention_flash and attention_blockwise
+/// (with q_block × kv_block blocks) choose_attention measured fastest on this shape. Dropout in training runs
 /// SDPA (the blockwise kernel has none), and causal attention with key padding the blockwise
 /// kernel (SDPA would need a (T, T) mask), both without measuring.
 ///   auto y = memopt::nn::attention_auto(q, k, v, /*causal=*/true, 0.0, false);  // (B, H, T, D)
@@ -250,8 +272,10 @@ inline torch::Tensor attention_auto(const torch::Tensor& q, const torch::Tensor&
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "memopt::nn::attention_auto: q must be (B, H, T, D) and k, v (B, KV, T, "
               "D) (got q ", q.sizes(), ", k ", k.sizes(), "). HINT: transpose(1, 2) a (B, T, H, D) projection.");
   const auto shape = AttentionShape::of(q, k, v, causal, padded, q_block, kv_block);
-  if ((causal && padded) || choose_attention(shape).kind == AttentionKind::kBlockwise)
-    return attention_blockwise(q, k, v, shape.blockwise(key_padding_mask));
+  if (causal && padded) return attention_blockwise(q, k, v, shape.blockwise(key_padding_mask));
+  const auto kind = choose_attention(shape).kind;
+  if (kind == AttentionKind::kBlockwise) return attention_blockwise(q, k, v, shape.blockwise(key_padding_mask));
+  if (kind == AttentionKind::kFlash) return attention_flash(q, k, v, causal, 0.0, false, key_padding_mask);
   return attention_sdpa(q, k, v, causal, 0.0, false, key_padding_mask);
 }
 

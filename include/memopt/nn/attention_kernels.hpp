@@ -63,16 +63,18 @@ enum class AttentionKind {
   kMath,       ///< attention_math: (B, H, T, T) scores in memory; supports dropout.
   kBlockwise,  ///< attention_blockwise: memory linear in T; no dropout.
   kSdpa,       ///< attention_sdpa: LibTorch's SDPA (CPU flash kernel), memory linear in T.
-  kAuto,       ///< attention_auto: the faster of kBlockwise and kSdpa on each shape, measured here.
+  kAuto,       ///< attention_auto: the fastest of kBlockwise, kSdpa and kFlash on each shape, measured here.
+  kFlash,      ///< attention_flash (nn/attention_flash.hpp): SDPA's CPU forward, memopt's brgemm backward.
 };
 
-/// "math", "blockwise", "sdpa" or "auto": the kind's name on command lines and in logs.
+/// "math", "blockwise", "sdpa", "auto" or "flash": the kind's name on command lines and in logs.
 inline const char* attention_kind_name(AttentionKind kind) {
   switch (kind) {
     case AttentionKind::kMath: return "math";
     case AttentionKind::kBlockwise: return "blockwise";
     case AttentionKind::kSdpa: return "sdpa";
     case AttentionKind::kAuto: return "auto";
+    case AttentionKind::kFlash: return "flash";
   }
   return "?";
 }
@@ -80,11 +82,12 @@ inline const char* attention_kind_name(AttentionKind kind) {
 /// The kind attention_kind_name names; an error naming `who` and the value otherwise.
 ///   auto kind = memopt::nn::parse_attention_kind("auto", "--attention");
 inline AttentionKind parse_attention_kind(const std::string& name, const std::string& who) {
-  for (auto kind : {AttentionKind::kMath, AttentionKind::kBlockwise, AttentionKind::kSdpa, AttentionKind::kAuto})
+  for (auto kind : {AttentionKind::kMath, AttentionKind::kBlockwise, AttentionKind::kSdpa, AttentionKind::kAuto,
+                    AttentionKind::kFlash})
     if (name == attention_kind_name(kind)) return kind;
-  TORCH_CHECK(false, who, " must be math, blockwise, sdpa or auto (got '", name, "'). HINT: sdpa and blockwise keep "
-              "memory linear in the sequence length, auto measures which is faster; math is the only one with "
-              "attention dropout under key padding and causality");
+  TORCH_CHECK(false, who, " must be math, blockwise, sdpa, flash or auto (got '", name, "'). HINT: sdpa, flash and "
+              "blockwise keep memory linear in the sequence length, auto measures which is fastest; math is the only "
+              "one with attention dropout under key padding and causality");
 }
 
 /// Default blocks of attention_blockwise (query and key positions per head). At B=1, H=8,

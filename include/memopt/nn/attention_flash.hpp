@@ -1,0 +1,363 @@
+// memopt/nn/attention_flash.hpp — AttentionKind::kFlash on the CPU: LibTorch's flash-attention
+// forward (the kernel SDPA runs) with memopt's backward, written on LibTorch's batch-reduce GEMM
+// (at::native::cpublas::brgemm: oneDNN's micro-kernels, AMX tiles for bf16 where the CPU has
+// them). SDPA's own CPU backward multiplies blocks through cpublas::gemm, one small GEMM after
+// another: in bf16 on an AMX Xeon it took 5.8x its forward's time, 29% of a training step at
+// 8 × d512 (docs/benchmarks.md). This one, per (batch, KV head) task, walks key blocks of
+// 64 and multiplies each against every query that sees it in one call, in the transposed
+// layout (keys as rows), so every A operand is a plain row-major buffer and every B operand is
+// packed once per head (VNNI pairs for bf16):
+//   Sᵀ  = K_j Qᵀ            P  = exp(scale·Sᵀ − lse)        dV_j += Pᵀ-rows · dO
+//   dPᵀ = V_j dOᵀ           dS = P ∘ (dPᵀ − rowsum(dO∘O))   dK_j += dSᵀ-rows · Q
+//   dQᵀ += K_jᵀ dSᵀ          (scale applied to dQ and dK once at the end)
+// fp32 accumulators throughout (dQ, dK, dV, the scores); bf16 only where SDPA's backward rounds
+// too (P and dS as GEMM operands). Grouped KV heads are never repeated in backward: the G query
+// heads of a KV head run in its task and add into one dK, dV. No dropout and no mask but the
+// causal one (top-left aligned, SDPA's): the module runs SDPA otherwise.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
+#include <torch/torch.h>
+
+#include "memopt/detail/autocast.hpp"
+#include "memopt/nn/attention_kernels.hpp"
+#include "memopt/nn/fused.hpp"
+
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F32F32F32)
+#define MEMOPT_HAS_BRGEMM 1
+#else
+#define MEMOPT_HAS_BRGEMM 0
+#endif
+
+namespace memopt::nn {
+
+/// Whether attention_flash runs its own backward for attention on `device` whose matmuls run
+/// in `dtype` (autocast's, else q's): a CPU build of LibTorch with the batch-reduce GEMM, fp32,
+/// or bf16 where oneDNN has bf16 kernels for this CPU (AVX512-BF16, AMX); an even head width;
+/// no dropout and no key padding. Elsewhere attention_flash is attention_sdpa.
+inline bool flash_backward_supported(c10::DeviceType device, c10::ScalarType dtype, int64_t head_dim, bool dropout,
+                                     bool padded) {
+#if MEMOPT_HAS_BRGEMM
+  const bool dtype_ok = dtype == torch::kFloat ||
+                        (dtype == torch::kBFloat16 && at::native::cpublas::could_pack(torch::kBFloat16));
+  return device == c10::kCPU && dtype_ok && head_dim > 0 && head_dim % 2 == 0 && !dropout && !padded;
+#else
+  (void)device, (void)dtype, (void)head_dim, (void)dropout, (void)padded;
+  return false;
+#endif
+}
+
+/// The same for a call attention_flash(q, k, v, causal, dropout, training, key_padding_mask).
+inline bool flash_backward_supported(const torch::Tensor& q, double dropout, bool training,
+                                     const torch::Tensor& key_padding_mask = {}) {
+  return q.dim() == 4 && q.size(2) > 0 &&
+         flash_backward_supported(q.device().type(), memopt::detail::matmul_dtype(q), q.size(3),
+                                  training && dropout > 0, key_padding_mask.defined());
+}
+
+}  // namespace memopt::nn
+
+#if MEMOPT_HAS_BRGEMM
+namespace memopt::detail::flash {
+
+inline constexpr int64_t kKeyBlock = 64;
+
+// Where element (k, n) of a GEMM's B operand (K × N, leading dimension ld) lives: bf16 in
+// oneDNN's VNNI pairs (rows 2i and 2i+1 interleaved), fp32 row-major.
+template <class T>
+inline int64_t b_index(int64_t k, int64_t n, int64_t ld) {
+  if constexpr (std::is_same_v<T, float>) return k * ld + n;
+  else return (k / 2) * 2 * ld + 2 * n + (k % 2);
+}
+
+// The loops below are plain C++ for GCC's vectoriser, cloned per ISA (nn/fused.hpp's
+// MEMOPT_FUSED_CLONES): a header gets the user's flags, not ATen's per-ISA builds.
+
+// rows × cols src (row stride rs) as a B operand (rows deep, leading dimension ld): a copy for
+// fp32; for bf16 row pairs interleaved, an odd last row paired with zeros.
+template <class T>
+MEMOPT_FUSED_CLONES void pack_rows(const T* src, int64_t rows, int64_t cols, int64_t rs, T* dst, int64_t ld) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = src[r * rs + c];
+  } else {
+    for (int64_t r = 0; r < rows; r += 2) {
+      const T* a = src + r * rs;
+      T* out = dst + r * ld;
+      if (r + 1 < rows) {
+        const T* b = a + rs;
+        for (int64_t c = 0; c < cols; ++c) {
+          out[2 * c] = a[c];
+          out[2 * c + 1] = b[c];
+        }
+      } else {
+        for (int64_t c = 0; c < cols; ++c) {
+          out[2 * c] = a[c];
+          out[2 * c + 1] = T(0);
+        }
+      }
+    }
+  }
+}
+
+// The transpose of rows × cols src (row stride rs; cols even for bf16) as a B operand (cols
+// deep, leading dimension ld): for bf16 each pair of columns is one 32-bit word, moved whole.
+template <class T>
+MEMOPT_FUSED_CLONES void pack_transposed(const T* src, int64_t rows, int64_t cols, int64_t rs, T* dst, int64_t ld) {
+  using Word = std::conditional_t<std::is_same_v<T, float>, float, uint32_t>;
+  constexpr int64_t per = sizeof(Word) / sizeof(T);
+  const auto* in = reinterpret_cast<const Word*>(src);
+  auto* out = reinterpret_cast<Word*>(dst);
+  constexpr int64_t kTile = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t w = 0; w < cols / per; ++w)
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) out[w * ld + r] = in[r * (rs / per) + w];
+}
+
+// dst[c * ld + r] = scale · src[r * rs + c] for a rows × cols src, in tiles that stay in the
+// cache (a column-wise walk would touch a new line with every element).
+template <class Out, class In>
+MEMOPT_FUSED_CLONES void transpose_scaled(const In* src, int64_t rows, int64_t cols, int64_t rs, Out* dst, int64_t ld,
+                                          float scale) {
+  constexpr int64_t kTile = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
+        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+          dst[c * ld + r] = fused::from_float<Out>(fused::to_float(src[r * rs + c]) * scale);
+}
+
+// dst[r * ld + c] = scale · src[r * cols + c] for a rows × cols src.
+template <class Out>
+MEMOPT_FUSED_CLONES void store_scaled(const float* src, int64_t rows, int64_t cols, Out* dst, int64_t ld,
+                                      float scale) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = fused::from_float<Out>(src[r * cols + c] * scale);
+}
+
+// One key block's rows (keys c < nb, queries i < M, leading dimension M2): scores s -> P and
+// dPᵀ dp -> dS, in fp32 in place; their T copies p_t and ds_t (bf16 only); the causal prefix
+// (query i < c) and the pad columns zero.
+template <class T>
+MEMOPT_FUSED_CLONES void softmax_grad_rows(float* s, float* dp, T* p_t, T* ds_t, int64_t nb, int64_t M, int64_t M2,
+                                           bool causal, float scale, const float* lse, const float* delta) {
+  for (int64_t c = 0; c < nb; ++c) {
+    float* sr = s + c * M2;
+    float* dr = dp + c * M2;
+    const int64_t seen = causal ? std::min(c, M) : 0;  // key n0 + c is seen from query n0 + c on
+    for (int64_t i = 0; i < seen; ++i) sr[i] = dr[i] = 0.f;
+    for (int64_t i = seen; i < M; ++i) {
+      const float p = fused::exp(sr[i] * scale - lse[i]);
+      sr[i] = p;
+      dr[i] = p * (dr[i] - delta[i]);
+    }
+    for (int64_t i = M; i < M2; ++i) sr[i] = dr[i] = 0.f;
+    if constexpr (!std::is_same_v<T, float>) {
+      for (int64_t i = 0; i < M2; ++i) {
+        p_t[c * M2 + i] = fused::from_float<T>(sr[i]);
+        ds_t[c * M2 + i] = fused::from_float<T>(dr[i]);
+      }
+    }
+  }
+}
+
+// rowsum(dO ∘ O) of Tq rows of D.
+template <class T>
+MEMOPT_FUSED_CLONES void row_dots(const T* a, int64_t as, const T* b, int64_t bs, int64_t rows, int64_t D,
+                                  float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    out[r] = fused::lane_sum(D, [&](int64_t d) { return fused::to_float(a[r * as + d]) * fused::to_float(b[r * bs + d]); });
+}
+
+template <class T>
+inline void brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add, const T* A,
+                   const T* B, float* C) {
+  at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add, A, B, C, /*is_vnni=*/!std::is_same_v<T, float>);
+}
+
+// One thread's buffers, sized for the largest task and reused by every task it runs: two
+// LibTorch tensors (fp32 and T), so the memory tracker counts them.
+template <class T>
+struct Workspace {
+  torch::Tensor f32, low;
+  float *scores, *dscores, *delta, *lse, *dq_t, *dk, *dv;
+  T *q_t, *do_t, *q_b, *do_b, *k_t, *p_rows, *ds_rows, *ds_b;
+
+  Workspace(int64_t Tq, int64_t Tk, int64_t D, c10::ScalarType dtype) {
+    const int64_t Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2, block = kKeyBlock * Tq2;
+    // fp32 multiplies P, dS, Q and dO where they are; bf16 needs their copies and VNNI packings.
+    const int64_t rounded = std::is_same_v<T, float> ? 0 : 1;
+    f32 = torch::empty({2 * block + 2 * Tq + D * Tq + 2 * Tk * D}, torch::kFloat);
+    // The pad row of an odd Tq in q_b and do_b, and the pad column of an odd Tk in k_t, stay 0.
+    low = torch::zeros({2 * D * Tq2 + D * Tk2 + rounded * (2 * Tq2 * D + 3 * block)}, dtype);
+    float* f = f32.data_ptr<float>();
+    for (float** part : {&scores, &dscores}) *part = std::exchange(f, f + block);
+    for (float** part : {&delta, &lse}) *part = std::exchange(f, f + Tq);
+    dq_t = std::exchange(f, f + D * Tq);
+    for (float** part : {&dk, &dv}) *part = std::exchange(f, f + Tk * D);
+    T* l = low.data_ptr<T>();
+    for (T** part : {&q_t, &do_t}) *part = std::exchange(l, l + D * Tq2);
+    k_t = std::exchange(l, l + D * Tk2);
+    for (T** part : {&q_b, &do_b}) *part = std::exchange(l, l + rounded * Tq2 * D);
+    for (T** part : {&p_rows, &ds_rows, &ds_b}) *part = std::exchange(l, l + rounded * block);
+  }
+};
+
+// The (batch b, KV head kv) task: dq of its G query heads, dk and dv of the KV head.
+template <class T>
+void backward_task(Workspace<T>& w, int64_t b, int64_t kv, int64_t G, bool causal, float scale,
+                   const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
+                   const torch::Tensor& grad_out, const torch::Tensor& lse, const torch::Tensor& dq,
+                   const torch::Tensor& dk, const torch::Tensor& dv) {
+  const int64_t Tq = q.size(2), Tk = k.size(2), D = q.size(3), Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2;
+  const T* k_ptr = k.const_data_ptr<T>() + b * k.stride(0) + kv * k.stride(1);
+  const T* v_ptr = v.const_data_ptr<T>() + b * v.stride(0) + kv * v.stride(1);
+  const int64_t ks = k.stride(2), vs = v.stride(2);
+  // Kᵀ (D, Tk2) as a plain A operand of dQᵀ += K_jᵀ dSᵀ.
+  transpose_scaled(k_ptr, Tk, D, ks, w.k_t, Tk2, 1.f);
+  std::fill(w.dk, w.dk + Tk * D, 0.f);
+  std::fill(w.dv, w.dv + Tk * D, 0.f);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = kv * G + g;
+    const T* q_ptr = q.const_data_ptr<T>() + b * q.stride(0) + h * q.stride(1);
+    const T* o_ptr = out.const_data_ptr<T>() + b * out.stride(0) + h * out.stride(1);
+    const T* do_ptr = grad_out.const_data_ptr<T>() + b * grad_out.stride(0) + h * grad_out.stride(1);
+    const float* lse_ptr = lse.const_data_ptr<float>() + b * lse.stride(0) + h * lse.stride(1);
+    const int64_t qs = q.stride(2), dos = grad_out.stride(2);
+    pack_transposed(q_ptr, Tq, D, qs, w.q_t, Tq2);    // Qᵀ (D, Tq): B of Sᵀ = K_j Qᵀ
+    pack_transposed(do_ptr, Tq, D, dos, w.do_t, Tq2);  // dOᵀ: B of dPᵀ = V_j dOᵀ
+    // Q and dO (Tq, D) as the B operands of dK_j += dS Q and dV_j += P dO: as they are in fp32,
+    // VNNI-packed (Tq2 rows) in bf16.
+    const T* q_b = q_ptr;
+    const T* do_b = do_ptr;
+    int64_t q_ld = qs, do_ld = dos;
+    if constexpr (!std::is_same_v<T, float>) {
+      pack_rows(q_ptr, Tq, D, qs, w.q_b, D);
+      pack_rows(do_ptr, Tq, D, dos, w.do_b, D);
+      q_b = w.q_b, do_b = w.do_b, q_ld = do_ld = D;
+    }
+    row_dots(do_ptr, dos, o_ptr, out.stride(2), Tq, D, w.delta);
+    for (int64_t t = 0; t < Tq; ++t) w.lse[t] = lse_ptr[t * lse.stride(2)];
+    std::fill(w.dq_t, w.dq_t + D * Tq, 0.f);
+    for (int64_t n0 = 0; n0 < Tk; n0 += kKeyBlock) {
+      const int64_t nb = std::min(kKeyBlock, Tk - n0), nb2 = nb + nb % 2;
+      const int64_t r0 = causal ? n0 : 0;  // queries before the block see none of it
+      if (r0 >= Tq) break;
+      const int64_t M = Tq - r0, M2 = M + M % 2;
+      const int64_t col = std::is_same_v<T, float> ? r0 : 2 * r0;  // column r0 of a packed Qᵀ, dOᵀ
+      brgemm<T>(nb, M, D, ks, Tq2, M2, false, k_ptr + n0 * ks, w.q_t + col, w.scores);     // Sᵀ (nb, M)
+      brgemm<T>(nb, M, D, vs, Tq2, M2, false, v_ptr + n0 * vs, w.do_t + col, w.dscores);  // dPᵀ
+      softmax_grad_rows<T>(w.scores, w.dscores, w.p_rows, w.ds_rows, nb, M, M2, causal,
+                           scale, w.lse + r0, w.delta + r0);
+      const T* p_rows = w.p_rows;
+      const T* ds_rows = w.ds_rows;
+      const T* ds_b = w.ds_rows;
+      if constexpr (std::is_same_v<T, float>) {
+        p_rows = w.scores;
+        ds_rows = ds_b = w.dscores;
+      } else {
+        pack_rows(ds_rows, nb, M2, M2, w.ds_b, M2);  // dSᵀ (nb2, M) as the B of dQᵀ
+        ds_b = w.ds_b;
+      }
+      const int64_t depth = std::is_same_v<T, float> ? M : M2, nk = std::is_same_v<T, float> ? nb : nb2;  // VNNI: even
+      brgemm<T>(nb, D, depth, M2, do_ld, D, true, p_rows, do_b + r0 * do_ld, w.dv + n0 * D);  // dV_j += P dO
+      brgemm<T>(nb, D, depth, M2, q_ld, D, true, ds_rows, q_b + r0 * q_ld, w.dk + n0 * D);    // dK_j += dS Q
+      brgemm<T>(D, M, nk, Tk2, M2, Tq, true, w.k_t + n0, ds_b, w.dq_t + r0);          // dQᵀ += K_jᵀ dSᵀ
+    }
+    T* dq_ptr = dq.data_ptr<T>() + b * dq.stride(0) + h * dq.stride(1);
+    transpose_scaled(w.dq_t, D, Tq, Tq, dq_ptr, dq.stride(2), scale);  // dQ = scale · (dQᵀ)ᵀ
+  }
+  T* dk_ptr = dk.data_ptr<T>() + b * dk.stride(0) + kv * dk.stride(1);
+  T* dv_ptr = dv.data_ptr<T>() + b * dv.stride(0) + kv * dv.stride(1);
+  store_scaled(w.dk, Tk, D, dk_ptr, dk.stride(2), scale);
+  store_scaled(w.dv, Tk, D, dv_ptr, dv.stride(2), 1.f);
+}
+
+// Gradients of q (B, H, Tq, D), k and v (B, KV, Tk, D) from the forward's out and lse (B, H, Tq).
+inline std::vector<torch::Tensor> attention_backward(const torch::Tensor& grad_out, const torch::Tensor& q,
+                                           const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
+                                           const torch::Tensor& lse, bool causal, double scale) {
+  // Rows of D contiguous elements, bf16 pairs on 32-bit boundaries (packing moves pairs whole).
+  auto rows = [](const torch::Tensor& x) {
+    return x.stride(-1) == 1 && x.stride(-2) % 2 == 0 && x.storage_offset() % 2 == 0 ? x : x.contiguous();
+  };
+  const auto q_ = rows(q), k_ = rows(k), v_ = rows(v), o_ = rows(out), go = rows(grad_out.to(q.scalar_type()));
+  const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
+  auto dq = torch::empty_like(q_), dk = torch::empty_like(k_), dv = torch::empty_like(v_);
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    std::vector<std::unique_ptr<Workspace<T>>> ws(at::get_num_threads());
+    memopt::detail::parallel_tasks(B * KV, true, [&](int64_t t, int64_t slot) {
+      if (!ws[slot]) ws[slot] = std::make_unique<Workspace<T>>(Tq, Tk, D, q.scalar_type());
+      backward_task<T>(*ws[slot], t / KV, t % KV, H / KV, causal, static_cast<float>(scale), q_, k_, v_, o_, go, lse,
+                       dq, dk, dv);
+      at::native::cpublas::brgemm_release(/*is_vnni=*/!std::is_same_v<T, float>);
+    });
+  };
+  if (q.scalar_type() == torch::kFloat) run(float{});
+  else run(at::BFloat16{});
+  return {dq, dk, dv};
+}
+
+// SDPA's CPU flash forward, memopt's backward. Saves q, k, v, the output and the fp32
+// log-sum-exp: what SDPA's own autograd node keeps.
+struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, bool causal) {
+    const int64_t G = q.size(1) / k.size(1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, nn::repeat_kv(k, G), nn::repeat_kv(v, G),
+                                                                      0.0, causal, {}, scale);
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto g = attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["causal"].toBool(),
+                      ctx->saved_data["scale"].toDouble());
+    return {g[0], g[1], g[2], torch::Tensor()};
+  }
+};
+
+}  // namespace memopt::detail::flash
+#endif
+
+namespace memopt::nn {
+
+/// attention_sdpa's conventions (q (B, H, Tq, D), k and v (B, KV, Tk, D), grouped heads never
+/// repeated in backward), with memopt's brgemm backward where flash_backward_supported says
+/// so, else attention_sdpa itself. Under autocast q, k and v run in autocast's dtype, as SDPA does.
+///   auto y = memopt::nn::attention_flash(q, k, v, /*causal=*/true, 0.0, /*training=*/true);
+inline torch::Tensor attention_flash(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     bool causal, double dropout, bool training,
+                                     const torch::Tensor& key_padding_mask = {}) {
+#if MEMOPT_HAS_BRGEMM
+  if (flash_backward_supported(q, dropout, training, key_padding_mask)) {
+    TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3) &&
+                    k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+                "memopt::nn::attention_flash: q must be (B, H, T, D) and k, v (B, KV, Tk, D) with KV dividing H (got q ",
+                q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), "). HINT: transpose(1, 2) a (B, T, H, D) projection.");
+    const auto dtype = memopt::detail::matmul_dtype(q);
+    const auto off = memopt::detail::autocast_off(c10::kCPU);
+    memopt::detail::AutocastGuard plain(off);
+    return memopt::detail::flash::FlashAttentionFunction::apply(q.to(dtype), k.to(dtype), v.to(dtype), causal);
+  }
+#endif
+  return attention_sdpa(q, k, v, causal, dropout, training, key_padding_mask);
+}
+
+}  // namespace memopt::nn
