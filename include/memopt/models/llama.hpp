@@ -55,8 +55,8 @@ struct LlamaConfig {
   TORCH_ARG(bool, causal) = true;
   /// Standard deviation of the normal init of linear and embedding weights.
   TORCH_ARG(double, initializer_range) = 0.02;
-  /// kSdpa (LibTorch's SDPA, its CPU flash kernel), kFlash (SDPA's forward, memopt's brgemm
-  /// backward; nn/attention_flash.hpp), kBlockwise (memopt's; needs dropout 0) or kAuto (the
+  /// kSdpa (LibTorch's SDPA, its CPU flash kernel), kFlash (memopt's brgemm flash attention on
+  /// the CPU; nn/attention_flash.hpp), kBlockwise (memopt's; needs dropout 0) or kAuto (the
   /// fastest of the three on each shape, measured; nn/attention_choice.hpp):
   /// memory-efficient attention, no (T, T) scores. A runtime choice: not part of config.json.
   TORCH_ARG(nn::AttentionKind, attention_kind) = nn::AttentionKind::kMath;

@@ -1,7 +1,7 @@
 // memopt/nn/attention.hpp — LLaMA self-attention as a module (HF parameter names q_proj,
 // k_proj, v_proj, o_proj), rotary embeddings on q and k, optional grouped KV heads, causal or
 // bidirectional, running the attention its options name (AttentionKind): math, blockwise,
-// SDPA, flash (SDPA's forward, memopt's brgemm backward), or auto, the fastest of blockwise,
+// SDPA, flash (memopt's brgemm flash attention, CPU), or auto, the fastest of blockwise,
 // SDPA and flash on each shape, measured here (attention_choice.hpp). The attention functions
 // themselves are in attention_kernels.hpp and attention_flash.hpp.
 #pragma once

@@ -1,5 +1,5 @@
 // memopt/nn/attention_choice.hpp — AttentionKind::kAuto: of memopt's blockwise attention,
-// LibTorch's SDPA and attention_flash (SDPA's forward, memopt's brgemm backward; where it runs:
+// LibTorch's SDPA and attention_flash (memopt's brgemm flash attention on the CPU; where it runs:
 // nn/attention_flash.hpp), whichever is fastest on this shape on this machine, measured rather
 // than assumed. None wins everywhere: at D=64, causal, fp32 on two AVX-512 cores, SDPA was 1.5x
 // faster than blockwise at T=512 and blockwise 1.2x faster at T=1024

@@ -1,26 +1,30 @@
-// memopt/nn/attention_flash.hpp — AttentionKind::kFlash on the CPU: LibTorch's flash-attention
-// forward (the kernel SDPA runs) with memopt's backward, written on LibTorch's batch-reduce GEMM
-// (at::native::cpublas::brgemm: oneDNN's micro-kernels, AMX tiles for bf16 where the CPU has
-// them). SDPA's own CPU backward multiplies blocks through cpublas::gemm, one small GEMM after
-// another: in bf16 on an AMX Xeon it took 5.8x its forward's time, 29% of a training step at
-// 8 × d512 (docs/benchmarks.md). This one, per (batch, KV head) task, walks key blocks of
-// 64 and multiplies each against every query that sees it in one call, in the transposed
-// layout (keys as rows), so every A operand is a plain row-major buffer and every B operand is
-// packed once per head (VNNI pairs for bf16):
-//   Sᵀ  = K_j Qᵀ            P  = exp(scale·Sᵀ − lse)        dV_j += Pᵀ-rows · dO
-//   dPᵀ = V_j dOᵀ           dS = P ∘ (dPᵀ − rowsum(dO∘O))   dK_j += dSᵀ-rows · Q
-//   dQᵀ += K_jᵀ dSᵀ          (scale applied to dQ and dK once at the end)
-// fp32 accumulators throughout (dQ, dK, dV, the scores); bf16 only where SDPA's backward rounds
-// too (P and dS as GEMM operands). Grouped KV heads are never repeated in backward: the G query
-// heads of a KV head run in its task and add into one dK, dV. No dropout and no mask but the
-// causal one (top-left aligned, SDPA's): the module runs SDPA otherwise.
+// memopt/nn/attention_flash.hpp — AttentionKind::kFlash on the CPU: flash attention written on
+// LibTorch's batch-reduce GEMM (at::native::cpublas::brgemm: oneDNN's micro-kernels, AMX tiles
+// for bf16 where the CPU has them). SDPA's own CPU backward multiplies blocks through
+// cpublas::gemm, one small GEMM after another: in bf16 on an AMX Xeon it took 5.8x its
+// forward's time, 29% of a training step at 8 × d512 (docs/benchmarks.md). Here each
+// (batch, KV head) task walks key blocks of 64 and multiplies each against every query that
+// sees it in one call, in the transposed layout (keys as rows), so every A operand is a plain
+// row-major buffer and every B operand is packed once per head (VNNI pairs for bf16):
+//   forward   Sᵀ = K_j Qᵀ; online softmax per query (FlashAttention's running max m and sum l);
+//             Oᵀ = alpha · Oᵀ + V_jᵀ P; O = (Oᵀ)ᵀ / l, lse = m + log l
+//   backward  Sᵀ = K_j Qᵀ, P = exp(scale·Sᵀ − lse)       dV_j += P-rows · dO
+//             dPᵀ = V_j dOᵀ, dS = P ∘ (dPᵀ − rowsum(dO∘O))  dK_j += dS-rows · Q
+//             dQᵀ += K_jᵀ dSᵀ   (scale applied to dQ and dK once at the end)
+// In bf16 the forward is SDPA's (its AMX-packed forward was as fast; FlashAttentionFunction).
+// fp32 accumulators throughout (O, dQ, dK, dV, the scores); bf16 only where SDPA rounds too (P
+// and dS as GEMM operands). Grouped KV heads are never repeated: the G query heads of a KV head
+// run in its task and add into one dK, dV. No dropout and no mask but the causal one (top-left
+// aligned, SDPA's): attention_flash runs SDPA otherwise.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -124,17 +128,19 @@ MEMOPT_FUSED_CLONES void pack_transposed(const T* src, int64_t rows, int64_t col
       for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) out[w * ld + r] = in[r * (rs / per) + w];
 }
 
-// dst[c * ld + r] = scale · src[r * rs + c] for a rows × cols src, in tiles that stay in the
-// cache (a column-wise walk would touch a new line with every element).
+// dst[c * ld + r] = scale · src[r * rs + c] (· col_scale[c] when given) for a rows × cols src,
+// in tiles that stay in the cache (a column-wise walk would touch a new line with every element).
 template <class Out, class In>
 MEMOPT_FUSED_CLONES void transpose_scaled(const In* src, int64_t rows, int64_t cols, int64_t rs, Out* dst, int64_t ld,
-                                          float scale) {
+                                          float scale, const float* col_scale = nullptr) {
   constexpr int64_t kTile = 16;
   for (int64_t r0 = 0; r0 < rows; r0 += kTile)
     for (int64_t c0 = 0; c0 < cols; c0 += kTile)
-      for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
+      for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) {
+        const float sc = col_scale ? scale * col_scale[c] : scale;
         for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
-          dst[c * ld + r] = fused::from_float<Out>(fused::to_float(src[r * rs + c]) * scale);
+          dst[c * ld + r] = fused::from_float<Out>(fused::to_float(src[r * rs + c]) * sc);
+      }
 }
 
 // dst[r * ld + c] = scale · src[r * cols + c] for a rows × cols src.
@@ -169,6 +175,45 @@ MEMOPT_FUSED_CLONES void softmax_grad_rows(float* s, float* dp, T* p_t, T* ds_t,
       }
     }
   }
+}
+
+// One key block of the forward (keys c < nb, queries i < M, leading dimension M2): the
+// running max m and sum l of each query's exp(scale · s) over the keys so far move on to
+// this block's, s becomes P = exp(scale · s − m) (0 where causal hides the key, and in the pad
+// columns), p_t its T copy (bf16 only), and alpha = exp(m_before − m) rescales the output so far.
+template <class T>
+MEMOPT_FUSED_CLONES void online_softmax_rows(float* s, T* p_t, int64_t nb, int64_t M, int64_t M2, bool causal,
+                                             float scale, float* m, float* l, float* alpha, float* block_max) {
+  for (int64_t i = 0; i < M; ++i) block_max[i] = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < nb; ++c) {
+    const float* sr = s + c * M2;
+    for (int64_t i = causal ? std::min(c, M) : 0; i < M; ++i) block_max[i] = std::max(block_max[i], sr[i] * scale);
+  }
+  for (int64_t i = 0; i < M; ++i) {
+    const float m_new = std::max(m[i], block_max[i]);  // finite: every query sees a key of the block
+    alpha[i] = fused::exp(m[i] - m_new);                // m = -inf before the first block: 0
+    m[i] = m_new;
+    block_max[i] = 0.f;  // now this block's sum
+  }
+  for (int64_t c = 0; c < nb; ++c) {
+    float* sr = s + c * M2;
+    const int64_t seen = causal ? std::min(c, M) : 0;
+    for (int64_t i = 0; i < seen; ++i) sr[i] = 0.f;
+    for (int64_t i = seen; i < M; ++i) {
+      sr[i] = fused::exp(sr[i] * scale - m[i]);
+      block_max[i] += sr[i];
+    }
+    for (int64_t i = M; i < M2; ++i) sr[i] = 0.f;
+    if constexpr (!std::is_same_v<T, float>)
+      for (int64_t i = 0; i < M2; ++i) p_t[c * M2 + i] = fused::from_float<T>(sr[i]);
+  }
+  for (int64_t i = 0; i < M; ++i) l[i] = alpha[i] * l[i] + block_max[i];
+}
+
+// Columns [0, M) of the D rows of oᵀ (leading dimension ld) times alpha.
+MEMOPT_FUSED_CLONES inline void scale_columns(float* o_t, int64_t D, int64_t M, int64_t ld, const float* alpha) {
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t i = 0; i < M; ++i) o_t[d * ld + i] *= alpha[i];
 }
 
 // rowsum(dO ∘ O) of Tq rows of D.
@@ -283,15 +328,106 @@ void backward_task(Workspace<T>& w, int64_t b, int64_t kv, int64_t G, bool causa
   store_scaled(w.dv, Tk, D, dv_ptr, dv.stride(2), 1.f);
 }
 
+// x with rows of D contiguous elements, bf16 pairs on 32-bit boundaries (packing moves pairs
+// whole): x itself, or a contiguous copy.
+inline torch::Tensor aligned_rows(const torch::Tensor& x) {
+  return x.stride(-1) == 1 && x.stride(-2) % 2 == 0 && x.storage_offset() % 2 == 0 ? x : x.contiguous();
+}
+
+// The forward's buffers for one thread (as Workspace).
+template <class T>
+struct ForwardWorkspace {
+  torch::Tensor f32, low;
+  float *scores, *m, *l, *alpha, *block_max, *o_t;
+  T *q_t, *v_t, *p_rows, *p_b;
+
+  ForwardWorkspace(int64_t Tq, int64_t Tk, int64_t D, c10::ScalarType dtype) {
+    const int64_t Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2, block = kKeyBlock * Tq2;
+    const int64_t rounded = std::is_same_v<T, float> ? 0 : 1;
+    f32 = torch::empty({block + 4 * Tq + D * Tq}, torch::kFloat);
+    low = torch::zeros({D * Tq2 + D * Tk2 + rounded * 2 * block}, dtype);  // Vᵀ's pad column stays 0
+    float* f = f32.data_ptr<float>();
+    scores = std::exchange(f, f + block);
+    for (float** part : {&m, &l, &alpha, &block_max}) *part = std::exchange(f, f + Tq);
+    o_t = f;
+    T* lo = low.data_ptr<T>();
+    q_t = std::exchange(lo, lo + D * Tq2);
+    v_t = std::exchange(lo, lo + D * Tk2);
+    for (T** part : {&p_rows, &p_b}) *part = std::exchange(lo, lo + rounded * block);
+  }
+};
+
+// The (batch b, KV head kv) task of the forward: out and lse of its G query heads. Per key
+// block j: Sᵀ = K_j Qᵀ, the online softmax over the keys so far (FlashAttention's), and
+// Oᵀ = alpha · Oᵀ + V_jᵀ P; at the end O = (Oᵀ)ᵀ / l and lse = m + log l.
+template <class T>
+void forward_task(ForwardWorkspace<T>& w, int64_t b, int64_t kv, int64_t G, bool causal, float scale,
+                  const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
+                  const torch::Tensor& lse) {
+  const int64_t Tq = q.size(2), Tk = k.size(2), D = q.size(3), Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2;
+  const T* k_ptr = k.const_data_ptr<T>() + b * k.stride(0) + kv * k.stride(1);
+  const T* v_ptr = v.const_data_ptr<T>() + b * v.stride(0) + kv * v.stride(1);
+  const int64_t ks = k.stride(2);
+  transpose_scaled(v_ptr, Tk, D, v.stride(2), w.v_t, Tk2, 1.f);  // Vᵀ (D, Tk2): A of Oᵀ += V_jᵀ P
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = kv * G + g;
+    const T* q_ptr = q.const_data_ptr<T>() + b * q.stride(0) + h * q.stride(1);
+    pack_transposed(q_ptr, Tq, D, q.stride(2), w.q_t, Tq2);  // Qᵀ (D, Tq): B of Sᵀ = K_j Qᵀ
+    std::fill(w.m, w.m + Tq, -std::numeric_limits<float>::infinity());
+    std::fill(w.l, w.l + Tq, 0.f);
+    std::fill(w.o_t, w.o_t + D * Tq, 0.f);
+    for (int64_t n0 = 0; n0 < Tk; n0 += kKeyBlock) {
+      const int64_t nb = std::min(kKeyBlock, Tk - n0), nb2 = nb + nb % 2;
+      const int64_t r0 = causal ? n0 : 0;  // queries before the block see none of it
+      if (r0 >= Tq) break;
+      const int64_t M = Tq - r0, M2 = M + M % 2;
+      const int64_t col = std::is_same_v<T, float> ? r0 : 2 * r0;
+      brgemm<T>(nb, M, D, ks, Tq2, M2, false, k_ptr + n0 * ks, w.q_t + col, w.scores);  // Sᵀ (nb, M)
+      online_softmax_rows<T>(w.scores, w.p_rows, nb, M, M2, causal, scale, w.m + r0, w.l + r0, w.alpha,
+                             w.block_max);
+      scale_columns(w.o_t + r0, D, M, Tq, w.alpha);
+      const T* p_b = reinterpret_cast<const T*>(w.scores);
+      if constexpr (!std::is_same_v<T, float>) {
+        pack_rows(static_cast<const T*>(w.p_rows), nb, M2, M2, w.p_b, M2);  // P (nb2, M) as the B of Oᵀ
+        p_b = w.p_b;
+      }
+      const int64_t nk = std::is_same_v<T, float> ? nb : nb2;
+      brgemm<T>(D, M, nk, Tk2, M2, Tq, true, w.v_t + n0, p_b, w.o_t + r0);  // Oᵀ += V_jᵀ P
+    }
+    for (int64_t t = 0; t < Tq; ++t) w.alpha[t] = 1.f / w.l[t];
+    T* out_ptr = out.data_ptr<T>() + b * out.stride(0) + h * out.stride(1);
+    transpose_scaled(w.o_t, D, Tq, Tq, out_ptr, out.stride(2), 1.f, w.alpha);  // O = (Oᵀ)ᵀ / l
+    float* lse_ptr = lse.data_ptr<float>() + b * lse.stride(0) + h * lse.stride(1);
+    for (int64_t t = 0; t < Tq; ++t) lse_ptr[t * lse.stride(2)] = w.m[t] + std::log(w.l[t]);
+  }
+}
+
+// out (B, H, Tq, D), a view of (B, Tq, H, D) memory as SDPA returns it, and lse (B, H, Tq) fp32.
+inline std::pair<torch::Tensor, torch::Tensor> attention_forward(const torch::Tensor& q, const torch::Tensor& k,
+                                                                 const torch::Tensor& v, bool causal, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
+  auto out = torch::empty({B, Tq, H, D}, q.options()).transpose(1, 2);
+  auto lse = torch::empty({B, H, Tq}, q.options().dtype(torch::kFloat));
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    std::vector<std::unique_ptr<ForwardWorkspace<T>>> ws(at::get_num_threads());
+    memopt::detail::parallel_tasks(B * KV, true, [&](int64_t t, int64_t slot) {
+      if (!ws[slot]) ws[slot] = std::make_unique<ForwardWorkspace<T>>(Tq, Tk, D, q.scalar_type());
+      forward_task<T>(*ws[slot], t / KV, t % KV, H / KV, causal, static_cast<float>(scale), q, k, v, out, lse);
+      at::native::cpublas::brgemm_release(/*is_vnni=*/!std::is_same_v<T, float>);
+    });
+  };
+  if (q.scalar_type() == torch::kFloat) run(float{});
+  else run(at::BFloat16{});
+  return {out, lse};
+}
+
 // Gradients of q (B, H, Tq, D), k and v (B, KV, Tk, D) from the forward's out and lse (B, H, Tq).
 inline std::vector<torch::Tensor> attention_backward(const torch::Tensor& grad_out, const torch::Tensor& q,
                                            const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
                                            const torch::Tensor& lse, bool causal, double scale) {
-  // Rows of D contiguous elements, bf16 pairs on 32-bit boundaries (packing moves pairs whole).
-  auto rows = [](const torch::Tensor& x) {
-    return x.stride(-1) == 1 && x.stride(-2) % 2 == 0 && x.storage_offset() % 2 == 0 ? x : x.contiguous();
-  };
-  const auto q_ = rows(q), k_ = rows(k), v_ = rows(v), o_ = rows(out), go = rows(grad_out.to(q.scalar_type()));
+  const auto q_ = aligned_rows(q), k_ = aligned_rows(k), v_ = aligned_rows(v), o_ = aligned_rows(out);
+  const auto go = aligned_rows(grad_out.to(q.scalar_type()));
   const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   auto dq = torch::empty_like(q_), dk = torch::empty_like(k_), dv = torch::empty_like(v_);
   auto run = [&](auto type_tag) {
@@ -309,15 +445,23 @@ inline std::vector<torch::Tensor> attention_backward(const torch::Tensor& grad_o
   return {dq, dk, dv};
 }
 
-// SDPA's CPU flash forward, memopt's backward. Saves q, k, v, the output and the fp32
+// memopt's forward (SDPA's in bf16) and backward. Saves q, k, v, the output and the fp32
 // log-sum-exp: what SDPA's own autograd node keeps.
 struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, bool causal) {
-    const int64_t G = q.size(1) / k.size(1);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, nn::repeat_kv(k, G), nn::repeat_kv(v, G),
-                                                                      0.0, causal, {}, scale);
+    // fp32: memopt's forward (B8 H8 T512 D64 causal, 2 threads of an AMX Xeon: 14.8 ms against
+    // SDPA's 23.8); bf16: SDPA's, whose AMX-packed forward was as fast or faster (8.5 against
+    // 11.6 ms), with its layout (grouped KV heads repeated for the forward only).
+    torch::Tensor out, lse;
+    if (q.scalar_type() == torch::kFloat) {
+      std::tie(out, lse) = attention_forward(aligned_rows(q), aligned_rows(k), aligned_rows(v), causal, scale);
+    } else {
+      const int64_t G = q.size(1) / k.size(1);
+      std::tie(out, lse) = at::_scaled_dot_product_flash_attention_for_cpu(q, nn::repeat_kv(k, G), nn::repeat_kv(v, G),
+                                                                           0.0, causal, {}, scale);
+    }
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
@@ -346,7 +490,7 @@ inline torch::Tensor attention_flash(const torch::Tensor& q, const torch::Tensor
                                      bool causal, double dropout, bool training,
                                      const torch::Tensor& key_padding_mask = {}) {
 #if MEMOPT_HAS_BRGEMM
-  if (flash_backward_supported(q, dropout, training, key_padding_mask)) {
+  if (flash_backward_supported(q, dropout, training, key_padding_mask) && k.dim() == 4 && k.size(2) > 0) {
     TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3) &&
                     k.size(1) > 0 && q.size(1) % k.size(1) == 0,
                 "memopt::nn::attention_flash: q must be (B, H, T, D) and k, v (B, KV, Tk, D) with KV dividing H (got q ",

@@ -64,7 +64,7 @@ enum class AttentionKind {
   kBlockwise,  ///< attention_blockwise: memory linear in T; no dropout.
   kSdpa,       ///< attention_sdpa: LibTorch's SDPA (CPU flash kernel), memory linear in T.
   kAuto,       ///< attention_auto: the fastest of kBlockwise, kSdpa and kFlash on each shape, measured here.
-  kFlash,      ///< attention_flash (nn/attention_flash.hpp): SDPA's CPU forward, memopt's brgemm backward.
+  kFlash,      ///< attention_flash (nn/attention_flash.hpp): memopt's brgemm flash attention (CPU).
 };
 
 /// "math", "blockwise", "sdpa", "auto" or "flash": the kind's name on command lines and in logs.
