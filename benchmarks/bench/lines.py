@@ -37,7 +37,7 @@ def model_flops_per_token(t: Json) -> float:
     lookup) costs 2 FLOPs forward and 2 for the input's gradient, a trainable one 2 more for its own
     gradient (LoRA's frozen base: 4, not 6); attention's QK^T and AV 12 x layers x seq x dim, halved for the
     causal mask where the kernel skips the masked blocks: SDPA's flash kernel (the peer's) and memopt's
-    sdpa, blockwise and auto; the math path computes them all (memopt lines from before --attention ran
+    sdpa, flash, blockwise and auto; the math path computes them all (memopt lines from before --attention ran
     it). Recomputation is not model work: not counted."""
     matmul = t["params_m"] * 1e6 - t["vocab"] * t["dim"]
     trainable = min(t["trainable_m"] * 1e6, matmul)

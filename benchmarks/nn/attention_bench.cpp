@@ -66,7 +66,7 @@ struct BenchConfig {
   double max_gib = 8.0;
   uint64_t seed = 1234;
 
-  bool is_attention() const { return impl == "math" || impl == "sdpa" || impl == "blockwise"; }
+  bool is_attention() const { return impl == "math" || impl == "sdpa" || impl == "blockwise" || impl == "flash"; }
   bool is_nf4() const { return impl.rfind("nf4_linear", 0) == 0; }
   bool is_elementwise() const {
     return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0 || impl.rfind("rope", 0) == 0 ||
@@ -132,6 +132,8 @@ nlohmann::ordered_json run_attention(const BenchConfig& cfg) {
       y = memopt::nn::attention_blockwise(q, k, v, options);
     } else if (cfg.impl == "math") {
       y = memopt::nn::attention_math(q, k, v, causal, 0.0, /*training=*/true);
+    } else if (cfg.impl == "flash") {
+      y = memopt::nn::attention_flash(q, k, v, causal, 0.0, /*training=*/true);
     } else {
 #if MEMOPT_TORCH_AT_LEAST(2, 0)
       y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
@@ -273,10 +275,10 @@ nlohmann::ordered_json run_nf4_linear(const BenchConfig& cfg) {
 int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_attention: one forward+backward of attention or of the LM loss, one path per run"};
-  app.add_option("--impl", cfg.impl, "math | sdpa | blockwise (attention); ce_full | ce_chunked | ce_chunked_fused "
+  app.add_option("--impl", cfg.impl, "math | sdpa | blockwise | flash (attention); ce_full | ce_chunked | ce_chunked_fused "
                  "(LM loss); rms_norm | swiglu | rope | dropout_add | nf4_linear, each also _fused (nn/fused.hpp, "
                  "nn/fused_dropout.hpp; nf4_linear: nn/qlora.hpp's tiles)")
-      ->check(CLI::IsMember({"math", "sdpa", "blockwise", "ce_full", "ce_chunked", "ce_chunked_fused", "rms_norm",
+      ->check(CLI::IsMember({"math", "sdpa", "blockwise", "flash", "ce_full", "ce_chunked", "ce_chunked_fused", "rms_norm",
                              "rms_norm_fused", "swiglu", "swiglu_fused", "rope", "rope_fused", "dropout_add",
                              "dropout_add_fused", "nf4_linear", "nf4_linear_fused"}));
   app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);

@@ -102,7 +102,7 @@ got = [json.loads(l) for l in printed]
 assert got[0]["model_flops_per_token"] == 14.4e6 and got[0]["mfu"] == 0.288 and got[1]["mfu"] == 0.132, got
 assert (got[2]["mfu"], got[2]["peer_mfu"]) == (0.288, 0.132), got[2]
 assert L.model_flops_per_token({**got[0], "trainable_m": 0.5}) == 4 * 2e6 + 2 * 0.5e6 + 2.4e6  # LoRA: a frozen base
-for kind, attention in (("math", 2.4e6), ("sdpa", 1.2e6), ("blockwise", 1.2e6), ("auto", 1.2e6)):
+for kind, attention in (("math", 2.4e6), ("sdpa", 1.2e6), ("blockwise", 1.2e6), ("flash", 1.2e6), ("auto", 1.2e6)):
     assert L.model_flops_per_token({**got[0], "attention": kind}) == 12e6 + attention, kind
 assert "error: pytorch_compile --layers 4" in err.getvalue() and "error: hand --layers 4" in err.getvalue()
 assert "memopt: load average " in err.getvalue()

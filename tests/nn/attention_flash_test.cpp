@@ -103,7 +103,7 @@ Result as_double(const Result& r) {
 // Whether memopt's backward runs in `dtype` here; skips the case (skip_case) where it does not
 // (no batch-reduce GEMM in this LibTorch; for bf16, no bf16 kernels in oneDNN for this CPU).
 bool runs_here(c10::ScalarType dtype) {
-  if (memopt::nn::flash_backward_supported(c10::kCPU, dtype, 16, false, false)) return true;
+  if (memopt::nn::flash_supported(c10::kCPU, dtype, 16, false, false)) return true;
   memopt::test::skip_case(std::string("attention_flash runs attention_sdpa here in ") + c10::toString(dtype) +
                           " (no brgemm in this LibTorch, or for bf16 no AVX512-BF16 or AMX)");
   return false;
@@ -155,17 +155,17 @@ TEST_CASE("attention_flash hands key padding and dropout to attention_sdpa", "[a
   auto q = torch::randn({2, 2, 24, 8});
   auto mask = torch::ones({2, 24}, torch::kBool);
   mask[0][3] = false;
-  CHECK_FALSE(memopt::nn::flash_backward_supported(q, 0.0, false, mask));
+  CHECK_FALSE(memopt::nn::flash_supported(q, 0.0, false, mask));
   CHECK(torch::equal(memopt::nn::attention_flash(q, q, q, false, 0.0, false, mask),
                      memopt::nn::attention_sdpa(q, q, q, false, 0.0, false, mask)));
-  CHECK_FALSE(memopt::nn::flash_backward_supported(q, 0.3, true));
-  CHECK(memopt::nn::flash_backward_supported(q, 0.3, false) ==
-        memopt::nn::flash_backward_supported(c10::kCPU, torch::kFloat, 8, false, false));  // dropout off in eval
+  CHECK_FALSE(memopt::nn::flash_supported(q, 0.3, true));
+  CHECK(memopt::nn::flash_supported(q, 0.3, false) ==
+        memopt::nn::flash_supported(c10::kCPU, torch::kFloat, 8, false, false));  // dropout off in eval
   torch::manual_seed(9);
   const auto dropped = memopt::nn::attention_flash(q, q, q, true, 0.3, true);
   torch::manual_seed(9);
   CHECK(torch::equal(dropped, memopt::nn::attention_sdpa(q, q, q, true, 0.3, true)));
-  CHECK_FALSE(memopt::nn::flash_backward_supported(c10::kCPU, torch::kFloat, 7, false, false));  // an odd head width
+  CHECK_FALSE(memopt::nn::flash_supported(c10::kCPU, torch::kFloat, 7, false, false));  // an odd head width
 }
 
 TEST_CASE("attention_flash keeps memory linear in T, as SDPA does", "[attention][flash][memory]") {

@@ -14,11 +14,12 @@ from ..summaries import planner_summary
 
 # ---- suite: attention ----
 # One forward+backward of causal attention (B=1, H=8, D=64, fp32) at L = 512 … 8192 on the
-# math path, ATen's SDPA (LibTorch 2.x: the CPU flash kernel) and memopt's blockwise path, one
-# process each so each peak is its own; math prints a "skipped" line where it would need more
-# than 8 GiB. Then the LM loss (N=4096 rows, C=512, V=32000) with the full logits and chunked.
-# Ratio lines: blockwise/math per L (at L=4096 with the targets, peak <= 0.1x and time <=
-# 1.2x), blockwise/sdpa per L, ce_chunked/ce_full. ~3 min on an idle 2-core machine
+# math path, ATen's SDPA (LibTorch 2.x: the CPU flash kernel), memopt's blockwise path and
+# memopt's brgemm flash attention (nn/attention_flash.hpp), one process each so each peak is its
+# own; math prints a "skipped" line where it would need more than 8 GiB. Then the LM loss
+# (N=4096 rows, C=512, V=32000) with the full logits and chunked. Ratio lines: blockwise/math
+# per L (at L=4096 with the targets, peak <= 0.1x and time <= 1.2x), blockwise/sdpa and
+# flash/sdpa per L, ce_chunked/ce_full. ~3 min on an idle 2-core machine
 # (--quick: L 512 and 1024, one step each).
 ATTENTION_LENGTHS = (512, 1024, 2048, 4096, 8192)
 ATTENTION_STEPS = {  # untimed + timed passes; quiet 2-core math-path figures per pass in comments
@@ -41,11 +42,12 @@ def attention(ctx: Context) -> list[Step]:
     for n in ATTENTION_LENGTHS[:2] if ctx.quick else ATTENTION_LENGTHS:
         passes = QUICK_STEPS if ctx.quick else ATTENTION_STEPS[n]
         steps += [attention_run(ctx, f"{impl}-{n}", ["--impl", impl, "--L", str(n), *passes.split()])
-                  for impl in ("math", "sdpa", "blockwise")]
+                  for impl in ("math", "sdpa", "blockwise", "flash")]
         steps += [Derive([f"blockwise-{n}", f"math-{n}"], partial(L.attention_ratio, target=ATTENTION_TARGET.get(n)),
                          "ratio_blockwise_to_math" + (" with its target" if n in ATTENTION_TARGET else "")),
                   Derive([f"blockwise-{n}", f"sdpa-{n}"], L.attention_ratio,  # LibTorch 2.x: SDPA's CPU flash kernel
-                         "ratio_blockwise_to_sdpa")]
+                         "ratio_blockwise_to_sdpa"),
+                  Derive([f"flash-{n}", f"sdpa-{n}"], L.attention_ratio, "ratio_flash_to_sdpa")]
     passes = "--warmup 0 --steps 1 --rows 512" if ctx.quick else "--warmup 1 --steps 2"
     steps += [attention_run(ctx, impl, ["--impl", impl, *passes.split()]) for impl in ("ce_full", "ce_chunked")]
     return steps + [Derive(["ce_chunked", "ce_full"], L.attention_ratio, "ratio_ce_chunked_to_ce_full")]

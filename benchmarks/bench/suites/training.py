@@ -106,7 +106,7 @@ def bf16_gemm(ctx: Context) -> list[Step]:
 # (micro-batch 8 x accum 2, no recompute) in fp32 and in the precision `auto` picks here (one run where
 # that is fp32): after the timed steps, one more under LibTorch's profiler; the line's "profile" holds
 # its 15 ops of most self time, each with its share of that step's wall time, next to the line's mfu.
-# Each runs with --attention auto (the default: SDPA or blockwise, measured) and again with the math
+# Each runs with --attention auto (the default: SDPA, flash or blockwise, measured) and again with the math
 # path (the (T, T) scores) for the before/after, next to PyTorch eager on the same machine; ratio
 # lines auto / math and auto / eager. ~6 min on an idle 2-core machine (--quick: seconds).
 def profile(ctx: Context) -> list[Step]:

@@ -116,7 +116,7 @@ struct AttentionTiming {
 struct AttentionChoice {
   AttentionKind kind = AttentionKind::kSdpa;  // kSdpa, kBlockwise or kFlash
   AttentionTiming sdpa, blockwise;
-  std::optional<AttentionTiming> flash;  // measured where flash_backward_supported says it runs
+  std::optional<AttentionTiming> flash;  // measured where flash_supported says it runs
 };
 
 /// How attention_auto measures.  AttentionChoiceOptions().reps(5).tie(0.03)
@@ -231,7 +231,7 @@ inline AttentionChoice measure_attention(const AttentionShape& shape, const Atte
   });
   std::vector<std::pair<AttentionKind, AttentionTiming>> candidates{{AttentionKind::kSdpa, c.sdpa},
                                                                     {AttentionKind::kBlockwise, c.blockwise}};
-  if (flash_backward_supported(shape.device, shape.autocast, shape.head_dim, false, shape.padded)) {
+  if (flash_supported(shape.device, shape.autocast, shape.head_dim, false, shape.padded)) {
     c.flash = memopt::detail::time_attention(shape, options.reps(), [&](auto& q, auto& k, auto& v, auto& mask) {
       return attention_flash(q, k, v, shape.causal, 0.0, false, mask);
     });

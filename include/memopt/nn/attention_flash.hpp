@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <tuple>
@@ -29,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include <ATen/cpu/vec/vec.h>
 #include <ATen/native/CPUBlas.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "memopt/detail/autocast.hpp"
@@ -45,11 +44,11 @@
 
 namespace memopt::nn {
 
-/// Whether attention_flash runs its own backward for attention on `device` whose matmuls run
+/// Whether attention_flash runs memopt's kernels for attention on `device` whose matmuls run
 /// in `dtype` (autocast's, else q's): a CPU build of LibTorch with the batch-reduce GEMM, fp32,
 /// or bf16 where oneDNN has bf16 kernels for this CPU (AVX512-BF16, AMX); an even head width;
 /// no dropout and no key padding. Elsewhere attention_flash is attention_sdpa.
-inline bool flash_backward_supported(c10::DeviceType device, c10::ScalarType dtype, int64_t head_dim, bool dropout,
+inline bool flash_supported(c10::DeviceType device, c10::ScalarType dtype, int64_t head_dim, bool dropout,
                                      bool padded) {
 #if MEMOPT_HAS_BRGEMM
   const bool dtype_ok = dtype == torch::kFloat ||
@@ -62,10 +61,10 @@ inline bool flash_backward_supported(c10::DeviceType device, c10::ScalarType dty
 }
 
 /// The same for a call attention_flash(q, k, v, causal, dropout, training, key_padding_mask).
-inline bool flash_backward_supported(const torch::Tensor& q, double dropout, bool training,
+inline bool flash_supported(const torch::Tensor& q, double dropout, bool training,
                                      const torch::Tensor& key_padding_mask = {}) {
   return q.dim() == 4 && q.size(2) > 0 &&
-         flash_backward_supported(q.device().type(), memopt::detail::matmul_dtype(q), q.size(3),
+         flash_supported(q.device().type(), memopt::detail::matmul_dtype(q), q.size(3),
                                   training && dropout > 0, key_padding_mask.defined());
 }
 
@@ -75,14 +74,6 @@ inline bool flash_backward_supported(const torch::Tensor& q, double dropout, boo
 namespace memopt::detail::flash {
 
 inline constexpr int64_t kKeyBlock = 64;
-
-// Where element (k, n) of a GEMM's B operand (K × N, leading dimension ld) lives: bf16 in
-// oneDNN's VNNI pairs (rows 2i and 2i+1 interleaved), fp32 row-major.
-template <class T>
-inline int64_t b_index(int64_t k, int64_t n, int64_t ld) {
-  if constexpr (std::is_same_v<T, float>) return k * ld + n;
-  else return (k / 2) * 2 * ld + 2 * n + (k % 2);
-}
 
 // The loops below are plain C++ for GCC's vectoriser, cloned per ISA (nn/fused.hpp's
 // MEMOPT_FUSED_CLONES): a header gets the user's flags, not ATen's per-ISA builds.
@@ -405,6 +396,7 @@ void forward_task(ForwardWorkspace<T>& w, int64_t b, int64_t kv, int64_t G, bool
 // out (B, H, Tq, D), a view of (B, Tq, H, D) memory as SDPA returns it, and lse (B, H, Tq) fp32.
 inline std::pair<torch::Tensor, torch::Tensor> attention_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                                  const torch::Tensor& v, bool causal, double scale) {
+  RECORD_FUNCTION("memopt::attention_flash_forward", std::vector<c10::IValue>());  // a span in profiles
   const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   auto out = torch::empty({B, Tq, H, D}, q.options()).transpose(1, 2);
   auto lse = torch::empty({B, H, Tq}, q.options().dtype(torch::kFloat));
@@ -426,6 +418,7 @@ inline std::pair<torch::Tensor, torch::Tensor> attention_forward(const torch::Te
 inline std::vector<torch::Tensor> attention_backward(const torch::Tensor& grad_out, const torch::Tensor& q,
                                            const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
                                            const torch::Tensor& lse, bool causal, double scale) {
+  RECORD_FUNCTION("memopt::attention_flash_backward", std::vector<c10::IValue>());
   const auto q_ = aligned_rows(q), k_ = aligned_rows(k), v_ = aligned_rows(v), o_ = aligned_rows(out);
   const auto go = aligned_rows(grad_out.to(q.scalar_type()));
   const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
@@ -483,14 +476,14 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
 namespace memopt::nn {
 
 /// attention_sdpa's conventions (q (B, H, Tq, D), k and v (B, KV, Tk, D), grouped heads never
-/// repeated in backward), with memopt's brgemm backward where flash_backward_supported says
-/// so, else attention_sdpa itself. Under autocast q, k and v run in autocast's dtype, as SDPA does.
+/// repeated), on memopt's brgemm kernels where flash_supported says so, else attention_sdpa
+/// itself. Under autocast q, k and v run in autocast's dtype, as SDPA does.
 ///   auto y = memopt::nn::attention_flash(q, k, v, /*causal=*/true, 0.0, /*training=*/true);
 inline torch::Tensor attention_flash(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      bool causal, double dropout, bool training,
                                      const torch::Tensor& key_padding_mask = {}) {
 #if MEMOPT_HAS_BRGEMM
-  if (flash_backward_supported(q, dropout, training, key_padding_mask) && k.dim() == 4 && k.size(2) > 0) {
+  if (flash_supported(q, dropout, training, key_padding_mask) && k.dim() == 4 && k.size(2) > 0) {
     TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3) &&
                     k.size(1) > 0 && q.size(1) % k.size(1) == 0,
                 "memopt::nn::attention_flash: q must be (B, H, T, D) and k, v (B, KV, Tk, D) with KV dividing H (got q ",
