@@ -109,10 +109,10 @@ TEST_CASE("choose_attention measures a shape once, and attention_auto runs what 
   // attention_auto's output is bit-equal to the chosen kernel's (the other kernel's is not
   // guaranteed to be).
   const auto y = memopt::nn::attention_auto(q, k, k, false, 0.0, false);
+  const auto blockwise = memopt::nn::BlockwiseAttentionOptions().causal(false);
   const auto want = first.kind == AttentionKind::kSdpa    ? memopt::nn::attention_sdpa(q, k, k, false, 0.0, false)
                     : first.kind == AttentionKind::kFlash ? memopt::nn::attention_flash(q, k, k, false, 0.0, false)
-                                                          : memopt::nn::attention_blockwise(
-                                                                q, k, k, memopt::nn::BlockwiseAttentionOptions().causal(false));
+                                                          : memopt::nn::attention_blockwise(q, k, k, blockwise);
   CHECK(torch::equal(y, want));
   CHECK(choices_for(shape) == 1);
   INFO(shape.str());

@@ -105,7 +105,7 @@ Result as_double(const Result& r) {
 bool runs_here(c10::ScalarType dtype) {
   if (memopt::nn::flash_supported(c10::kCPU, dtype, 16, false, false)) return true;
   memopt::test::skip_case(std::string("attention_flash runs attention_sdpa here in ") + c10::toString(dtype) +
-                          " (no brgemm in this LibTorch, or for bf16 no AVX512-BF16 or AMX)");
+                          " (no brgemm in this LibTorch, or for bf16 a CPU without AMX)");
   return false;
 }
 

@@ -46,10 +46,10 @@ namespace memopt::nn {
 
 /// Whether attention_flash runs memopt's kernels for attention on `device` whose matmuls run
 /// in `dtype` (autocast's, else q's): a CPU build of LibTorch with the batch-reduce GEMM, fp32,
-/// or bf16 where oneDNN has bf16 kernels for this CPU (AVX512-BF16, AMX); an even head width;
-/// no dropout and no key padding. Elsewhere attention_flash is attention_sdpa.
+/// or bf16 where oneDNN packs bf16 for AMX tiles (cpublas::could_pack: CPUs with AMX); an even
+/// head width; no dropout and no key padding. Elsewhere attention_flash is attention_sdpa.
 inline bool flash_supported(c10::DeviceType device, c10::ScalarType dtype, int64_t head_dim, bool dropout,
-                                     bool padded) {
+                            bool padded) {
 #if MEMOPT_HAS_BRGEMM
   const bool dtype_ok = dtype == torch::kFloat ||
                         (dtype == torch::kBFloat16 && at::native::cpublas::could_pack(torch::kBFloat16));
@@ -62,7 +62,7 @@ inline bool flash_supported(c10::DeviceType device, c10::ScalarType dtype, int64
 
 /// The same for a call attention_flash(q, k, v, causal, dropout, training, key_padding_mask).
 inline bool flash_supported(const torch::Tensor& q, double dropout, bool training,
-                                     const torch::Tensor& key_padding_mask = {}) {
+                            const torch::Tensor& key_padding_mask = {}) {
   return q.dim() == 4 && q.size(2) > 0 &&
          flash_supported(q.device().type(), memopt::detail::matmul_dtype(q), q.size(3),
                                   training && dropout > 0, key_padding_mask.defined());
@@ -212,7 +212,9 @@ template <class T>
 MEMOPT_FUSED_CLONES void row_dots(const T* a, int64_t as, const T* b, int64_t bs, int64_t rows, int64_t D,
                                   float* out) {
   for (int64_t r = 0; r < rows; ++r)
-    out[r] = fused::lane_sum(D, [&](int64_t d) { return fused::to_float(a[r * as + d]) * fused::to_float(b[r * bs + d]); });
+    out[r] = fused::lane_sum(D, [&](int64_t d) {
+      return fused::to_float(a[r * as + d]) * fused::to_float(b[r * bs + d]);
+    });
 }
 
 template <class T>
@@ -486,7 +488,8 @@ inline torch::Tensor attention_flash(const torch::Tensor& q, const torch::Tensor
   if (flash_supported(q, dropout, training, key_padding_mask) && k.dim() == 4 && k.size(2) > 0) {
     TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3) &&
                     k.size(1) > 0 && q.size(1) % k.size(1) == 0,
-                "memopt::nn::attention_flash: q must be (B, H, T, D) and k, v (B, KV, Tk, D) with KV dividing H (got q ",
+                "memopt::nn::attention_flash: q must be (B, H, T, D) and k, v (B, KV, Tk, D) with KV dividing H "
+                "(got q ",
                 q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), "). HINT: transpose(1, 2) a (B, T, H, D) projection.");
     const auto dtype = memopt::detail::matmul_dtype(q);
     const auto off = memopt::detail::autocast_off(c10::kCPU);
