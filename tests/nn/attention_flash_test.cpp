@@ -1,6 +1,6 @@
-// Tests for memopt/nn/attention_flash.hpp: memopt's brgemm backward against the fp64 math path
-// in fp32 (key blocks ragged and whole, queries fewer and more than keys, grouped KV heads,
-// strided projections, odd lengths), in bf16 within LibTorch's own bf16 error (SDPA's), under
+// Tests for memopt/nn/attention_flash.hpp: memopt's brgemm kernels against the fp64 math path
+// in fp32 (key blocks ragged and whole, query chunks one and several, queries fewer and more
+// than keys, grouped KV heads, strided projections, odd lengths), in bf16 within LibTorch's own bf16 error (SDPA's), under
 // autocast, its memory linear in T, and the calls it hands to attention_sdpa (key padding,
 // dropout). attention_test.cpp runs it through the fixtures' cases and the LLaMA model too.
 #include <catch2/catch.hpp>
@@ -37,6 +37,9 @@ std::vector<Shape> shapes() {
       {.name = "causal, fewer queries than keys", .B = 1, .Tq = 40, .Tk = 100, .D = 64},
       {.name = "causal, more queries than keys", .B = 1, .Tq = 100, .Tk = 40},
       {.name = "bidirectional, queries and keys apart, D=2", .B = 1, .H = 2, .KV = 1, .Tq = 33, .Tk = 77, .D = 2},
+      {.name = "causal GQA, 2 query chunks, the last ragged", .B = 1, .H = 2, .KV = 1, .Tq = 601, .Tk = 601},
+      {.name = "bidirectional, 3 query chunks against few keys", .B = 1, .H = 2, .KV = 2, .Tq = 1100, .Tk = 70,
+       .D = 8},
   };
 }
 

@@ -74,6 +74,9 @@ inline bool flash_supported(const torch::Tensor& q, double dropout, bool trainin
 namespace memopt::detail::flash {
 
 inline constexpr int64_t kKeyBlock = 64;
+// Queries per GEMM against a key block: a (64, 512) fp32 block of scores (128 KiB) stays in the
+// L2 cache; at T = 8192 one (64, T) block per call ran 1.4x slower than SDPA, chunked 0.7x.
+inline constexpr int64_t kQueryChunk = 512;
 
 // The loops below are plain C++ for GCC's vectoriser, cloned per ISA (nn/fused.hpp's
 // MEMOPT_FUSED_CLONES): a header gets the user's flags, not ATen's per-ISA builds.
@@ -142,16 +145,17 @@ MEMOPT_FUSED_CLONES void store_scaled(const float* src, int64_t rows, int64_t co
     for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = fused::from_float<Out>(src[r * cols + c] * scale);
 }
 
-// One key block's rows (keys c < nb, queries i < M, leading dimension M2): scores s -> P and
-// dPᵀ dp -> dS, in fp32 in place; their T copies p_t and ds_t (bf16 only); the causal prefix
-// (query i < c) and the pad columns zero.
+// One key block's rows against a chunk of queries (keys c < nb, queries i < M, leading
+// dimension M2; key c is hidden from queries i < c + diag: diag = n0 − c0 under the causal mask,
+// −nb without it): scores s -> P and dPᵀ dp -> dS, in fp32 in place; their T copies p_t and
+// ds_t (bf16 only); the hidden prefix and the pad columns zero.
 template <class T>
 MEMOPT_FUSED_CLONES void softmax_grad_rows(float* s, float* dp, T* p_t, T* ds_t, int64_t nb, int64_t M, int64_t M2,
-                                           bool causal, float scale, const float* lse, const float* delta) {
+                                           int64_t diag, float scale, const float* lse, const float* delta) {
   for (int64_t c = 0; c < nb; ++c) {
     float* sr = s + c * M2;
     float* dr = dp + c * M2;
-    const int64_t seen = causal ? std::min(c, M) : 0;  // key n0 + c is seen from query n0 + c on
+    const int64_t seen = std::clamp<int64_t>(c + diag, 0, M);
     for (int64_t i = 0; i < seen; ++i) sr[i] = dr[i] = 0.f;
     for (int64_t i = seen; i < M; ++i) {
       const float p = fused::exp(sr[i] * scale - lse[i]);
@@ -168,27 +172,28 @@ MEMOPT_FUSED_CLONES void softmax_grad_rows(float* s, float* dp, T* p_t, T* ds_t,
   }
 }
 
-// One key block of the forward (keys c < nb, queries i < M, leading dimension M2): the
-// running max m and sum l of each query's exp(scale · s) over the keys so far move on to
-// this block's, s becomes P = exp(scale · s − m) (0 where causal hides the key, and in the pad
-// columns), p_t its T copy (bf16 only), and alpha = exp(m_before − m) rescales the output so far.
+// One key block of the forward against a chunk of queries (as softmax_grad_rows): the running
+// max m and sum l of each query's exp(scale · s) over the keys so far move on to this block's,
+// s becomes P = exp(scale · s − m) (0 where the mask hides the key, and in the pad columns), p_t
+// its T copy (bf16 only), and alpha = exp(m_before − m) rescales the output so far.
 template <class T>
-MEMOPT_FUSED_CLONES void online_softmax_rows(float* s, T* p_t, int64_t nb, int64_t M, int64_t M2, bool causal,
+MEMOPT_FUSED_CLONES void online_softmax_rows(float* s, T* p_t, int64_t nb, int64_t M, int64_t M2, int64_t diag,
                                              float scale, float* m, float* l, float* alpha, float* block_max) {
   for (int64_t i = 0; i < M; ++i) block_max[i] = -std::numeric_limits<float>::infinity();
   for (int64_t c = 0; c < nb; ++c) {
     const float* sr = s + c * M2;
-    for (int64_t i = causal ? std::min(c, M) : 0; i < M; ++i) block_max[i] = std::max(block_max[i], sr[i] * scale);
+    for (int64_t i = std::clamp<int64_t>(c + diag, 0, M); i < M; ++i)
+      block_max[i] = std::max(block_max[i], sr[i] * scale);
   }
   for (int64_t i = 0; i < M; ++i) {
-    const float m_new = std::max(m[i], block_max[i]);  // finite: every query sees a key of the block
+    const float m_new = std::max(m[i], block_max[i]);  // finite: every query of a chunk sees key n0
     alpha[i] = fused::exp(m[i] - m_new);                // m = -inf before the first block: 0
     m[i] = m_new;
     block_max[i] = 0.f;  // now this block's sum
   }
   for (int64_t c = 0; c < nb; ++c) {
     float* sr = s + c * M2;
-    const int64_t seen = causal ? std::min(c, M) : 0;
+    const int64_t seen = std::clamp<int64_t>(c + diag, 0, M);
     for (int64_t i = 0; i < seen; ++i) sr[i] = 0.f;
     for (int64_t i = seen; i < M; ++i) {
       sr[i] = fused::exp(sr[i] * scale - m[i]);
@@ -232,7 +237,7 @@ struct Workspace {
   T *q_t, *do_t, *q_b, *do_b, *k_t, *p_rows, *ds_rows, *ds_b;
 
   Workspace(int64_t Tq, int64_t Tk, int64_t D, c10::ScalarType dtype) {
-    const int64_t Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2, block = kKeyBlock * Tq2;
+    const int64_t Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2, block = kKeyBlock * std::min(Tq2, kQueryChunk);
     // fp32 multiplies P, dS, Q and dO where they are; bf16 needs their copies and VNNI packings.
     const int64_t rounded = std::is_same_v<T, float> ? 0 : 1;
     f32 = torch::empty({2 * block + 2 * Tq + D * Tq + 2 * Tk * D}, torch::kFloat);
@@ -289,28 +294,30 @@ void backward_task(Workspace<T>& w, int64_t b, int64_t kv, int64_t G, bool causa
     std::fill(w.dq_t, w.dq_t + D * Tq, 0.f);
     for (int64_t n0 = 0; n0 < Tk; n0 += kKeyBlock) {
       const int64_t nb = std::min(kKeyBlock, Tk - n0), nb2 = nb + nb % 2;
-      const int64_t r0 = causal ? n0 : 0;  // queries before the block see none of it
-      if (r0 >= Tq) break;
-      const int64_t M = Tq - r0, M2 = M + M % 2;
-      const int64_t col = std::is_same_v<T, float> ? r0 : 2 * r0;  // column r0 of a packed Qᵀ, dOᵀ
-      brgemm<T>(nb, M, D, ks, Tq2, M2, false, k_ptr + n0 * ks, w.q_t + col, w.scores);     // Sᵀ (nb, M)
-      brgemm<T>(nb, M, D, vs, Tq2, M2, false, v_ptr + n0 * vs, w.do_t + col, w.dscores);  // dPᵀ
-      softmax_grad_rows<T>(w.scores, w.dscores, w.p_rows, w.ds_rows, nb, M, M2, causal,
-                           scale, w.lse + r0, w.delta + r0);
-      const T* p_rows = w.p_rows;
-      const T* ds_rows = w.ds_rows;
-      const T* ds_b = w.ds_rows;
-      if constexpr (std::is_same_v<T, float>) {
-        p_rows = w.scores;
-        ds_rows = ds_b = w.dscores;
-      } else {
-        pack_rows(ds_rows, nb, M2, M2, w.ds_b, M2);  // dSᵀ (nb2, M) as the B of dQᵀ
-        ds_b = w.ds_b;
+      // Queries before the block see none of it under the causal mask; the rest in chunks.
+      for (int64_t r0 = causal ? n0 : 0; r0 < Tq; r0 += kQueryChunk) {
+        const int64_t M = std::min(kQueryChunk, Tq - r0), M2 = M + M % 2, diag = causal ? n0 - r0 : -nb;
+        const int64_t col = std::is_same_v<T, float> ? r0 : 2 * r0;  // column r0 of a packed Qᵀ, dOᵀ
+        brgemm<T>(nb, M, D, ks, Tq2, M2, false, k_ptr + n0 * ks, w.q_t + col, w.scores);     // Sᵀ (nb, M)
+        brgemm<T>(nb, M, D, vs, Tq2, M2, false, v_ptr + n0 * vs, w.do_t + col, w.dscores);  // dPᵀ
+        softmax_grad_rows<T>(w.scores, w.dscores, w.p_rows, w.ds_rows, nb, M, M2, diag, scale, w.lse + r0,
+                             w.delta + r0);
+        const T* p_rows = w.p_rows;
+        const T* ds_rows = w.ds_rows;
+        const T* ds_b = w.ds_rows;
+        if constexpr (std::is_same_v<T, float>) {
+          p_rows = w.scores;
+          ds_rows = ds_b = w.dscores;
+        } else {
+          pack_rows(ds_rows, nb, M2, M2, w.ds_b, M2);  // dSᵀ (nb2, M) as the B of dQᵀ
+          ds_b = w.ds_b;
+        }
+        const int64_t depth = std::is_same_v<T, float> ? M : M2;  // VNNI pairs need an even depth
+        const int64_t nk = std::is_same_v<T, float> ? nb : nb2;
+        brgemm<T>(nb, D, depth, M2, do_ld, D, true, p_rows, do_b + r0 * do_ld, w.dv + n0 * D);  // dV_j += P dO
+        brgemm<T>(nb, D, depth, M2, q_ld, D, true, ds_rows, q_b + r0 * q_ld, w.dk + n0 * D);    // dK_j += dS Q
+        brgemm<T>(D, M, nk, Tk2, M2, Tq, true, w.k_t + n0, ds_b, w.dq_t + r0);                 // dQᵀ += K_jᵀ dSᵀ
       }
-      const int64_t depth = std::is_same_v<T, float> ? M : M2, nk = std::is_same_v<T, float> ? nb : nb2;  // VNNI: even
-      brgemm<T>(nb, D, depth, M2, do_ld, D, true, p_rows, do_b + r0 * do_ld, w.dv + n0 * D);  // dV_j += P dO
-      brgemm<T>(nb, D, depth, M2, q_ld, D, true, ds_rows, q_b + r0 * q_ld, w.dk + n0 * D);    // dK_j += dS Q
-      brgemm<T>(D, M, nk, Tk2, M2, Tq, true, w.k_t + n0, ds_b, w.dq_t + r0);          // dQᵀ += K_jᵀ dSᵀ
     }
     T* dq_ptr = dq.data_ptr<T>() + b * dq.stride(0) + h * dq.stride(1);
     transpose_scaled(w.dq_t, D, Tq, Tq, dq_ptr, dq.stride(2), scale);  // dQ = scale · (dQᵀ)ᵀ
@@ -335,7 +342,7 @@ struct ForwardWorkspace {
   T *q_t, *v_t, *p_rows, *p_b;
 
   ForwardWorkspace(int64_t Tq, int64_t Tk, int64_t D, c10::ScalarType dtype) {
-    const int64_t Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2, block = kKeyBlock * Tq2;
+    const int64_t Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2, block = kKeyBlock * std::min(Tq2, kQueryChunk);
     const int64_t rounded = std::is_same_v<T, float> ? 0 : 1;
     f32 = torch::empty({block + 4 * Tq + D * Tq}, torch::kFloat);
     low = torch::zeros({D * Tq2 + D * Tk2 + rounded * 2 * block}, dtype);  // Vᵀ's pad column stays 0
@@ -371,21 +378,21 @@ void forward_task(ForwardWorkspace<T>& w, int64_t b, int64_t kv, int64_t G, bool
     std::fill(w.o_t, w.o_t + D * Tq, 0.f);
     for (int64_t n0 = 0; n0 < Tk; n0 += kKeyBlock) {
       const int64_t nb = std::min(kKeyBlock, Tk - n0), nb2 = nb + nb % 2;
-      const int64_t r0 = causal ? n0 : 0;  // queries before the block see none of it
-      if (r0 >= Tq) break;
-      const int64_t M = Tq - r0, M2 = M + M % 2;
-      const int64_t col = std::is_same_v<T, float> ? r0 : 2 * r0;
-      brgemm<T>(nb, M, D, ks, Tq2, M2, false, k_ptr + n0 * ks, w.q_t + col, w.scores);  // Sᵀ (nb, M)
-      online_softmax_rows<T>(w.scores, w.p_rows, nb, M, M2, causal, scale, w.m + r0, w.l + r0, w.alpha,
-                             w.block_max);
-      scale_columns(w.o_t + r0, D, M, Tq, w.alpha);
-      const T* p_b = reinterpret_cast<const T*>(w.scores);
-      if constexpr (!std::is_same_v<T, float>) {
-        pack_rows(static_cast<const T*>(w.p_rows), nb, M2, M2, w.p_b, M2);  // P (nb2, M) as the B of Oᵀ
-        p_b = w.p_b;
+      for (int64_t r0 = causal ? n0 : 0; r0 < Tq; r0 += kQueryChunk) {  // as in backward_task
+        const int64_t M = std::min(kQueryChunk, Tq - r0), M2 = M + M % 2, diag = causal ? n0 - r0 : -nb;
+        const int64_t col = std::is_same_v<T, float> ? r0 : 2 * r0;
+        brgemm<T>(nb, M, D, ks, Tq2, M2, false, k_ptr + n0 * ks, w.q_t + col, w.scores);  // Sᵀ (nb, M)
+        online_softmax_rows<T>(w.scores, w.p_rows, nb, M, M2, diag, scale, w.m + r0, w.l + r0, w.alpha,
+                               w.block_max);
+        scale_columns(w.o_t + r0, D, M, Tq, w.alpha);
+        const T* p_b = reinterpret_cast<const T*>(w.scores);
+        if constexpr (!std::is_same_v<T, float>) {
+          pack_rows(static_cast<const T*>(w.p_rows), nb, M2, M2, w.p_b, M2);  // P (nb2, M) as the B of Oᵀ
+          p_b = w.p_b;
+        }
+        const int64_t nk = std::is_same_v<T, float> ? nb : nb2;
+        brgemm<T>(D, M, nk, Tk2, M2, Tq, true, w.v_t + n0, p_b, w.o_t + r0);  // Oᵀ += V_jᵀ P
       }
-      const int64_t nk = std::is_same_v<T, float> ? nb : nb2;
-      brgemm<T>(D, M, nk, Tk2, M2, Tq, true, w.v_t + n0, p_b, w.o_t + r0);  // Oᵀ += V_jᵀ P
     }
     for (int64_t t = 0; t < Tq; ++t) w.alpha[t] = 1.f / w.l[t];
     T* out_ptr = out.data_ptr<T>() + b * out.stride(0) + h * out.stride(1);
