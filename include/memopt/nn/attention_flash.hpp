@@ -81,28 +81,25 @@ inline constexpr int64_t kQueryChunk = 512;
 // The loops below are plain C++ for GCC's vectoriser, cloned per ISA (nn/fused.hpp's
 // MEMOPT_FUSED_CLONES): a header gets the user's flags, not ATen's per-ISA builds.
 
-// rows × cols src (row stride rs) as a B operand (rows deep, leading dimension ld): a copy for
-// fp32; for bf16 row pairs interleaved, an odd last row paired with zeros.
+// rows × cols bf16 src (row stride rs) as a VNNI B operand (rows deep, leading dimension ld):
+// row pairs interleaved, an odd last row paired with zeros. (fp32 B operands are plain rows:
+// the kernels pass them where they are.)
 template <class T>
 MEMOPT_FUSED_CLONES void pack_rows(const T* src, int64_t rows, int64_t cols, int64_t rs, T* dst, int64_t ld) {
-  if constexpr (std::is_same_v<T, float>) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = src[r * rs + c];
-  } else {
-    for (int64_t r = 0; r < rows; r += 2) {
-      const T* a = src + r * rs;
-      T* out = dst + r * ld;
-      if (r + 1 < rows) {
-        const T* b = a + rs;
-        for (int64_t c = 0; c < cols; ++c) {
-          out[2 * c] = a[c];
-          out[2 * c + 1] = b[c];
-        }
-      } else {
-        for (int64_t c = 0; c < cols; ++c) {
-          out[2 * c] = a[c];
-          out[2 * c + 1] = T(0);
-        }
+  static_assert(!std::is_same_v<T, float>, "fp32 needs no VNNI packing");
+  for (int64_t r = 0; r < rows; r += 2) {
+    const T* a = src + r * rs;
+    T* out = dst + r * ld;
+    if (r + 1 < rows) {
+      const T* b = a + rs;
+      for (int64_t c = 0; c < cols; ++c) {
+        out[2 * c] = a[c];
+        out[2 * c + 1] = b[c];
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        out[2 * c] = a[c];
+        out[2 * c + 1] = T(0);
       }
     }
   }
