@@ -23,8 +23,8 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -214,7 +214,8 @@ inline AttentionChoiceTable& attention_choice_table() {
 namespace memopt::nn {
 
 /// Times SDPA, the blockwise kernel and (where it runs) attention_flash on `shape` now (forward
-/// and backward, under the caller's autocast state; the tracked peaks are left as they were) and picks one.
+/// and backward, under the caller's autocast state; the tracked peaks are left as they were)
+/// and picks one.
 ///   auto c = memopt::nn::measure_attention(memopt::nn::AttentionShape::of(q, k, v, true, false));
 inline AttentionChoice measure_attention(const AttentionShape& shape, const AttentionChoiceOptions& options = {}) {
   TORCH_CHECK(options.reps() >= 1 && options.tie() >= 0, "memopt::nn::measure_attention: reps must be >= 1 and tie "
@@ -259,9 +260,9 @@ inline std::vector<std::pair<AttentionShape, AttentionChoice>> attention_choices
 }
 
 /// attention_sdpa's conventions, on whichever of SDPA, attention_flash and attention_blockwise
-/// (with q_block × kv_block blocks) choose_attention measured fastest on this shape. Dropout in training runs
-/// SDPA (the blockwise kernel has none), and causal attention with key padding the blockwise
-/// kernel (SDPA would need a (T, T) mask), both without measuring.
+/// (with q_block × kv_block blocks) choose_attention measured fastest on this shape. Dropout in
+/// training runs SDPA (the blockwise kernel has none), and causal attention with key padding the
+/// blockwise kernel (SDPA would need a (T, T) mask), both without measuring.
 ///   auto y = memopt::nn::attention_auto(q, k, v, /*causal=*/true, 0.0, false);  // (B, H, T, D)
 inline torch::Tensor attention_auto(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                     bool causal, double dropout, bool training,

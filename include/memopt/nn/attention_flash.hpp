@@ -422,8 +422,9 @@ inline std::pair<torch::Tensor, torch::Tensor> attention_forward(const torch::Te
 
 // Gradients of q (B, H, Tq, D), k and v (B, KV, Tk, D) from the forward's out and lse (B, H, Tq).
 inline std::vector<torch::Tensor> attention_backward(const torch::Tensor& grad_out, const torch::Tensor& q,
-                                           const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
-                                           const torch::Tensor& lse, bool causal, double scale) {
+                                                     const torch::Tensor& k, const torch::Tensor& v,
+                                                     const torch::Tensor& out, const torch::Tensor& lse, bool causal,
+                                                     double scale) {
   RECORD_FUNCTION("memopt::attention_flash_backward", std::vector<c10::IValue>());
   const auto q_ = aligned_rows(q), k_ = aligned_rows(k), v_ = aligned_rows(v), o_ = aligned_rows(out);
   const auto go = aligned_rows(grad_out.to(q.scalar_type()));
@@ -471,7 +472,7 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
                                                  torch::autograd::variable_list grads) {
     const auto s = ctx->get_saved_variables();
     auto g = attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["causal"].toBool(),
-                      ctx->saved_data["scale"].toDouble());
+                                ctx->saved_data["scale"].toDouble());
     return {g[0], g[1], g[2], torch::Tensor()};
   }
 };
