@@ -220,32 +220,44 @@ pq.write_table(pa.table(columns), s["path"], row_group_size=s["row_group_size"])
 }
 #endif  // MEMOPT_TEST_PYTHON
 
-// Counts, while alive, the calls of aten::_local_scalar_dense on every thread: what item() and a
-// tensor's bool conversion run, a host sync when the tensor is on a GPU. (A global RecordFunction
-// callback; one counter at a time.)
-//   { HostReads reads;  step();  CHECK(reads.count() == 1); }
-class HostReads {
+// Counts, while alive, the calls of one operator (by its RecordFunction name, e.g.
+// "aten::mm") on every thread. (A global RecordFunction callback; one counter at a time.)
+//   { OpCalls mm("aten::mm");  step();  CHECK(mm.count() == 42); }
+class OpCalls {
  public:
-  HostReads() {
+  explicit OpCalls(std::string name) {
+    target() = std::move(name);
     counter() = 0;
     handle_ = at::addGlobalCallback(
-        at::RecordFunctionCallback(&HostReads::on_start).scopes({at::RecordScope::FUNCTION}));
+        at::RecordFunctionCallback(&OpCalls::on_start).scopes({at::RecordScope::FUNCTION}));
   }
-  ~HostReads() { at::removeCallback(handle_); }
-  HostReads(const HostReads&) = delete;
-  HostReads& operator=(const HostReads&) = delete;
+  ~OpCalls() { at::removeCallback(handle_); }
+  OpCalls(const OpCalls&) = delete;
+  OpCalls& operator=(const OpCalls&) = delete;
   int64_t count() const { return counter().load(); }
 
  private:
+  static std::string& target() {
+    static std::string name;
+    return name;
+  }
   static std::atomic<int64_t>& counter() {
     static std::atomic<int64_t> n{0};
     return n;
   }
   static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-    if (std::string_view(fn.name()) == "aten::_local_scalar_dense") ++counter();
+    if (std::string_view(fn.name()) == target()) ++counter();
     return nullptr;
   }
   at::CallbackHandle handle_ = 0;
+};
+
+// Counts the calls of aten::_local_scalar_dense: what item() and a tensor's bool conversion
+// run, a host sync when the tensor is on a GPU.
+//   { HostReads reads;  step();  CHECK(reads.count() == 1); }
+class HostReads : public OpCalls {
+ public:
+  HostReads() : OpCalls("aten::_local_scalar_dense") {}
 };
 
 }  // namespace memopt::test

@@ -48,6 +48,28 @@ class PreserveRng {
   bool previous_;
 };
 
+// Whether this thread is running a checkpointed block's recompute (replay()). There the
+// block's output is the root of the block's backward and its value is never read, so a model
+// may build the graph of what only feeds that output without computing it
+// (nn::Linear::forward_to_output skips such a GEMM, as PyTorch's non-reentrant checkpoint stops
+// its recompute early). False inside a checkpointed forward, where every value is read.
+inline bool& replaying() {
+  thread_local bool on = false;
+  return on;
+}
+
+// Sets replaying() for a scope.
+class Replaying {
+ public:
+  explicit Replaying(bool on) : previous_(replaying()) { replaying() = on; }
+  ~Replaying() { replaying() = previous_; }
+  Replaying(const Replaying&) = delete;
+  Replaying& operator=(const Replaying&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Carries a BlockFn through AutogradContext::saved_data (an IValue capsule).
 struct BlockFnHolder : torch::CustomClassHolder {
   explicit BlockFnHolder(BlockFn f) : fn(std::move(f)) {}
@@ -138,6 +160,7 @@ inline torch::Tensor replay(torch::autograd::AutogradContext* ctx, const BlockFn
                                  static_cast<c10::ScalarType>(ctx->saved_data["autocast_cuda_dtype"].toInt())});
 #endif
     torch::AutoGradMode enable_grad(true);
+    Replaying replaying(true);  // the output is backward's root: its value is not read
     output = fn(inputs);
   }
   if (replay_rng) outer_rng.restore();  // the rest of backward sees the RNG as it was
@@ -155,6 +178,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->saved_data["num_inputs"] = num_inputs;
     save_replay_state(ctx);
     ctx->save_for_backward(inputs_and_params.vec());  // references only: no activations
+    Replaying values_read(false);                     // a nested checkpoint's output is read
     return fn(inputs);                                 // runs under no-grad: nothing saved
   }
 

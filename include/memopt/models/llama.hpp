@@ -252,8 +252,8 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
     const double p = config.dropout();
     auto a = self_attn->forward(cheap_norm(ckpt, input_layernorm, x), cos, sin, ckpt, mask);  // (B, T, C)
     auto h = residual(x, a, p);                                                          // (B, T, C)
-    auto m = mlp->forward(cheap_norm(ckpt, post_attention_layernorm, h), ckpt);         // (B, T, C)
-    return residual(h, m, p);                                                            // (B, T, C)
+    auto m = mlp->forward(cheap_norm(ckpt, post_attention_layernorm, h), ckpt, /*to_block_output=*/true);
+    return residual(h, m, p);  // (B, T, C)
   }
 
   /// x + dropout(branch): with fused_kernels the dropout is fused into the add (its mask is

@@ -18,7 +18,9 @@
 
 #include <torch/torch.h>
 
+#include "memopt/detail/checkpoint_function.hpp"
 #include "memopt/memory/allocator.hpp"
+#include "memopt/nn/linear_unread.hpp"
 #include "memopt/nn/lora.hpp"
 #include "memopt/nn/nf4.hpp"
 #include "memopt/nn/qlora.hpp"
@@ -149,6 +151,16 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
     torch::Tensor y = nf4_options_ ? nf4_linear(x, nf4_, bias) : torch::linear(x, weight, bias);  // (..., out)
     if (!lora_ || merged_) return y;
     return detail::add_lora(y, x, lora_A, lora_B, *lora_, is_training());  // (..., out)
+  }
+
+  /// forward(x) for a value that only flows into a checkpointed block's output (LLaMA's down
+  /// projection: y = h + mlp(...)). In the block's recompute (memopt::detail::replaying()),
+  /// where that output is the root of backward and never read, a dense layer without an active
+  /// adapter builds its autograd node on an uninitialised output instead of running the GEMM
+  /// (nn::linear_unread: the same gradients). Everywhere else, forward(x).
+  torch::Tensor forward_to_output(const torch::Tensor& x) {  // (..., in) -> (..., out)
+    const bool plain = !nf4_options_ && (!lora_ || merged_);
+    return plain && memopt::detail::replaying() ? linear_unread(x, weight, bias) : forward(x);
   }
 
   bool has_adapter() const { return lora_.has_value(); }

@@ -50,8 +50,11 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
   }
   /// recompute::Selective recomputes silu(gate) · up in backward; the matmul outputs stay.
   /// With row_tiles > 1: forward_tiled, whatever the policy (it keeps less than any).
+  /// `to_block_output`: the result only flows into a checkpointed block's output, so in the
+  /// block's recompute the down projection's GEMM is skipped (nn::Linear::forward_to_output).
   template <RecomputePolicy Recompute>
-  torch::Tensor forward(const torch::Tensor& x, const Recompute& ckpt) {  // (B, T, C) -> (B, T, C)
+  torch::Tensor forward(const torch::Tensor& x, const Recompute& ckpt,
+                        bool to_block_output = false) {  // (B, T, C) -> (B, T, C)
     if (options.row_tiles() > 1) return forward_tiled(x);
     const bool fused = options.fused();
     auto gated = run_cheap(
@@ -60,7 +63,7 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
           return fused ? fused_swiglu(in[0], in[1]) : torch::silu(in[0]) * in[1];
         },
         {gate_proj(x), up_proj(x)});  // (B, T, F)
-    return down_proj(gated);                             // (B, T, C)
+    return to_block_output ? down_proj->forward_to_output(gated) : down_proj(gated);  // (B, T, C)
   }
 
   /// The rows in row_tiles tiles, each under activation checkpointing when autograd records
