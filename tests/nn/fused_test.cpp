@@ -23,55 +23,8 @@
 #include "nn/fixtures.hpp"
 #include "support.hpp"
 
-namespace {
-
 using memopt::test::max_abs_diff;
-
-// fp32: the kernels sum x² and g·x̂ in 16 partial sums (the composite in ATen's order):
-// measured ≤ 3.7e-7 of the largest entry; 1e-6 fails on a real mistake (a dropped eps, a
-// mean over C − 1, a missing bf16 rounding move entries by ≥ 1e-3 here).
-constexpr double kFusedFp32Rel = 1e-6;
-
-struct FusedGrads {
-  torch::Tensor y, da, db;
-};
-
-// y = f(a, b) and the gradients of sum(y · dy), in double for comparison.
-template <class F>
-FusedGrads run_both(F&& f, const torch::Tensor& a0, const torch::Tensor& b0, const torch::Tensor& dy) {
-  auto a = a0.detach().clone().requires_grad_(), b = b0.detach().clone().requires_grad_();
-  auto y = f(a, b);
-  y.backward(dy.to(y.scalar_type()));
-  return {y.detach().to(torch::kDouble), a.grad().to(torch::kDouble), b.grad().to(torch::kDouble)};
-}
-
-double fused_rel_diff(const torch::Tensor& got, const torch::Tensor& want) {
-  return max_abs_diff(got, want) / std::max(want.abs().max().item<double>(), 1e-30);
-}
-
-// fp32 kernel vs composite within kFusedFp32Rel, for y and both gradients.
-void check_fused_fp32(const FusedGrads& got, const FusedGrads& want) {
-  INFO("y " << fused_rel_diff(got.y, want.y) << ", da " << fused_rel_diff(got.da, want.da) << ", db "
-            << fused_rel_diff(got.db, want.db));
-  CHECK(fused_rel_diff(got.y, want.y) <= kFusedFp32Rel);
-  CHECK(fused_rel_diff(got.da, want.da) <= kFusedFp32Rel);
-  CHECK(fused_rel_diff(got.db, want.db) <= kFusedFp32Rel);
-}
-
-// bf16: the kernel's error against fp64 within twice the composite's own (plus a bf16 ulp at
-// the largest entry, for entries the composite happens to round exactly).
-void check_fused_bf16(const FusedGrads& got, const FusedGrads& composite, const FusedGrads& exact) {
-  auto within = [](const torch::Tensor& g, const torch::Tensor& c, const torch::Tensor& e, const char* what) {
-    const double ulp = std::ldexp(e.abs().max().item<double>(), -8);
-    INFO(what << ": fused error " << max_abs_diff(g, e) << ", composite error " << max_abs_diff(c, e));
-    CHECK(max_abs_diff(g, e) <= 2 * max_abs_diff(c, e) + ulp);
-  };
-  within(got.y, composite.y, exact.y, "y");
-  within(got.da, composite.da, exact.da, "da");
-  within(got.db, composite.db, exact.db, "db");
-}
-
-}  // namespace
+using namespace memopt::test::nn;  // NOLINT: the fixtures of the nn tests (check_fused_fp32, ...)
 
 TEST_CASE("fused exp is within 2 ulp of std::exp, clamps |x| at 87 and keeps NaN", "[nn][fused]") {
   double worst = 0;

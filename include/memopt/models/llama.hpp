@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -21,6 +22,7 @@
 #include "memopt/memory/model_desc.hpp"
 #include "memopt/nn/attention.hpp"
 #include "memopt/nn/cross_entropy.hpp"
+#include "memopt/nn/fused_add_norm.hpp"
 #include "memopt/nn/fused_dropout.hpp"
 #include "memopt/nn/mlp.hpp"
 #include "memopt/nn/rmsnorm.hpp"
@@ -68,7 +70,8 @@ struct LlamaConfig {
   /// The norms, RoPE, the SwiGLU product and the chunked loss's softmax as fused CPU kernels
   /// (nn/fused.hpp; same values: fp32 within 1e-6; less kept for backward), and the residual
   /// dropouts fused into their adds (nn/fused_dropout.hpp: masks from another generator, not
-  /// kept). A runtime choice: not part of config.json.
+  /// kept), the attention's residual add with the norm after it (nn/fused_add_norm.hpp).
+  /// A runtime choice: not part of config.json.
   TORCH_ARG(bool, fused_kernels) = false;
   /// > 1: each block's SwiGLU runs its rows (B·T) in this many tiles, each recomputed in
   /// backward (nn::SwiGLUOptions::row_tiles): no (B, T, F) activation kept, one tile's held in
@@ -251,9 +254,24 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
                         const Recompute& ckpt, const nn::AttentionMask& mask = {}) {
     const double p = config.dropout();
     auto a = self_attn->forward(cheap_norm(ckpt, input_layernorm, x), cos, sin, ckpt, mask);  // (B, T, C)
-    auto h = residual(x, a, p);                                                          // (B, T, C)
-    auto m = mlp->forward(cheap_norm(ckpt, post_attention_layernorm, h), ckpt, /*to_block_output=*/true);
-    return residual(h, m, p);  // (B, T, C)
+    auto [h, n] = residual_norm(x, a, p, ckpt);                                          // (B, T, C) each
+    auto m = mlp->forward(n, ckpt, /*to_block_output=*/true);                           // (B, T, C)
+    return residual(h, m, p);                                                            // (B, T, C)
+  }
+
+  /// h = x + dropout(branch) and post_attention_layernorm(h): with fused_kernels one node
+  /// (nn/fused_add_norm.hpp: the add, its dropout and the norm in one pass each way), except
+  /// under a policy that recomputes the norms (recompute::Selective's run_cheap).
+  template <RecomputePolicy Recompute>
+  std::pair<torch::Tensor, torch::Tensor> residual_norm(const torch::Tensor& x, const torch::Tensor& branch, double p,
+                                                        const Recompute& ckpt) {
+    if constexpr (!hooks::RunCheap<Recompute>) {
+      if (config.fused_kernels())
+        return nn::fused_add_rms_norm(x, branch, post_attention_layernorm->weight, config.rms_norm_eps(), p,
+                                      is_training());
+    }
+    auto h = residual(x, branch, p);
+    return {h, cheap_norm(ckpt, post_attention_layernorm, h)};
   }
 
   /// x + dropout(branch): with fused_kernels the dropout is fused into the add (its mask is

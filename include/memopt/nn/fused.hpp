@@ -178,17 +178,27 @@ void rms_norm_forward(const T* x, const W* w, O* y, float* rstd, int64_t rows, i
   });
 }
 
-template <class T, class W, class O>
-void rms_norm_backward(const O* dy, const T* x, const W* w, const float* rstd, T* dx, float* dw, int64_t rows,
-                       int64_t C) {
+// fn(begin, end, dw_part, scratch) over chunks of `rows` rows of width C in parallel, each chunk
+// with C floats of its own partial weight gradient (zeroed) and C of scratch; then dw (C) += the
+// partials, in chunk order (the same sum whichever threads ran them).
+template <class F>
+void rows_with_weight_grad(int64_t rows, int64_t C, float* dw, const F& fn) {
   const int64_t chunks = parallel_chunk_count(rows, grain_rows(C));
   std::vector<float> partial(static_cast<size_t>(chunks * C), 0.f);  // per-chunk dw
-  std::vector<float> scratch(static_cast<size_t>(chunks * C));        // per-chunk g
+  std::vector<float> scratch(static_cast<size_t>(chunks * C));        // per-chunk row scratch
   parallel_chunks(rows, grain_rows(C), [&](int64_t begin, int64_t end, int64_t chunk) {
-    rms_norm_backward_rows(dy, x, w, rstd, dx, partial.data() + chunk * C, scratch.data() + chunk * C, begin, end, C);
+    fn(begin, end, partial.data() + chunk * C, scratch.data() + chunk * C);
   });
   for (int64_t c = 0; c < chunks; ++c)
     for (int64_t j = 0; j < C; ++j) dw[j] += partial[c * C + j];
+}
+
+template <class T, class W, class O>
+void rms_norm_backward(const O* dy, const T* x, const W* w, const float* rstd, T* dx, float* dw, int64_t rows,
+                       int64_t C) {
+  rows_with_weight_grad(rows, C, dw, [&](int64_t begin, int64_t end, float* dw_part, float* g) {
+    rms_norm_backward_rows(dy, x, w, rstd, dx, dw_part, g, begin, end, C);
+  });
 }
 
 // ---- SwiGLU: y = T(T(silu(g)) · u) ----

@@ -42,17 +42,48 @@ inline bool keep(uint64_t seed, int64_t i, uint32_t threshold) {
   return (h >> 8) >= threshold;
 }
 
-// out[i] = (base ? base[i] : 0) + v[i] · (keep(i) ? scale : 0) over [begin, end): a multiply, as
+// A dropout mask that backward regenerates: one seed drawn from the default CPU generator, the
+// keep threshold p · 2²⁴ and the scale 1 / (1 − p); kept in an autograd context's saved_data.
+struct DropoutMask {
+  uint64_t seed = 0;
+  uint32_t threshold = 0;
+  float scale = 1.f;
+
+  static DropoutMask draw(double p) {
+    DropoutMask m;
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      m.seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+    }
+    m.threshold = static_cast<uint32_t>(p * 16777216.0);  // p · 2²⁴
+    m.scale = static_cast<float>(1.0 / (1.0 - p));
+    return m;
+  }
+  // Element i's factor: scale where kept, 0 where dropped.
+  float factor(int64_t i) const { return keep(seed, i, threshold) ? scale : 0.f; }
+
+  void save(torch::autograd::AutogradContext* ctx) const {
+    ctx->saved_data["mask_seed"] = static_cast<int64_t>(seed);
+    ctx->saved_data["mask_threshold"] = static_cast<int64_t>(threshold);
+    ctx->saved_data["mask_scale"] = static_cast<double>(scale);
+  }
+  static DropoutMask load(torch::autograd::AutogradContext* ctx) {
+    return {static_cast<uint64_t>(ctx->saved_data["mask_seed"].toInt()),
+            static_cast<uint32_t>(ctx->saved_data["mask_threshold"].toInt()),
+            static_cast<float>(ctx->saved_data["mask_scale"].toDouble())};
+  }
+};
+
+// out[i] = (base ? base[i] : 0) + v[i] · mask.factor(i) over [begin, end): a multiply, as
 // LibTorch's CPU dropout does, so a dropped NaN still shows.
 template <class T>
-MEMOPT_FUSED_CLONES void dropout_add_range(const T* base, const T* v, T* out, uint64_t seed, uint32_t threshold,
-                                           float scale, int64_t begin, int64_t end) {
+MEMOPT_FUSED_CLONES void dropout_add_range(const T* base, const T* v, T* out, DropoutMask mask, int64_t begin,
+                                           int64_t end) {
   if (base == nullptr) {
-    for (int64_t i = begin; i < end; ++i)
-      out[i] = from_float<T>(to_float(v[i]) * (keep(seed, i, threshold) ? scale : 0.f));
+    for (int64_t i = begin; i < end; ++i) out[i] = from_float<T>(to_float(v[i]) * mask.factor(i));
   } else {
-    for (int64_t i = begin; i < end; ++i)
-      out[i] = from_float<T>(to_float(base[i]) + to_float(v[i]) * (keep(seed, i, threshold) ? scale : 0.f));
+    for (int64_t i = begin; i < end; ++i) out[i] = from_float<T>(to_float(base[i]) + to_float(v[i]) * mask.factor(i));
   }
 }
 
@@ -60,19 +91,10 @@ class DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction> 
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& r,
                                double p) {
-    uint64_t seed = 0;
-    {
-      auto gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
-    }
-    const auto threshold = static_cast<uint32_t>(p * 16777216.0);  // p · 2²⁴
-    const auto scale = static_cast<float>(1.0 / (1.0 - p));
+    const auto mask = DropoutMask::draw(p);
     auto y = torch::empty_like(x);
-    run(&x, r, y, seed, threshold, scale);
-    ctx->saved_data["seed"] = static_cast<int64_t>(seed);
-    ctx->saved_data["threshold"] = static_cast<int64_t>(threshold);
-    ctx->saved_data["scale"] = static_cast<double>(scale);
+    run(&x, r, y, mask);
+    mask.save(ctx);
     return y;
   }
 
@@ -80,23 +102,19 @@ class DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction> 
                                                  torch::autograd::variable_list grads) {
     const auto dy = grads[0].contiguous();  // dx = dy; dr = mask · dy / (1 − p), the mask regenerated
     auto dr = torch::empty_like(dy);
-    run(nullptr, dy, dr, static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
-        static_cast<uint32_t>(ctx->saved_data["threshold"].toInt()),
-        static_cast<float>(ctx->saved_data["scale"].toDouble()));
+    run(nullptr, dy, dr, DropoutMask::load(ctx));
     return {dy, dr, torch::Tensor()};
   }
 
  private:
-  static void run(const torch::Tensor* base, const torch::Tensor& v, torch::Tensor& out, uint64_t seed,
-                  uint32_t threshold, float scale) {
+  static void run(const torch::Tensor* base, const torch::Tensor& v, torch::Tensor& out, DropoutMask mask) {
     with_type(v.scalar_type(), [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
       const T* b = base != nullptr ? base->data_ptr<T>() : nullptr;
       const T* src = v.data_ptr<T>();
       T* dst = out.data_ptr<T>();
-      parallel_chunks(v.numel(), kGrainElements, [&](int64_t begin, int64_t end, int64_t) {
-        dropout_add_range(b, src, dst, seed, threshold, scale, begin, end);
-      });
+      parallel_chunks(v.numel(), kGrainElements,
+                      [&](int64_t begin, int64_t end, int64_t) { dropout_add_range(b, src, dst, mask, begin, end); });
     });
   }
 };
