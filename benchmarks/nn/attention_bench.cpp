@@ -5,9 +5,11 @@
 //   blockwise path (--impl blockwise); or the LM head's loss with the full (N, V) logits
 //   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked; with its
 //   softmax as fused row kernels: ce_chunked_fused); or RMSNorm, SwiGLU's silu(g)·u and RoPE on
-//   q and k and the residual dropout-add (p 0.1) as ATen composites (--impl rms_norm | swiglu |
-//   rope | dropout_add) or memopt's fused kernels (--impl rms_norm_fused | swiglu_fused |
-//   rope_fused | dropout_add_fused), --dtype fp32 | bf16.
+//   q and k, the residual dropout-add (p 0.1) and that add with the RMSNorm after it as ATen
+//   composites (--impl rms_norm | swiglu | rope | dropout_add | add_rms_norm) or memopt's fused
+//   kernels (--impl rms_norm_fused | swiglu_fused | rope_fused | dropout_add_fused |
+//   add_rms_norm_fused; add_rms_norm_pair_fused: fused_dropout_add, then fused_rms_norm),
+//   --dtype fp32 | bf16.
 // Prints one JSON line; math prints a "skipped" line where it would need more than --max_gib.
 //
 //   memopt_bench_attention --impl blockwise --L 4096
@@ -35,6 +37,7 @@
 #include "memopt/nn/attention.hpp"
 #include "memopt/nn/cross_entropy.hpp"
 #include "memopt/nn/fused.hpp"
+#include "memopt/nn/fused_add_norm.hpp"
 #include "memopt/nn/fused_dropout.hpp"
 #include "memopt/nn/nf4.hpp"
 #include "memopt/nn/qlora.hpp"
@@ -70,7 +73,7 @@ struct BenchConfig {
   bool is_nf4() const { return impl.rfind("nf4_linear", 0) == 0; }
   bool is_elementwise() const {
     return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0 || impl.rfind("rope", 0) == 0 ||
-           impl.rfind("dropout_add", 0) == 0;
+           impl.rfind("dropout_add", 0) == 0 || impl.rfind("add_rms_norm", 0) == 0;
   }
 };
 
@@ -191,20 +194,23 @@ nlohmann::ordered_json run_cross_entropy(const BenchConfig& cfg) {
 }
 
 // RMSNorm over (rows, C), silu(g)·u over (rows, F), RoPE on q and k (1, rows, heads,
-// head_dim) or x + dropout(r) over (rows, C): forward + backward, composite or fused.
+// head_dim), x + dropout(r) over (rows, C), or that and RMSNorm after it: forward + backward,
+// composite or fused.
 nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
-  const std::string kernel = cfg.impl.substr(0, cfg.impl.find("_fused"));
+  const bool pair = cfg.impl == "add_rms_norm_pair_fused";  // two fused nodes: dropout-add, then RMSNorm
+  const std::string kernel = pair ? "add_rms_norm" : cfg.impl.substr(0, cfg.impl.find("_fused"));
   const bool fused = kernel != cfg.impl;
   const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
   const auto rand = [&](std::vector<int64_t> shape) { return torch::randn(shape).to(dtype).requires_grad_(); };
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
-  torch::Tensor a, b;  // x and an fp32 weight (as in training); g and u; q and k
+  torch::Tensor a, b;  // x and an fp32 weight (as in training); g and u; q and k; x and r
+  const auto norm_weight = (torch::rand({cfg.hidden}) + 0.5).requires_grad_();  // add_rms_norm's (fp32)
   int64_t width = 0;
   if (kernel == "rms_norm") {
     width = cfg.hidden;
     a = rand({cfg.rows, width});
     b = (torch::rand({width}) + 0.5).requires_grad_();
-  } else if (kernel == "swiglu" || kernel == "dropout_add") {
+  } else if (kernel == "swiglu" || kernel == "dropout_add" || kernel == "add_rms_norm") {
     width = kernel == "swiglu" ? cfg.ffn : cfg.hidden;
     a = rand({cfg.rows, width});
     b = rand({cfg.rows, width});
@@ -214,10 +220,12 @@ nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
     b = rand({1, cfg.rows, cfg.heads, cfg.head_dim});
   }
   const auto [cos, sin] = memopt::nn::rope_tables(cfg.rows, cfg.head_dim, 10000.0, torch::kCPU);  // (rows, D)
-  const auto grad_out = torch::randn({kernel == "rope" ? 2 * cfg.rows * width : cfg.rows * width});
+  const bool two_outputs = kernel == "rope" || kernel == "add_rms_norm";
+  const auto grad_out = torch::randn({two_outputs ? 2 * cfg.rows * width : cfg.rows * width});
   auto step = [&] {
     a.mutable_grad() = torch::Tensor();
     b.mutable_grad() = torch::Tensor();
+    norm_weight.mutable_grad() = torch::Tensor();
     torch::Tensor y;  // every output, flattened
     if (kernel == "rms_norm") {
       y = fused ? memopt::nn::fused_rms_norm(a, b, 1e-5) : memopt::nn::rms_norm_composite(a, b, 1e-5);
@@ -225,6 +233,16 @@ nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
       y = fused ? memopt::nn::fused_swiglu(a, b) : torch::silu(a) * b;
     } else if (kernel == "dropout_add") {  // the residual dropout of a LLaMA block, p 0.1
       y = fused ? memopt::nn::fused_dropout_add(a, b, 0.1, true) : a + torch::dropout(b, 0.1, true);
+    } else if (kernel == "add_rms_norm") {  // a LLaMA block's middle: h = x + dropout(r), RMSNorm(h)
+      std::pair<torch::Tensor, torch::Tensor> hy;
+      if (pair) {
+        auto h = memopt::nn::fused_dropout_add(a, b, 0.1, true);
+        hy = {h, memopt::nn::fused_rms_norm(h, norm_weight, 1e-5)};
+      } else {
+        hy = fused ? memopt::nn::fused_add_rms_norm(a, b, norm_weight, 1e-5, 0.1, true)
+                   : memopt::nn::add_rms_norm_composite(a, b, norm_weight, 1e-5, 0.1, true);
+      }
+      y = torch::cat({hy.first.reshape({-1}).to(hy.second.scalar_type()), hy.second.reshape({-1})});
     } else {
       const auto [q, k] = fused ? memopt::nn::fused_rope(a, b, cos, sin)
                                 : std::pair{memopt::nn::apply_rope(a.transpose(1, 2), cos, sin),
@@ -276,11 +294,13 @@ int main(int argc, char** argv) {
   BenchConfig cfg;
   CLI::App app{"memopt_bench_attention: one forward+backward of attention or of the LM loss, one path per run"};
   app.add_option("--impl", cfg.impl, "math | sdpa | blockwise | flash (attention); ce_full | ce_chunked | ce_chunked_fused "
-                 "(LM loss); rms_norm | swiglu | rope | dropout_add | nf4_linear, each also _fused (nn/fused.hpp, "
-                 "nn/fused_dropout.hpp; nf4_linear: nn/qlora.hpp's tiles)")
+                 "(LM loss); rms_norm | swiglu | rope | dropout_add | add_rms_norm | nf4_linear, each also _fused "
+                 "(nn/fused.hpp, nn/fused_dropout.hpp, nn/fused_add_norm.hpp; nf4_linear: nn/qlora.hpp's tiles); "
+                 "add_rms_norm_pair_fused (fused dropout-add, then fused RMSNorm)")
       ->check(CLI::IsMember({"math", "sdpa", "blockwise", "flash", "ce_full", "ce_chunked", "ce_chunked_fused", "rms_norm",
                              "rms_norm_fused", "swiglu", "swiglu_fused", "rope", "rope_fused", "dropout_add",
-                             "dropout_add_fused", "nf4_linear", "nf4_linear_fused"}));
+                             "dropout_add_fused", "add_rms_norm", "add_rms_norm_fused", "add_rms_norm_pair_fused",
+                             "nf4_linear", "nf4_linear_fused"}));
   app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--batch", cfg.batch, "B")->check(CLI::PositiveNumber);
   app.add_option("--heads", cfg.heads, "H")->check(CLI::PositiveNumber);

@@ -61,8 +61,9 @@ def attention(ctx: Context) -> list[Step]:
 
 # ---- suite: fused ----
 # nn/fused.hpp's kernels next to their ATen composites: forward + backward of RMSNorm (an fp32
-# weight, as in training), of SwiGLU's silu(g)·u, of RoPE on q and k and of the residual
-# dropout-add (p 0.1; nn/fused_dropout.hpp), at the trainer suite's
+# weight, as in training), of SwiGLU's silu(g)·u, of RoPE on q and k, of the residual
+# dropout-add (p 0.1; nn/fused_dropout.hpp) and of that add with the RMSNorm after it
+# (nn/fused_add_norm.hpp; also against the two fused nodes it replaces), at the trainer suite's
 # two shapes (2048 rows: 8 × 256 and 4 × 512 tokens; C 256 / 512, F 704 / 1408, 8 heads of
 # 32 / 64), fp32 and bf16, and the chunked loss's softmax rows (N 2048, C 512, V 4096). One
 # process per kernel, impl and dtype; a ratio line each (fused / composite; the target: ms < 1).
@@ -76,14 +77,18 @@ def fused(ctx: Context) -> list[Step]:
     for dim, ffn in FUSED_SHAPES:
         for dtype in ("fp32", "bf16"):
             for kernel, width in (("rms_norm", f"--hidden {dim}"), ("swiglu", f"--ffn {ffn}"),
-                                  ("rope", f"--heads 8 --head_dim {dim // 8}"), ("dropout_add", f"--hidden {dim}")):
+                                  ("rope", f"--heads 8 --head_dim {dim // 8}"), ("dropout_add", f"--hidden {dim}"),
+                                  ("add_rms_norm", f"--hidden {dim}")):
+                impls = (kernel, f"{kernel}_fused") + (("add_rms_norm_pair_fused",) if kernel == "add_rms_norm" else ())
                 keys = []
-                for impl in (kernel, f"{kernel}_fused"):
+                for impl in impls:
                     key = f"{impl}-{dtype}-{dim}"
                     args = ["--impl", impl, "--dtype", dtype, "--rows", rows, *width.split(), *passes.split()]
                     steps.append(attention_run(ctx, key, args))
                     keys.append(key)
-                steps.append(Derive(keys[::-1], L.fused_ratio, f"ratio_{kernel}_fused_to_{kernel}"))
+                steps.append(Derive([keys[1], keys[0]], L.fused_ratio, f"ratio_{kernel}_fused_to_{kernel}"))
+                if len(keys) == 3:  # one node against the two fused nodes it replaces
+                    steps.append(Derive([keys[1], keys[2]], L.fused_ratio, f"ratio_{kernel}_fused_to_pair"))
     # The chunked loss's softmax (V 4096 as the trainer suite's, chunks of 1024 rows).
     ce = ["--rows", rows, "--hidden", "512", "--vocab", "4096", *passes.split()]
     steps += [attention_run(ctx, impl, ["--impl", impl, *ce]) for impl in ("ce_chunked", "ce_chunked_fused")]

@@ -79,11 +79,17 @@ MEMOPT_FUSED_CLONES void add_rms_norm_backward_rows(const H* dh, const O* dy, co
     const float mean = lane_sum(C, [&](int64_t j) { return gn[j] * to_float(hr[j]) * s; }) / static_cast<float>(C);
     X* dxr = dx + row * C;
     R* drr = dr + row * C;
-    for (int64_t j = 0; j < C; ++j) {
+    for (int64_t j = 0; j < C; ++j) {  // gn becomes g, in place
       const float hv = to_float(hr[j]);
-      const float g = round_to<H>(to_float(dhr[j]) + round_to<H>(s * (gn[j] - hv * s * mean)));
-      dxr[j] = from_float<X>(g);
-      drr[j] = from_float<R>(drop ? round_to<R>(g) * mask.factor(row * C + j) : g);
+      gn[j] = round_to<H>(to_float(dhr[j]) + round_to<H>(s * (gn[j] - hv * s * mean)));
+      dxr[j] = from_float<X>(gn[j]);
+    }
+    // Separate loops, so each vectorises (a select between the two does not).
+    if (drr == reinterpret_cast<R*>(dxr)) continue;  // dr is dx (no dropout, one dtype): written
+    if (drop) {
+      for (int64_t j = 0; j < C; ++j) drr[j] = from_float<R>(round_to<R>(gn[j]) * mask.factor(row * C + j));
+    } else {
+      for (int64_t j = 0; j < C; ++j) drr[j] = from_float<R>(gn[j]);
     }
   }
 }
@@ -138,7 +144,9 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     const bool drop = ctx->saved_data["drop"].toBool();
     const auto mask = DropoutMask::load(ctx);
     auto dx = torch::empty(h.sizes(), h.options().dtype(x_type));
-    auto dr = torch::empty(h.sizes(), h.options().dtype(r_type));
+    // Without dropout dr = dx where the dtypes agree: one tensor for both (h is still alive here).
+    const bool shared = !drop && x_type == r_type;
+    auto dr = shared ? dx : torch::empty(h.sizes(), h.options().dtype(r_type));
     auto dw = torch::zeros({C}, w.options().dtype(torch::kFloat));
     with_types(x_type, r_type, w.scalar_type(), [&](auto* xt, auto* rt, auto* wt) {
       using X = std::remove_pointer_t<decltype(xt)>;
