@@ -372,12 +372,12 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   e.workspace = static_cast<int64_t>(casts + std::max(scores + attn_in, 0.0));
 
   // ---- the optimizer step: every gradient in fp32, the state brought in for the step and
-  // AdamW's per-parameter temporaries (other passes' activations and the teacher's targets are
+  // AdamW's per-parameter temporaries (none in a fused step) (other passes' activations and the teacher's targets are
   // gone by then; stepped in backward, nothing is left) ----
   const double targets = rows * static_cast<double>(m.teacher_target_bytes);
   const double brought_in = static_cast<double>(pol.state.step_state_bytes(state_numels) - e.optimizer_state);
   e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - targets +
-                                          (in_backward ? 0 : 4 * P * shard + brought_in + 2 * 4 * largest));
+                                          (in_backward ? 0 : 4 * P * shard + brought_in + (pol.state.fused_step ? 0 : 2 * 4 * largest)));
   e.peak = std::max({e.forward_peak, e.backward_peak, e.optimizer_peak});
   e.peak_phase = e.peak == e.backward_peak ? "backward" : e.peak == e.optimizer_peak ? "optimizer" : "forward";
   return e;

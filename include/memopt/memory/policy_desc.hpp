@@ -70,6 +70,7 @@ struct StateDesc {
   bool steps_in_backward = false;    // each parameter steps as its gradient is made: 1 micro-batch, no clipping
   bool needs_cuda = false;           // parameters on a CUDA device
   bool needs_cpu = false;            // parameters on the CPU
+  bool fused_step = false;           // one pass a parameter (optim::FusedAdamW): no per-parameter temporaries
   int64_t step_state_bytes(const std::vector<int64_t>& numels) const {
     return at_step ? at_step(numels) : resident(numels);
   }

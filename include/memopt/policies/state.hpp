@@ -1,6 +1,6 @@
 // memopt/policies/state.hpp — optimizer-state policies: which optimizer holds AdamW's state,
 // in what form, and where it lives between steps. state::Resident keeps LibTorch's AdamW state
-// where the parameters are; state::Int8 keeps it there in 8 bits (optim::AdamW8bit); Disk and
+// where the parameters are (stepped by ATen's fused AdamW kernel); state::Int8 keeps it there in 8 bits (optim::AdamW8bit); Disk and
 // PinnedHost offload it; StepInBackward updates each parameter inside backward.
 #pragma once
 
@@ -19,6 +19,7 @@
 #include "memopt/memory/policy_desc.hpp"
 #include "memopt/optim/adamw8bit.hpp"
 #include "memopt/optim/disk_adamw.hpp"
+#include "memopt/optim/fused_adamw.hpp"
 #include "memopt/optim/step_in_backward.hpp"
 
 namespace memopt::state {
@@ -50,13 +51,14 @@ void for_each_adamw_moment(torch::optim::Optimizer& optimizer, Fn&& fn) {
     }
 }
 
-/// State stays where the parameters are, in torch::optim::AdamW.
+/// State stays where the parameters are, in torch::optim::AdamW's form; the step is ATen's fused
+/// AdamW kernel (optim::FusedAdamW: one pass a parameter, no temporaries).
 struct Resident {
   static std::string name() { return "state::Resident"; }
-  static memory::StateDesc describe() { return {.flag = "resident"}; }
+  static memory::StateDesc describe() { return {.flag = "resident", .fused_step = optim::kFusedAdamW}; }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
-    return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+    return std::make_unique<optim::FusedAdamW>(std::move(groups), options);
   }
   void before_step(torch::optim::Optimizer&) const {}
   void after_step(torch::optim::Optimizer&) const {}
@@ -161,7 +163,8 @@ struct PinnedHost {
             .resident = [](const std::vector<int64_t>&) { return int64_t{0}; },
             .at_step = memory::adamw_state_bytes,
             .host_bytes_per_param = 32,
-            .needs_cuda = true};
+            .needs_cuda = true,
+            .fused_step = optim::kFusedAdamW};
   }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                           const torch::optim::AdamWOptions& options) const {
@@ -169,7 +172,7 @@ struct PinnedHost {
       for (const auto& p : group.params())
         TORCH_CHECK(p.is_cuda(), "memopt::state::PinnedHost: parameters must live on a CUDA device (got one on ",
                     p.device(), "). HINT: move the model to CUDA first; on the CPU use state::Disk or state::Int8.");
-    return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+    return std::make_unique<optim::FusedAdamW>(std::move(groups), options);
   }
   /// Host → device: the state the step needs.
   void before_step(torch::optim::Optimizer& optimizer) const {
