@@ -159,7 +159,7 @@ BenchResult run_hand(const BenchConfig& cfg, memopt::models::Llama& model) {
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(adamw));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(adamw).weight_decay(0.0)));
-  torch::optim::AdamW optimizer(std::move(groups), adamw);
+  memopt::optim::FusedAdamW optimizer(std::move(groups), adamw);  // state::Resident's optimizer
   const std::vector<torch::Tensor> params = model->parameters();
   LcgTokenLoader loader(cfg.micro, cfg.seq, cfg.vocab, cfg.seed);
 

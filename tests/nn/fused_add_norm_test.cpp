@@ -6,6 +6,7 @@
 // keeps no more than the fused RMSNorm alone, and falls back where the kernel does not apply.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -69,6 +70,18 @@ TEST_CASE("fused_add_rms_norm equals x + r then RMSNorm: values and the gradient
         CHECK(h.scalar_type() == at::promote_types(xin.scalar_type(), torch::kBFloat16));
         CHECK(y.scalar_type() == torch::kFloat);
       }
+      // y rounded to bf16 (a block norm under autocast): the composite's y cast once, its gradients.
+      auto cast_y = [&](bool fused) {
+        return [w, fused](const torch::Tensor& xa, const torch::Tensor& ra) {
+          const auto [h, y] = fused ? memopt::nn::fused_add_rms_norm(xa, ra, w, kEps, 0, true, torch::kBFloat16)
+                                    : memopt::nn::add_rms_norm_composite(xa, ra, w, kEps, 0, true);
+          return torch::cat({h.reshape({-1}), y.to(torch::kBFloat16).to(h.scalar_type()).reshape({-1})});
+        };
+      };
+      const auto got = run_both(cast_y(true), x, rb, dy), want = run_both(cast_y(false), x, rb, dy);
+      CHECK(max_abs_diff(got.y, want.y) <= std::ldexp(want.y.abs().max().item<double>(), -7));
+      CHECK(fused_rel_diff(got.da, want.da) <= kFusedFp32Rel);
+      CHECK(fused_rel_diff(got.db, want.db) <= 2 * std::ldexp(1.0, -8));  // dr: cast to r's bf16 on both sides
     }
   }
 }

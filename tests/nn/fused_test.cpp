@@ -6,12 +6,14 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include <memopt/detail/autocast.hpp>
 #include <memopt/memory/tracker.hpp>
 #include <memopt/models/llama.hpp>
 #include <memopt/nn/fused.hpp>
@@ -66,6 +68,26 @@ TEST_CASE("fused_rms_norm equals the composite RMSNorm, values and gradients", "
       CHECK(memopt::nn::fused_rms_norm(xb, w, eps).scalar_type() == torch::kFloat);
       CHECK(memopt::nn::fused_rms_norm(xb, w.to(torch::kBFloat16), eps).scalar_type() == torch::kBFloat16);
     }
+  }
+  SECTION("an output rounded to bf16 (autocast_output): the composite's cast, and its gradients") {
+    const auto x = torch::randn({3, 40, 512}) * 3, w = torch::rand({512}) + 0.5, dy = torch::randn({3, 40, 512});
+    auto fused_bf16 = [eps](const torch::Tensor& a, const torch::Tensor& b) {
+      return memopt::nn::fused_rms_norm(a, b, eps, torch::kBFloat16);
+    };
+    auto cast = [eps](const torch::Tensor& a, const torch::Tensor& b) {
+      return memopt::nn::rms_norm_composite(a, b, eps).to(torch::kBFloat16);
+    };
+    const auto got = run_both(fused_bf16, x, w, dy), want = run_both(cast, x, w, dy);
+    // One rounding of fp32 values ≤ 1e-6 apart: at most one bf16 step apart, mostly equal.
+    CHECK(max_abs_diff(got.y, want.y) <= std::ldexp(want.y.abs().max().item<double>(), -7));
+    CHECK(fused_rel_diff(got.da, want.da) <= kFusedFp32Rel);  // the same bf16 gradient, then fp32 math
+    CHECK(fused_rel_diff(got.db, want.db) <= kFusedFp32Rel);
+    memopt::nn::RMSNorm norm(memopt::nn::RMSNormOptions(512).fused(true).autocast_output(true));
+    CHECK(norm(x).scalar_type() == torch::kFloat);  // no autocast: promote(x, w)
+    memopt::detail::AutocastGuard bf16({c10::kCPU, true, c10::kBFloat16});
+    CHECK(norm(x).scalar_type() == torch::kBFloat16);
+    memopt::nn::RMSNorm plain_norm(memopt::nn::RMSNormOptions(512).fused(true));
+    CHECK(plain_norm(x).scalar_type() == torch::kFloat);  // the option is off
   }
   SECTION("the module's fused option runs it") {
     memopt::nn::RMSNorm plain(memopt::nn::RMSNormOptions(24)), fast(memopt::nn::RMSNormOptions(24).fused(true));
@@ -160,6 +182,30 @@ TEST_CASE("a LLaMA with fused_kernels trains as one without", "[nn][fused][llama
   const auto batch = small_batch(2, 40, 97);
   check_same_training(fused, plain, batch, memopt::recompute::None{});
   check_same_training(fused, plain, batch, memopt::recompute::Selective{});
+  SECTION("under bf16 autocast (the block norms return bf16): within the composites' own bf16 error") {
+    auto grads_of = [&](memopt::models::Llama& model, bool autocast) {
+      model->zero_grad();
+      std::optional<memopt::detail::AutocastGuard> bf16;
+      if (autocast) bf16.emplace(memopt::detail::AutocastState{c10::kCPU, true, c10::kBFloat16});
+      const double loss = [&] {
+        auto l = model->loss_sum(batch, memopt::recompute::None{});
+        l.backward();
+        return l.item<double>();
+      }();
+      std::vector<torch::Tensor> g{torch::full({1}, loss, torch::kDouble)};
+      for (const auto& p : model->parameters()) g.push_back(p.grad().to(torch::kDouble));
+      return g;
+    };
+    const auto exact = grads_of(plain, false);  // fp32: the reference for both bf16 runs
+    const auto composite = grads_of(plain, true), fast = grads_of(fused, true);
+    for (size_t i = 0; i < exact.size(); ++i) {
+      const double scale = exact[i].abs().max().item<double>();
+      const double own = max_abs_diff(composite[i], exact[i]) / scale, got = max_abs_diff(fast[i], exact[i]) / scale;
+      INFO((i == 0 ? "loss" : "gradient " + std::to_string(i)) << ": composites' bf16 error " << own << ", fused "
+                                                                 << got);
+      CHECK(got <= 2 * own + 1e-3);
+    }
+  }
   SECTION("with the chunked loss: its fused row kernels too") {
     auto plain_chunked = copy_of(plain, small_llama(true).loss_chunk_size(24));  // 80 rows: ragged chunks
     auto fused_chunked = copy_of(plain, small_llama(true).loss_chunk_size(24).fused_kernels(true));

@@ -136,8 +136,9 @@ struct PerElement {
 //   bf16-pure: all bf16 except the norms' fp32 internals and the fp32 softmax.
 //   selective: the norms, the attention core and silu(gate)·up are recomputed in backward.
 //   fused kernels (not selective): each norm keeps its input and a per-row rstd, not x·rsqrt;
-//     the SwiGLU product keeps gate and up, not silu(gate); (any recompute) the residual
-//     dropouts keep no noise.
+//     the SwiGLU product keeps gate and up, not silu(gate); under autocast a block's norms
+//     return bf16, one tensor the Linear layers after them share instead of a cast each (3 of
+//     the 5 bf16 inputs less); (any recompute) the residual dropouts keep no noise.
 //   dropout: the noise of the two residual dropouts and of the attention probabilities, and
 //     the dropped probabilities.
 //   mixture of experts (sorted dispatch): the (B, T, F) terms over top_k rows per token, plus
@@ -154,6 +155,7 @@ inline PerElement block_saved(const DtypeDesc& p, bool selective, const ModelDes
   if (m.fused_kernels && !selective) {
     b.btc -= 2 * (p.half_weights ? 2 : 4);  // the two norms' x·rsqrt
     b.btf -= p.half_matmuls ? 2 : 4;        // silu(gate)
+    if (p.half_matmuls && !p.half_weights) b.btc -= 6;  // autocast: q, k, v and gate, up share their norm's bf16 output
   }
   if (!math) b.bhtt = 0;  // blockwise: a (B, H, T) log-sum-exp only
   if (m.dropout) {        // each dropout saves its scaled noise; the dropped probabilities feed PV

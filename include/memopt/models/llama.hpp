@@ -83,6 +83,9 @@ struct LlamaConfig {
   nn::RMSNormOptions norm_options() const {
     return nn::RMSNormOptions(hidden_size_).eps(rms_norm_eps_).fused(fused_kernels_);
   }
+  /// A block's two norms, which feed Linear layers only: with fused_kernels their output comes
+  /// in autocast's dtype under autocast (nn::RMSNormOptions::autocast_output).
+  nn::RMSNormOptions block_norm_options() const { return norm_options().autocast_output(fused_kernels_); }
   int64_t ffn_size() const {
     if (intermediate_size_ > 0) return intermediate_size_;
     const int64_t raw = (8 * hidden_size_ + 2) / 3;
@@ -238,8 +241,8 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
         "mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size())
                                   .fused(config.fused_kernels())
                                   .row_tiles(config.mlp_row_tiles())));
-    input_layernorm = register_module("input_layernorm", nn::RMSNorm(config.norm_options()));
-    post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(config.norm_options()));
+    input_layernorm = register_module("input_layernorm", nn::RMSNorm(config.block_norm_options()));
+    post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(config.block_norm_options()));
   }
 
   /// x (B, T, C), cos/sin (T, D) -> (B, T, C)
@@ -268,7 +271,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
     if constexpr (!hooks::RunCheap<Recompute>) {
       if (config.fused_kernels())
         return nn::fused_add_rms_norm(x, branch, post_attention_layernorm->weight, config.rms_norm_eps(), p,
-                                      is_training());
+                                      is_training(), post_attention_layernorm->output_dtype(x));
     }
     auto h = residual(x, branch, p);
     return {h, cheap_norm(ckpt, post_attention_layernorm, h)};

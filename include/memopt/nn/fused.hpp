@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -150,18 +151,24 @@ MEMOPT_FUSED_CLONES void rms_norm_forward_rows(const T* x, const W* w, O* y, flo
   }
 }
 
-// dx = rstd · (g − xn · mean(g · xn)) with g = T(dy · w) and xn = x · rstd; dw += Σ_rows dy · T(xn).
-// g: C floats of scratch.
+// The C++ type of promote(A, B) for two kernel types: fp32 if either is, else bf16.
+template <class A, class B>
+using Promoted = std::conditional_t<std::is_same_v<A, float> || std::is_same_v<B, float>, float, A>;
+
+// dx = rstd · (g − xn · mean(g · xn)) with g = T(P(dy · w)) and xn = x · rstd, P the dtype of
+// the product w · T(xn) (an output rounded further, to O, passes its gradient through as it
+// is); dw += Σ_rows dy · T(xn). g: C floats of scratch.
 template <class T, class W, class O>
 MEMOPT_FUSED_CLONES void rms_norm_backward_rows(const O* dy, const T* x, const W* w, const float* rstd, T* dx,
                                                 float* dw, float* g, int64_t begin, int64_t end, int64_t C) {
+  using P = Promoted<T, W>;
   for (int64_t r = begin; r < end; ++r) {
     const O* dyr = dy + r * C;
     const T* xr = x + r * C;
     const float s = rstd[r];
     for (int64_t j = 0; j < C; ++j) {
       const float d = to_float(dyr[j]);
-      g[j] = round_to<T>(round_to<O>(d * to_float(w[j])));
+      g[j] = round_to<T>(round_to<P>(d * to_float(w[j])));
       dw[j] += d * round_to<T>(to_float(xr[j]) * s);
     }
     const float mean = lane_sum(C, [&](int64_t j) { return g[j] * to_float(xr[j]) * s; }) /
@@ -266,12 +273,20 @@ void with_types(c10::ScalarType a, c10::ScalarType b, c10::ScalarType c, Fn&& fn
   with_type(a, [&](auto* ta) { with_type(b, [&](auto* tb) { with_type(c, [&](auto* tc) { fn(ta, tb, tc); }); }); });
 }
 
+/// The same for four kernel dtypes.
+template <class Fn>
+void with_types(c10::ScalarType a, c10::ScalarType b, c10::ScalarType c, c10::ScalarType d, Fn&& fn) {
+  with_types(a, b, c, [&](auto* ta, auto* tb, auto* tc) { with_type(d, [&](auto* td) { fn(ta, tb, tc, td); }); });
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
+  // out_type: the output's dtype (fp32 or bf16); -1: promote(x, w).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               double eps) {
+                               double eps, int64_t out_type_or_promote) {
     const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
-    const auto out_type = at::promote_types(x.scalar_type(), w.scalar_type());
+    const auto out_type = out_type_or_promote < 0 ? at::promote_types(x.scalar_type(), w.scalar_type())
+                                                  : static_cast<c10::ScalarType>(out_type_or_promote);
     auto y = torch::empty(x.sizes(), x.options().dtype(out_type));
     auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
     with_types(x.scalar_type(), w.scalar_type(), out_type, [&](auto* t, auto* wt, auto* ot) {
@@ -300,7 +315,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       rms_norm_backward(dy.data_ptr<O>(), x.data_ptr<T>(), w.data_ptr<W>(), rstd.data_ptr<float>(), dx.data_ptr<T>(),
                         dw.data_ptr<float>(), rows, C);
     });
-    return {dx, dw.to(w.scalar_type()), torch::Tensor()};
+    return {dx, dw.to(w.scalar_type()), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -400,13 +415,15 @@ inline torch::Tensor rms_norm_composite(const torch::Tensor& x, const torch::Ten
 }
 
 /// RMSNorm over the last dimension, fused (one pass each way) for contiguous fp32/bf16 CPU
-/// tensors, the composite otherwise. x (..., C), w (C) -> (..., C) in promote(x, w).
-inline torch::Tensor fused_rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+/// tensors, the composite otherwise. x (..., C), w (C) -> (..., C) in promote(x, w), or in
+/// `out` (fp32 or bf16): the fp32 result rounded once, as a cast after it would.
+inline torch::Tensor fused_rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps,
+                                    std::optional<c10::ScalarType> out = std::nullopt) {
   namespace f = memopt::detail::fused;
   const bool kernel = f::kernel_tensor(x) && f::kernel_tensor(w) && w.dim() == 1 && x.dim() >= 1 &&
-                      x.size(-1) == w.size(0);
-  if (!kernel) return rms_norm_composite(x, w, eps);
-  return f::RmsNormFunction::apply(x, w, eps);
+                      x.size(-1) == w.size(0) && (!out || f::kernel_dtype(*out));
+  if (!kernel) return out ? rms_norm_composite(x, w, eps).to(*out) : rms_norm_composite(x, w, eps);
+  return f::RmsNormFunction::apply(x, w, eps, out ? static_cast<int64_t>(*out) : int64_t{-1});
 }
 
 /// silu(g) · u, fused (one pass each way, keeps g and u only) for contiguous fp32/bf16 CPU

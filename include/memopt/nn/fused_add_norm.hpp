@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -28,10 +29,6 @@
 #include "memopt/nn/fused_dropout.hpp"
 
 namespace memopt::detail::fused {
-
-// h's C++ type for x of X and r of R (type promotion: fp32 if either is), and y's for h and w.
-template <class A, class B>
-using Promoted = std::conditional_t<std::is_same_v<A, float> || std::is_same_v<B, float>, float, A>;
 
 // Rows [begin, end) of (rows, C): h = H(x + R(r · mask)), y = O(w · H(h · rstd)).
 template <class X, class R, class H, class W, class O>
@@ -73,7 +70,7 @@ MEMOPT_FUSED_CLONES void add_rms_norm_backward_rows(const H* dh, const O* dy, co
     const float s = rstd[row];
     for (int64_t j = 0; j < C; ++j) {
       const float d = to_float(dyr[j]);
-      gn[j] = round_to<H>(round_to<O>(d * to_float(w[j])));
+      gn[j] = round_to<H>(round_to<Promoted<H, W>>(d * to_float(w[j])));  // the product's rounding, not y's
       dw[j] += d * round_to<H>(to_float(hr[j]) * s);
     }
     const float mean = lane_sum(C, [&](int64_t j) { return gn[j] * to_float(hr[j]) * s; }) / static_cast<float>(C);
@@ -96,23 +93,26 @@ MEMOPT_FUSED_CLONES void add_rms_norm_backward_rows(const H* dh, const O* dy, co
 
 class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
  public:
-  // p 0: no dropout. Returns {h, y}.
+  // p 0: no dropout; y_type_or_promote: y's dtype (fp32 or bf16), -1: promote(h, w). Returns {h, y}.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                                const torch::Tensor& r, const torch::Tensor& w, double eps, double p) {
+                                                const torch::Tensor& r, const torch::Tensor& w, double eps, double p,
+                                                int64_t y_type_or_promote) {
     const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
     const auto h_type = at::promote_types(x.scalar_type(), r.scalar_type());
-    const auto y_type = at::promote_types(h_type, w.scalar_type());
+    const auto y_type = y_type_or_promote < 0 ? at::promote_types(h_type, w.scalar_type())
+                                              : static_cast<c10::ScalarType>(y_type_or_promote);
     auto h = torch::empty(x.sizes(), x.options().dtype(h_type));
     auto y = torch::empty(x.sizes(), x.options().dtype(y_type));
     auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
     const bool drop = p > 0;
     const auto mask = drop ? DropoutMask::draw(p) : DropoutMask{};
-    with_types(x.scalar_type(), r.scalar_type(), w.scalar_type(), [&](auto* xt, auto* rt, auto* wt) {
+    const auto x_type = x.scalar_type(), r_type = r.scalar_type(), w_type = w.scalar_type();
+    with_types(x_type, r_type, w_type, y_type, [&](auto* xt, auto* rt, auto* wt, auto* ot) {
       using X = std::remove_pointer_t<decltype(xt)>;
       using R = std::remove_pointer_t<decltype(rt)>;
       using W = std::remove_pointer_t<decltype(wt)>;
       using H = Promoted<X, R>;
-      using O = Promoted<H, W>;
+      using O = std::remove_pointer_t<decltype(ot)>;
       const X* xp = x.data_ptr<X>();
       const R* rp = r.data_ptr<R>();
       const W* wp = w.data_ptr<W>();
@@ -124,8 +124,9 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
       });
     });
     ctx->save_for_backward({h, w, rstd});
-    ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["r_type"] = static_cast<int64_t>(r.scalar_type());
+    ctx->saved_data["x_type"] = static_cast<int64_t>(x_type);
+    ctx->saved_data["r_type"] = static_cast<int64_t>(r_type);
+    ctx->saved_data["y_type"] = static_cast<int64_t>(y_type);
     ctx->saved_data["drop"] = drop;
     mask.save(ctx);
     return {h, y};
@@ -137,7 +138,7 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     const auto &h = saved[0], &w = saved[1], &rstd = saved[2];
     const int64_t C = h.size(-1), rows = h.numel() / std::max<int64_t>(C, 1);
     const auto dh = grads[0].defined() ? grads[0].to(h.scalar_type()).contiguous() : torch::zeros_like(h);
-    const auto y_type = at::promote_types(h.scalar_type(), w.scalar_type());
+    const auto y_type = static_cast<c10::ScalarType>(ctx->saved_data["y_type"].toInt());
     const auto dy = grads[1].defined() ? grads[1].to(y_type).contiguous() : torch::zeros(h.sizes(), h.options().dtype(y_type));
     const auto x_type = static_cast<c10::ScalarType>(ctx->saved_data["x_type"].toInt());
     const auto r_type = static_cast<c10::ScalarType>(ctx->saved_data["r_type"].toInt());
@@ -148,12 +149,12 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     const bool shared = !drop && x_type == r_type;
     auto dr = shared ? dx : torch::empty(h.sizes(), h.options().dtype(r_type));
     auto dw = torch::zeros({C}, w.options().dtype(torch::kFloat));
-    with_types(x_type, r_type, w.scalar_type(), [&](auto* xt, auto* rt, auto* wt) {
+    with_types(x_type, r_type, w.scalar_type(), y_type, [&](auto* xt, auto* rt, auto* wt, auto* ot) {
       using X = std::remove_pointer_t<decltype(xt)>;
       using R = std::remove_pointer_t<decltype(rt)>;
       using W = std::remove_pointer_t<decltype(wt)>;
       using H = Promoted<X, R>;
-      using O = Promoted<H, W>;
+      using O = std::remove_pointer_t<decltype(ot)>;
       const H* dhp = dh.data_ptr<H>();
       const O* dyp = dy.data_ptr<O>();
       const H* hp = h.data_ptr<H>();
@@ -165,7 +166,7 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
         add_rms_norm_backward_rows(dhp, dyp, hp, wp, sp, dxp, drp, dw_part, gn, mask, drop, begin, end, C);
       });
     });
-    return {dx, dr, dw.to(w.scalar_type()), torch::Tensor(), torch::Tensor()};
+    return {dx, dr, dw.to(w.scalar_type()), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -175,20 +176,24 @@ namespace memopt::nn {
 
 /// h = x + dropout(r, p) (x + r outside training or at p 0) and y = RMSNorm(h) with weight w
 /// (see the file comment): one node for contiguous fp32/bf16 CPU x and r of one shape and a
-/// fp32/bf16 w (C); otherwise fused_dropout_add and fused_rms_norm. x, r (..., C) -> {h, y}.
+/// fp32/bf16 w (C); otherwise fused_dropout_add and fused_rms_norm. x, r (..., C) -> {h, y}, y
+/// in promote(h, w) or in `y_dtype` (fp32 or bf16: the fp32 result rounded once).
 inline std::pair<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& r,
                                                                   const torch::Tensor& w, double eps, double p,
-                                                                  bool training) {
+                                                                  bool training,
+                                                                  std::optional<c10::ScalarType> y_dtype = std::nullopt) {
   TORCH_CHECK(p >= 0 && p < 1, "memopt::nn::fused_add_rms_norm: p must be in [0, 1) (got ", p,
               "). HINT: dropout 0 turns it off.");
   namespace f = memopt::detail::fused;
   const bool kernel = f::kernel_tensor(x) && f::kernel_tensor(r) && f::kernel_tensor(w) && x.sizes() == r.sizes() &&
-                      x.dim() >= 1 && w.dim() == 1 && x.size(-1) == w.size(0);
+                      x.dim() >= 1 && w.dim() == 1 && x.size(-1) == w.size(0) &&
+                      (!y_dtype || f::kernel_dtype(*y_dtype));
   if (!kernel) {
     auto h = fused_dropout_add(x, r, p, training);
-    return {h, fused_rms_norm(h, w, eps)};
+    return {h, fused_rms_norm(h, w, eps, y_dtype)};
   }
-  const auto out = f::AddRmsNormFunction::apply(x, r, w, eps, training ? p : 0.0);
+  const auto out = f::AddRmsNormFunction::apply(x, r, w, eps, training ? p : 0.0,
+                                                y_dtype ? static_cast<int64_t>(*y_dtype) : int64_t{-1});
   return {out[0], out[1]};
 }
 
