@@ -206,10 +206,11 @@ int main(int argc, char** argv) {
   app.add_option("--lora_rank", cfg.lora_rank, "LoRA rank (alpha 2 x rank, no dropout)")->check(CLI::PositiveNumber);
   app.add_option("--lora_targets", cfg.lora_targets, "Linear layers to adapt, comma-separated, or all-linear")
       ->delimiter(',');
-  app.add_option("--attention", cfg.attention, "math | blockwise | sdpa | auto (the faster of blockwise and sdpa on "
-                 "each shape, measured)")->capture_default_str();
-  app.add_option("--fused_kernels", cfg.fused_kernels, "RMSNorm and SwiGLU as nn/fused.hpp's kernels (false: "
-                 "ATen composites)")->capture_default_str();
+  app.add_option("--attention", cfg.attention, "math | blockwise | sdpa | flash | auto (the fastest of sdpa, flash "
+                 "and blockwise on each shape, measured)")->capture_default_str();
+  app.add_option("--fused_kernels", cfg.fused_kernels, "LlamaConfig::fused_kernels: the norms (with the residual "
+                 "add), RoPE, SwiGLU, the dropouts and the loss's softmax as memopt's kernels (false: ATen "
+                 "composites)")->capture_default_str();
   app.add_option("--loss_chunk", cfg.loss_chunk, "rows per chunk of the fused output projection + loss (0: the "
                  "whole (B*T, V) logits, as the peer)")->check(CLI::NonNegativeNumber);
   app.add_option("--mlp_tiles", cfg.mlp_tiles, "the SwiGLU's rows (B*T) in this many tiles, each recomputed in "

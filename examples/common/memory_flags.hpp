@@ -33,8 +33,9 @@ struct MemoryFlags {
     release_cache_every = release_default;
     app.add_option("--attention", attention,
                    "math: (B, H, T, T) scores, dropout allowed | blockwise: memory linear in T | sdpa: LibTorch's "
-                   "scaled_dot_product_attention (its flash / memory-efficient kernels where they apply) | auto: "
-                   "the faster of blockwise and sdpa on each shape, measured on its first step")
+                   "scaled_dot_product_attention (its flash / memory-efficient kernels where they apply) | flash: "
+                   "memopt's brgemm flash attention (CPU; sdpa elsewhere) | auto: the fastest of sdpa, flash and "
+                   "blockwise on each shape, measured on its first step")
         ->capture_default_str();
     app.add_option("--release_cache_every", release_cache_every,
                    "steps between releases of freed memory on every rank (malloc_trim; CUDA builds: "

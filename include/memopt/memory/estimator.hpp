@@ -155,7 +155,7 @@ inline PerElement block_saved(const DtypeDesc& p, bool selective, const ModelDes
   if (m.fused_kernels && !selective) {
     b.btc -= 2 * (p.half_weights ? 2 : 4);  // the two norms' x·rsqrt
     b.btf -= p.half_matmuls ? 2 : 4;        // silu(gate)
-    if (p.half_matmuls && !p.half_weights) b.btc -= 6;  // autocast: q, k, v and gate, up share their norm's bf16 output
+    if (p.half_matmuls && !p.half_weights) b.btc -= 6;  // autocast: q, k, v and gate, up share a bf16 norm output
   }
   if (!math) b.bhtt = 0;  // blockwise: a (B, H, T) log-sum-exp only
   if (m.dropout) {        // each dropout saves its scaled noise; the dropped probabilities feed PV
@@ -374,12 +374,13 @@ inline Estimate estimate(const ModelDesc& m, const RunDesc& run, const PolicyDes
   e.workspace = static_cast<int64_t>(casts + std::max(scores + attn_in, 0.0));
 
   // ---- the optimizer step: every gradient in fp32, the state brought in for the step and
-  // AdamW's per-parameter temporaries (none in a fused step) (other passes' activations and the teacher's targets are
-  // gone by then; stepped in backward, nothing is left) ----
+  // AdamW's per-parameter temporaries, none in a fused step (other passes' activations and the
+  // teacher's targets are gone by then; stepped in backward, nothing is left) ----
   const double targets = rows * static_cast<double>(m.teacher_target_bytes);
   const double brought_in = static_cast<double>(pol.state.step_state_bytes(state_numels) - e.optimizer_state);
+  const double step_temporaries = pol.state.fused_step ? 0 : 2 * 4 * largest;
   e.optimizer_peak = static_cast<int64_t>(statics - run.held_bytes - targets +
-                                          (in_backward ? 0 : 4 * P * shard + brought_in + (pol.state.fused_step ? 0 : 2 * 4 * largest)));
+                                          (in_backward ? 0 : 4 * P * shard + brought_in + step_temporaries));
   e.peak = std::max({e.forward_peak, e.backward_peak, e.optimizer_peak});
   e.peak_phase = e.peak == e.backward_peak ? "backward" : e.peak == e.optimizer_peak ? "optimizer" : "forward";
   return e;

@@ -1,7 +1,9 @@
 // memopt/nn/fused_add_norm.hpp — a LLaMA block's middle: the residual add (with the branch's
 // dropout) and the RMSNorm after it, one autograd node, one pass over the rows each way:
 //   h = x + dropout(r, p)          the residual stream, returned (the next add reads it)
-//   y = w · H(h · rstd)            rstd = 1 / sqrt(mean(h²) + eps) in fp32, H = h's dtype
+//   y = w · H(h · rstd)            rstd = 1 / sqrt(mean(h²) + eps) in fp32, H = h's dtype (y in
+//                                  promote(h, w), or rounded once to a dtype asked for: bf16 under
+//                                  autocast in LLaMA's blocks, nn::RMSNormOptions::autocast_output)
 // Backward: g = dh + RMSNorm's dx (what autograd sums for h), dx = g, dr = mask · g / (1 − p).
 // The composite (x + torch::dropout(r), then nn::RMSNorm) runs the add, the norm and autograd's
 // sum of h's two gradients as separate passes; here h is read once more than written, in cache.
@@ -139,7 +141,8 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     const int64_t C = h.size(-1), rows = h.numel() / std::max<int64_t>(C, 1);
     const auto dh = grads[0].defined() ? grads[0].to(h.scalar_type()).contiguous() : torch::zeros_like(h);
     const auto y_type = static_cast<c10::ScalarType>(ctx->saved_data["y_type"].toInt());
-    const auto dy = grads[1].defined() ? grads[1].to(y_type).contiguous() : torch::zeros(h.sizes(), h.options().dtype(y_type));
+    const auto dy = grads[1].defined() ? grads[1].to(y_type).contiguous()
+                                       : torch::zeros(h.sizes(), h.options().dtype(y_type));
     const auto x_type = static_cast<c10::ScalarType>(ctx->saved_data["x_type"].toInt());
     const auto r_type = static_cast<c10::ScalarType>(ctx->saved_data["r_type"].toInt());
     const bool drop = ctx->saved_data["drop"].toBool();
@@ -178,10 +181,9 @@ namespace memopt::nn {
 /// (see the file comment): one node for contiguous fp32/bf16 CPU x and r of one shape and a
 /// fp32/bf16 w (C); otherwise fused_dropout_add and fused_rms_norm. x, r (..., C) -> {h, y}, y
 /// in promote(h, w) or in `y_dtype` (fp32 or bf16: the fp32 result rounded once).
-inline std::pair<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& r,
-                                                                  const torch::Tensor& w, double eps, double p,
-                                                                  bool training,
-                                                                  std::optional<c10::ScalarType> y_dtype = std::nullopt) {
+inline std::pair<torch::Tensor, torch::Tensor> fused_add_rms_norm(
+    const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w, double eps, double p, bool training,
+    std::optional<c10::ScalarType> y_dtype = std::nullopt) {
   TORCH_CHECK(p >= 0 && p < 1, "memopt::nn::fused_add_rms_norm: p must be in [0, 1) (got ", p,
               "). HINT: dropout 0 turns it off.");
   namespace f = memopt::detail::fused;

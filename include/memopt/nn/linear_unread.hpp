@@ -56,7 +56,8 @@ inline torch::Tensor linear_unread(const torch::Tensor& x, const torch::Tensor& 
     return autocast.enabled && t.defined() ? at::autocast::cached_cast(autocast.dtype, t, device) : t;
   };
   const auto xc = cast(x), wc = cast(w), bc = cast(b);
-  const bool one_dtype = xc.scalar_type() == wc.scalar_type() && (!bc.defined() || bc.scalar_type() == wc.scalar_type());
+  const bool one_dtype =
+      xc.scalar_type() == wc.scalar_type() && (!bc.defined() || bc.scalar_type() == wc.scalar_type());
   if (!one_dtype || x.dim() == 0) return torch::linear(x, w, b);
   auto y = detail::LinearUnreadFunction::apply(xc, wc);  // (..., out)
   return bc.defined() ? y + bc : y;                      // a bias: autograd's add gives db = Σ dy
