@@ -26,6 +26,19 @@ using BlockFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
 
 namespace detail {
 
+// Sets a thread-local flag (a function returning a reference to it) for a scope.
+template <bool& (*Flag)()>
+class ScopedFlag {
+ public:
+  explicit ScopedFlag(bool on) : previous_(Flag()) { Flag() = on; }
+  ~ScopedFlag() { Flag() = previous_; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Whether checkpointed blocks save the RNG state in forward and replay it in backward
 // (PyTorch's preserve_rng_state): on by default. Read in forward, on the thread that runs it;
 // backward replays what forward saved. The Trainer sets it for each step from
@@ -37,16 +50,7 @@ inline bool& preserve_rng_state() {
 }
 
 // Sets preserve_rng_state() for a scope.
-class PreserveRng {
- public:
-  explicit PreserveRng(bool on) : previous_(preserve_rng_state()) { preserve_rng_state() = on; }
-  ~PreserveRng() { preserve_rng_state() = previous_; }
-  PreserveRng(const PreserveRng&) = delete;
-  PreserveRng& operator=(const PreserveRng&) = delete;
-
- private:
-  bool previous_;
-};
+using PreserveRng = ScopedFlag<preserve_rng_state>;
 
 // Whether this thread is running a checkpointed block's recompute (replay()). There the
 // block's output is the root of the block's backward and its value is never read, so a model
@@ -59,16 +63,7 @@ inline bool& replaying() {
 }
 
 // Sets replaying() for a scope.
-class Replaying {
- public:
-  explicit Replaying(bool on) : previous_(replaying()) { replaying() = on; }
-  ~Replaying() { replaying() = previous_; }
-  Replaying(const Replaying&) = delete;
-  Replaying& operator=(const Replaying&) = delete;
-
- private:
-  bool previous_;
-};
+using Replaying = ScopedFlag<replaying>;
 
 // Carries a BlockFn through AutogradContext::saved_data (an IValue capsule).
 struct BlockFnHolder : torch::CustomClassHolder {
