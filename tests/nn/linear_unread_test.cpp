@@ -76,7 +76,7 @@ TEST_CASE("linear_unread under bf16 autocast: bf16 output, gradients within bf16
   }
 }
 
-TEST_CASE("linear_unread runs no GEMM; Linear::forward_to_output skips it only in a recompute", "[nn][linear]") {
+TEST_CASE("linear_unread runs no GEMM, and Linear::forward_to_output skips it only in a recompute", "[nn][linear]") {
   torch::manual_seed(5);
   memopt::nn::Linear layer(torch::nn::LinearOptions(16, 24).bias(false));
   const auto x = torch::randn({4, 16}).requires_grad_();

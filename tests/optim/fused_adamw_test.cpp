@@ -112,7 +112,7 @@ TEST_CASE("FusedAdamW saves AdamW's state: each loads the other's and steps on a
   CHECK(max_rel_diff(detached(a.params), detached(b.params)) <= 1e-6);
 }
 
-TEST_CASE("FusedAdamW's step makes no temporaries; amsgrad runs AdamW's step", "[optim][adamw]") {
+TEST_CASE("FusedAdamW's step makes no temporaries, and amsgrad runs AdamW's step", "[optim][adamw]") {
   auto& tracker = memopt::memory::Tracker::instance();
   Run run = make_params();
   run.params[0] = torch::randn({512, 512}).requires_grad_();
