@@ -19,6 +19,7 @@ the peer's interpreter imports torch first:
   --check-args (first, used by scripts/bench) checks the arguments only: exit 2 on a mistake, else 0
 
 Environment: BENCH_PYTHON (the peer's interpreter, default .venv/bin/python3), BENCH_QUICK=1,
+BENCH_TRAINER_ROUNDS (trainer: memopt and eager alternately N times, their medians; default 1),
 BENCH_DIST_ROUNDS (dist, default 3), BENCH_IDLE_WAIT (dist, default 600 s), BENCH_DATA_LOAD_ALL_1GIB=0
 (data: leaves out the 1 GiB load_all run). Exit status: 0 when every run succeeded; 1 when any failed
 (their count is logged); 2 on an unknown option or suite; a failed build or corpus preparation ends the
@@ -34,7 +35,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.core import Context, Emitter, SetupFailed, cpu_flags, log, torch_version
+from bench.core import Context, Emitter, SetupFailed, cpu_flags, env_rounds, log, torch_version
 from bench.steps import run_steps
 from bench.suites import SUITES
 
@@ -74,6 +75,11 @@ def parse(argv: list[str]) -> Options:
             raise BadArguments(f"bench: error: unknown option '{arg}'", show_usage=True)
         else:
             opts.suite = arg
+    for name, default in (("BENCH_TRAINER_ROUNDS", 1), ("BENCH_DIST_ROUNDS", 3)):
+        try:
+            env_rounds(name, default)
+        except ValueError as e:
+            raise BadArguments(str(e), show_usage=False) from None
     if opts.suite != "all" and opts.suite not in SUITES:
         raise BadArguments(f"bench: error: unknown suite '{opts.suite}'. HINT: the suites are: all {' '.join(SUITES)}",
                            show_usage=False)

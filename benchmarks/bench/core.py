@@ -41,6 +41,16 @@ def torch_version(python: str) -> str:
     return out.stdout.strip()
 
 
+def env_rounds(name: str, default: int) -> int:
+    """A rounds count from the environment variable `name` (unset or empty: `default`): a positive integer,
+    else a ValueError naming the variable and the value, with a HINT."""
+    text = os.environ.get(name) or str(default)
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"bench: error: {name} must be a positive integer (got {text!r}). HINT: 3 runs the compared "
+                         "runs three times, alternately, and reports their medians")
+    return int(text)
+
+
 def dumps(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"))
 

@@ -59,7 +59,16 @@ def trainer_ratio(a: Json, b: Json) -> dict:  # memopt's line over a peer's
             "peak_rss_mib": a["peak_rss_mib"] / b["peak_rss_mib"],
             "tokens_per_s_best": b["step_ms_min"] / a["step_ms_min"],
             **({"mfu": a["mfu"], "peer_mfu": b.get("mfu")} if "mfu" in a else {}),
+            **by_round(a, b),
             "torch_version": a.get("torch_version"), "cpu_flags": a.get("cpu_flags")}
+
+
+def by_round(a: Json, b: Json) -> dict:
+    """Two medians of as many alternating rounds (steps.Median): the count and each round's pair ratio."""
+    ra, rb = a.get("tokens_per_s_rounds"), b.get("tokens_per_s_rounds")
+    if not ra or not rb or len(ra) != len(rb):
+        return {}
+    return {"rounds": len(ra), "tokens_per_s_by_round": [round(x / y, 4) for x, y in zip(ra, rb)]}
 
 
 def variant_ratio(a: Json, b: Json, impl: str) -> dict:  # a memopt line over the same run with one flag changed
@@ -134,7 +143,7 @@ def attention_ratio(a: Json, b: Json, target: Mapping | None = None) -> dict | N
     if "skipped" in a or "skipped" in b:
         return None
     out = {"suite": "attention", "name": a["name"], "impl": "ratio_%s_to_%s" % (a["impl"], b["impl"])}
-    out.update({k: a[k] for k in ("L", "N") if k in a})
+    out.update({k: a[k] for k in ("L", "N", "B", "dtype") if k in a})
     out.update({k: round(a[k] / b[k], 4) for k in ("peak_tracked_mib", "ms", "ms_min")})
     if target is not None:
         out["target"] = dict(target)

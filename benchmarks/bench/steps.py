@@ -136,6 +136,7 @@ class Run(Step):
     tee: Path | None = None           # the line is also appended to this file
     fatal: bool = False
     made: str = ""                    # --dry-run: how `line` makes the printed line
+    quiet: bool = False               # kept, not printed (one round of several: Median prints one)
 
     def run(self, ctx: Context, lines: dict[str, str]) -> bool:
         if self.log:
@@ -153,7 +154,7 @@ class Run(Step):
         if not ok:
             ctx.fail(self.error)
             return not self.fatal
-        if text is not None and self.output != "stream":
+        if text is not None and self.output != "stream" and not self.quiet:
             ctx.emit(text)
         if text is not None and self.tee:
             with self.tee.open("a") as f:
@@ -166,7 +167,9 @@ class Run(Step):
         if self.remove:
             Files(remove=self.remove).show(ctx)
         print(ctx.shown(self.cmd, self.env, {"last": " | tail -n 1", "log": " >&2"}.get(self.output, "")))
-        if self.made or self.tee:
+        if self.quiet:
+            print(f"#   -> kept as {self.key}, not printed")
+        elif self.made or self.tee:
             tee = f" | tee -a {ctx.rel(str(self.tee))}" if self.tee else ""
             print(f"#   -> {ctx.rel(self.made) or 'the line'}{tee}")
 
@@ -187,6 +190,29 @@ class Derive(Step):
 
     def show(self, ctx: Context) -> None:
         print(f"#   -> {self.what}, from {' and '.join(self.keys)}")
+
+
+@dataclass
+class Median(Step):
+    """Of the kept lines `keys` (one configuration's rounds, run quietly between its peer's), the one with
+    the median `by` (the lower one of an even count), printed and kept as `key`, with "rounds" and each
+    round's value ("tokens_per_s_rounds") added: drift in the machine's speed between rounds moves the
+    median less than any one run."""
+    keys: Sequence[str]
+    key: str
+    by: str = "tokens_per_s"
+
+    def run(self, ctx: Context, lines: dict[str, str]) -> bool:
+        got = [json.loads(lines[k]) for k in self.keys if lines.get(k)]
+        if got:
+            median = sorted(got, key=lambda line: line[self.by])[(len(got) - 1) // 2]
+            text = dumps({**median, "rounds": len(got), f"{self.by}_rounds": [line[self.by] for line in got]})
+            ctx.emit(text)
+            lines[self.key] = text
+        return True
+
+    def show(self, ctx: Context) -> None:
+        print(f"#   -> the median by {self.by} of {', '.join(self.keys)}, kept as {self.key}")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 // benchmarks/nn/attention_bench.cpp — peak tracked memory and time of one forward +
 // backward, one path per process (so each peak is that path's alone):
-//   attention (B=1, H=8, D=64, causal, fp32 by default) on the math path (--impl math),
+//   attention (B=1, H=8, D=64, causal, fp32 or --dtype bf16) on the math path (--impl math),
 //   ATen's SDPA (--impl sdpa: LibTorch 2.x's CPU flash kernel, memory linear in L) or memopt's
 //   blockwise path (--impl blockwise); or the LM head's loss with the full (N, V) logits
 //   (--impl ce_full) or chunked and fused with the projection (--impl ce_chunked; with its
@@ -62,7 +62,7 @@ struct BenchConfig {
   int64_t chunk = memopt::nn::kCrossEntropyChunk;
   int64_t ffn = 1408;           // swiglu: F; nf4_linear: out features
   int64_t tile_kib = memopt::nn::kNf4TileBytes >> 10;  // nf4_linear_fused
-  std::string dtype = "fp32";  // rms_norm, swiglu
+  std::string dtype = "fp32";  // attention, rms_norm, swiglu
   int64_t steps = 3;
   int64_t warmup = 1;
   int threads = 0;  // 0: every CPU this process may run on
@@ -114,7 +114,8 @@ Timing time_steps(const BenchConfig& cfg, const std::function<void()>& step) {
 nlohmann::ordered_json run_attention(const BenchConfig& cfg) {
   const int64_t B = cfg.batch, H = cfg.heads, T = cfg.L, D = cfg.head_dim;
   const bool causal = !cfg.bidirectional;
-  nlohmann::ordered_json line{{"suite", "attention"}, {"name", "attention"}, {"impl", cfg.impl}, {"L", T}};
+  nlohmann::ordered_json line{{"suite", "attention"}, {"name", "attention"}, {"impl", cfg.impl}, {"L", T},
+                              {"dtype", cfg.dtype}};
   const double scores_bytes = static_cast<double>(B * H * T) * static_cast<double>(T) * 4.0;
   if (cfg.impl == "math" && kMathScoreTensors * scores_bytes > cfg.max_gib * 1024 * 1024 * 1024) {
     line["skipped"] = "needs ~" + std::to_string(static_cast<int>(kMathScoreTensors * scores_bytes / (1 << 30))) +
@@ -122,10 +123,11 @@ nlohmann::ordered_json run_attention(const BenchConfig& cfg) {
     return line;
   }
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
-  auto q = torch::randn({B, H, T, D}).requires_grad_();  // (B, H, T, D)
-  auto k = torch::randn({B, H, T, D}).requires_grad_();
-  auto v = torch::randn({B, H, T, D}).requires_grad_();
-  const auto grad_out = torch::randn({B, H, T, D});
+  const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  auto q = torch::randn({B, H, T, D}).to(dtype).requires_grad_();  // (B, H, T, D)
+  auto k = torch::randn({B, H, T, D}).to(dtype).requires_grad_();
+  auto v = torch::randn({B, H, T, D}).to(dtype).requires_grad_();
+  const auto grad_out = torch::randn({B, H, T, D}).to(dtype);
   const auto options =
       memopt::nn::BlockwiseAttentionOptions().causal(causal).q_block(cfg.q_block).kv_block(cfg.kv_block);
   auto step = [&] {
@@ -315,7 +317,7 @@ int main(int argc, char** argv) {
   app.add_option("--ffn", cfg.ffn, "swiglu: width F")->check(CLI::PositiveNumber);
   app.add_option("--tile_kib", cfg.tile_kib, "nf4_linear_fused: KiB of weight dequantised at a time")
       ->check(CLI::PositiveNumber);
-  app.add_option("--dtype", cfg.dtype, "rms_norm, swiglu: fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--dtype", cfg.dtype, "attention, rms_norm, swiglu: fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--steps", cfg.steps, "timed forward+backward passes")->check(CLI::PositiveNumber);
   app.add_option("--warmup", cfg.warmup, "untimed passes first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", cfg.threads, "intra-op threads (0: all available CPUs)")->check(CLI::NonNegativeNumber);

@@ -106,6 +106,38 @@ for kind, attention in (("math", 2.4e6), ("sdpa", 1.2e6), ("blockwise", 1.2e6), 
     assert L.model_flops_per_token({**got[0], "attention": kind}) == 12e6 + attention, kind
 assert "error: pytorch_compile --layers 4" in err.getvalue() and "error: hand --layers 4" in err.getvalue()
 assert "memopt: load average " in err.getvalue()
+
+# BENCH_TRAINER_ROUNDS=3: memopt and eager alternate three times, kept quietly; each is printed once, the
+# round with the median tokens/s, and the ratio carries each round's pair ratio
+import os
+os.environ["BENCH_TRAINER_ROUNDS"] = "3"
+try:
+    seen, speeds = [], {"memopt": iter([2000, 1500, 2500]), "pytorch": iter([1000, 1400, 1200])}
+    def round_call(cmd, env=None, stdout="last"):
+        impl = "pytorch_compile" if "--compile" in cmd else "pytorch" if cmd[0] == "py" else cmd[cmd.index("--impl") + 1]
+        seen.append(impl)
+        if impl not in speeds:
+            return (1, "")
+        t = next(speeds[impl])
+        return (0, json.dumps({"name": "n", "impl": impl, "tokens_per_s": t, "peak_rss_mib": 4, "step_ms_min": 1e6 / t,
+                               "step_ms": 1e6 / t, **json.loads("{" + shape + "}")}))
+    printed.clear()
+    ctx2 = core.Context(root=ROOT, python="py", quick=False, dry_run=False, emit_line=printed.append)
+    ctx2.call = round_call
+    steps = [s for s in SUITES["trainer"](ctx2) if not isinstance(s, ST.Build)]
+    steps = steps[:next(i for i, s in enumerate(steps) if isinstance(s, ST.Run) and "--compile" in s.cmd) + 1]
+    with contextlib.redirect_stderr(io.StringIO()):
+        ST.run_steps(ctx2, steps)
+    assert seen == ["memopt", "pytorch"] * 3 + ["pytorch_compile"], seen
+    got = [json.loads(l) for l in printed]
+    assert [g["impl"] for g in got] == ["memopt", "pytorch", "ratio"], got
+    assert got[0]["tokens_per_s"] == 2000 and got[0]["tokens_per_s_rounds"] == [2000, 1500, 2500], got[0]
+    assert got[1]["tokens_per_s"] == 1200 and got[1]["rounds"] == 3, got[1]
+    assert got[2]["tokens_per_s"] == 2000 / 1200 and got[2]["tokens_per_s_by_round"] == [2.0, 1.0714, 2.0833], got[2]
+    os.environ["BENCH_TRAINER_ROUNDS"] = "two"
+    assert R.main(["--check-args", "trainer"]) == 2
+finally:
+    del os.environ["BENCH_TRAINER_ROUNDS"]
 print("all unit checks passed")
 
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import Context, last_line, load_average, log
+from ..core import Context, env_rounds, last_line, load_average, log
 from ..steps import Build, Files, Run, Step, Summary
 from ..summaries import dist_summary
 
@@ -205,7 +205,7 @@ def dist(ctx: Context) -> list[Step]:
     train = ctx.corpus / "train.bin"
     common = {"model": plan["model"].split(), "data": ["--data", str(train)] if train.is_file() else []}
     bf16, fp32 = plan["bf16"].split(), plan["fp32"].split()
-    rounds = 1 if ctx.quick else int(os.environ.get("BENCH_DIST_ROUNDS") or 3)
+    rounds = 1 if ctx.quick else env_rounds("BENCH_DIST_ROUNDS", 3)
     steps: list[Step] = [Build(["memopt_bench_dist"]), Files(mkdir=[ctx.build_dir / "bench-dist"])]
     for r in range(1, rounds + 1):  # rounds interleave the compared runs: drift hits all
         steps += [DistLaunch(f"one#{r}", 1, 1, bf16, **common), DistLaunch(f"two#{r}", 2, 1, bf16, **common),

@@ -11,6 +11,7 @@ from .. import lines as L
 from ..core import LOAD, Context, log
 from ..steps import Build, Corpus, Derive, Files, Run, Step, Summary
 from ..summaries import planner_summary
+from .lora import fastest_precision
 
 # ---- suite: attention ----
 # One forward+backward of causal attention (B=1, H=8, D=64, fp32) at L = 512 … 8192 on the
@@ -19,7 +20,8 @@ from ..summaries import planner_summary
 # own; math prints a "skipped" line where it would need more than 8 GiB. Then the LM loss
 # (N=4096 rows, C=512, V=32000) with the full logits and chunked. Ratio lines: blockwise/math
 # per L (at L=4096 with the targets, peak <= 0.1x and time <= 1.2x), blockwise/sdpa and
-# flash/sdpa per L, ce_chunked/ce_full. ~3 min on an idle 2-core machine
+# flash/sdpa per L, ce_chunked/ce_full; and flash/sdpa at the trainer suite's large shape (B 8, L 512)
+# in fp32 and, where the CPU has bf16 units, in bf16. ~3.5 min on an idle 2-core machine
 # (--quick: L 512 and 1024, one step each).
 ATTENTION_LENGTHS = (512, 1024, 2048, 4096, 8192)
 ATTENTION_STEPS = {  # untimed + timed passes; quiet 2-core math-path figures per pass in comments
@@ -32,6 +34,7 @@ ATTENTION_STEPS = {  # untimed + timed passes; quiet 2-core math-path figures pe
 LINEAR_AT_8192 = "--warmup 1 --steps 1"
 ATTENTION_TARGET = {4096: {"peak_tracked_mib": 0.1, "ms": 1.2}}  # blockwise / math
 QUICK_STEPS = "--warmup 0 --steps 1"
+TRAINER_SHAPE = "--L 512 --batch 8 --heads 8 --head_dim 64"  # the trainer suite's large shape (quick: 2 rows)
 
 
 def attention_run(ctx: Context, key: str, args: list[str]) -> Run:
@@ -54,6 +57,15 @@ def attention(ctx: Context) -> list[Step]:
                   Derive([f"blockwise-{n}", f"sdpa-{n}"], L.attention_ratio,  # LibTorch 2.x: SDPA's CPU flash kernel
                          "ratio_blockwise_to_sdpa"),
                   Derive([f"flash-{n}", f"sdpa-{n}"], L.attention_ratio, "ratio_flash_to_sdpa")]
+    # The trainer suite's large shape, 8 rows: flash against SDPA in fp32 and in the precision `auto` picks
+    # (bf16 where the CPU has bf16 units; there SDPA's bf16 backward is the slow part).
+    shape = TRAINER_SHAPE.replace("--batch 8", "--batch 2") if ctx.quick else TRAINER_SHAPE
+    for dtype in dict.fromkeys(("fp32", fastest_precision())):
+        keys = [f"{impl}-b8-{dtype}" for impl in ("flash", "sdpa")]
+        steps += [attention_run(ctx, key, ["--impl", key.split("-")[0], "--dtype", dtype, *shape.split(),
+                                           *(QUICK_STEPS if ctx.quick else ATTENTION_STEPS[512]).split()])
+                  for key in keys]
+        steps.append(Derive(keys, L.attention_ratio, f"ratio_flash_to_sdpa at B 8, {dtype}"))
     passes = "--warmup 0 --steps 1 --rows 512" if ctx.quick else "--warmup 1 --steps 2"
     steps += [attention_run(ctx, impl, ["--impl", impl, *passes.split()]) for impl in ("ce_full", "ce_chunked")]
     return steps + [Derive(["ce_chunked", "ce_full"], L.attention_ratio, "ratio_ce_chunked_to_ce_full")]

@@ -4,8 +4,8 @@ from __future__ import annotations
 from functools import partial
 
 from .. import lines as L
-from ..core import LOAD, Context
-from ..steps import Build, Corpus, Derive, Files, Log, Run, Step
+from ..core import LOAD, Context, env_rounds
+from ..steps import Build, Corpus, Derive, Files, Log, Median, Run, Step
 from .lora import fastest_precision
 
 # ---- suite: trainer ----
@@ -13,6 +13,11 @@ from .lora import fastest_precision
 # tokens_per_s_best from the fastest step: steadier on a shared machine); after the small fp32 one, the
 # Trainer's overhead against a hand-written LibTorch loop (a "hand" line and a ratio).
 # Step counts keep the suite near 30 minutes on an idle 2-core machine (--quick: ~3).
+# BENCH_TRAINER_ROUNDS=N (default 1) runs memopt and eager N times each, alternately, per configuration
+# (torch.compile once): each is printed once, the round with the median tokens/s, with every round's
+# (tokens_per_s_rounds), and the eager ratio from those two lines with each round's pair ratio
+# (tokens_per_s_by_round). On a shared host, whose speed drifts by ±15% between runs minutes apart,
+# that is what makes a ratio near a target checkable; N=3 takes the suite ~2.3 times as long.
 TRAINER_SHAPES = {
     "small": "--layers 4 --dim 256 --heads 8 --seq 256 --micro 8 --accum 2 --vocab 4096",
     "large": "--layers 8 --dim 512 --heads 8 --seq 512 --micro 8 --accum 2 --vocab 4096",
@@ -45,7 +50,23 @@ def trainer_run(ctx: Context, impl: str, config: str, args: list[str]) -> Run:
                error=f"error: {impl} {' '.join(args)} failed", line=L.with_mfu, made="with mfu")
 
 
+def compared_runs(ctx: Context, config: str, args: list[str], rounds: int) -> list[Step]:
+    """memopt's and eager's runs of one configuration, kept as CONFIG/memopt and CONFIG/pytorch: one each, or
+    `rounds` of each alternately (kept quietly as CONFIG/IMPL#R) and the median of each."""
+    if rounds == 1:
+        return [trainer_run(ctx, impl, config, args) for impl in ("memopt", "pytorch")]
+    steps: list[Step] = []
+    for r in range(1, rounds + 1):
+        for impl in ("memopt", "pytorch"):
+            run = trainer_run(ctx, impl, config, args)
+            run.key, run.quiet = f"{config}/{impl}#{r}", True
+            steps.append(run)
+    return steps + [Median([f"{config}/{impl}#{r}" for r in range(1, rounds + 1)], f"{config}/{impl}")
+                    for impl in ("memopt", "pytorch")]
+
+
 def trainer(ctx: Context) -> list[Step]:
+    rounds = 1 if ctx.quick else env_rounds("BENCH_TRAINER_ROUNDS", 1)
     steps: list[Step] = [Build(["memopt_bench_trainer"])]
     for size, shape in TRAINER_SHAPES.items():
         for precision in ("fp32", "bf16"):
@@ -57,10 +78,11 @@ def trainer(ctx: Context) -> list[Step]:
                     args += f" --warmup 1 --steps {TRAINER_STEPS[f'{size}-{precision}']}"
                 config = f"{size}-{precision}-{recompute}"
                 steps += [Log(f"trainer {size} {precision} recompute={recompute}: {args}"),
-                          trainer_run(ctx, "memopt", config, args.split())]
+                          *compared_runs(ctx, config, args.split(), rounds)]
                 for impl in TRAINER_PEERS:
-                    steps += [trainer_run(ctx, impl, config, args.split()),
-                              Derive([f"{config}/memopt", f"{config}/{impl}"], L.trainer_ratio, "ratio memopt / peer")]
+                    if impl != "pytorch":  # eager ran with memopt
+                        steps.append(trainer_run(ctx, impl, config, args.split()))
+                    steps.append(Derive([f"{config}/memopt", f"{config}/{impl}"], L.trainer_ratio, "ratio memopt / peer"))
                 if config == "small-fp32-none":
                     # The Trainer's overhead: the same model and step in a hand-written LibTorch loop,
                     # run right after the Trainer so both see the same machine.

@@ -71,6 +71,19 @@ inline bool flash_supported(const torch::Tensor& q, double dropout, bool trainin
 }  // namespace memopt::nn
 
 #if MEMOPT_HAS_BRGEMM
+// fbgemm's SIMD transpose, which LibTorch ships (its CPU flash attention transposes with it);
+// -DMEMOPT_FBGEMM_TRANSPOSE=0 builds the plain loops instead.
+#ifndef MEMOPT_FBGEMM_TRANSPOSE
+#if __has_include(<fbgemm/Utils.h>) && defined(__x86_64__)
+#define MEMOPT_FBGEMM_TRANSPOSE 1
+#else
+#define MEMOPT_FBGEMM_TRANSPOSE 0
+#endif
+#endif
+#if MEMOPT_FBGEMM_TRANSPOSE
+#include <fbgemm/Utils.h>
+#endif
+
 namespace memopt::detail::flash {
 
 inline constexpr int64_t kKeyBlock = 64;
@@ -105,33 +118,55 @@ MEMOPT_FUSED_CLONES void pack_rows(const T* src, int64_t rows, int64_t cols, int
   }
 }
 
+// dst (cols × rows, leading dimension ld) = the transpose of a rows × cols src (row stride rs)
+// of 32-bit (fp32, or bf16 pairs as one word) or 16-bit elements, moved bit for bit: fbgemm's
+// SIMD transpose where LibTorch ships it (on the trainer's 8 × d512 attention the 16 × 16
+// scalar tiles below took 12% of the kernel's time in fp32), else those tiles.
+template <class E>
+void transpose(const E* src, int64_t rows, int64_t cols, int64_t rs, E* dst, int64_t ld) {
+  static_assert(sizeof(E) == 4 || sizeof(E) == 2, "32- or 16-bit elements");
+#if MEMOPT_FBGEMM_TRANSPOSE
+  using Bits = std::conditional_t<sizeof(E) == 4, float, uint16_t>;  // fbgemm's instantiations
+  fbgemm::transpose_simd<Bits>(rows, cols, reinterpret_cast<const Bits*>(src), rs, reinterpret_cast<Bits*>(dst), ld);
+#else
+  constexpr int64_t kTile = 16;  // a column-wise walk would touch a new cache line with every element
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) dst[c * ld + r] = src[r * rs + c];
+#endif
+}
+
 // The transpose of rows × cols src (row stride rs; cols even for bf16) as a B operand (cols
 // deep, leading dimension ld): for bf16 each pair of columns is one 32-bit word, moved whole.
 template <class T>
-MEMOPT_FUSED_CLONES void pack_transposed(const T* src, int64_t rows, int64_t cols, int64_t rs, T* dst, int64_t ld) {
+void pack_transposed(const T* src, int64_t rows, int64_t cols, int64_t rs, T* dst, int64_t ld) {
   using Word = std::conditional_t<std::is_same_v<T, float>, float, uint32_t>;
   constexpr int64_t per = sizeof(Word) / sizeof(T);
-  const auto* in = reinterpret_cast<const Word*>(src);
-  auto* out = reinterpret_cast<Word*>(dst);
-  constexpr int64_t kTile = 16;
-  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
-    for (int64_t w = 0; w < cols / per; ++w)
-      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) out[w * ld + r] = in[r * (rs / per) + w];
+  transpose(reinterpret_cast<const Word*>(src), rows, cols / per, rs / per, reinterpret_cast<Word*>(dst), ld);
 }
 
-// dst[c * ld + r] = scale · src[r * rs + c] (· col_scale[c] when given) for a rows × cols src,
-// in tiles that stay in the cache (a column-wise walk would touch a new line with every element).
-template <class Out, class In>
-MEMOPT_FUSED_CLONES void transpose_scaled(const In* src, int64_t rows, int64_t cols, int64_t rs, Out* dst, int64_t ld,
-                                          float scale, const float* col_scale = nullptr) {
-  constexpr int64_t kTile = 16;
-  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
-    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
-      for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) {
-        const float sc = col_scale ? scale * col_scale[c] : scale;
-        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
-          dst[c * ld + r] = fused::from_float<Out>(fused::to_float(src[r * rs + c]) * sc);
-      }
+// src[r][c] · scale (· col_scale[c] when given) for a contiguous fp32 rows × cols src: in place
+// for fp32, rounded into `low` (rows × cols) for bf16.
+template <class T>
+MEMOPT_FUSED_CLONES void scale_in_place(float* src, int64_t rows, int64_t cols, float scale, const float* col_scale,
+                                        T* low) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = src[r * cols + c] * (col_scale ? scale * col_scale[c] : scale);
+      if constexpr (std::is_same_v<T, float>) src[r * cols + c] = v;
+      else low[r * cols + c] = fused::from_float<T>(v);
+    }
+}
+
+// dst[c * ld + r] = scale · src[r][c] (· col_scale[c]) in T, for the contiguous fp32 rows × cols
+// src (scaled in place; a bf16 T goes through `low`, rows × cols, then): an accumulator's
+// transpose, the output's layout.
+template <class T>
+void store_transposed(float* src, int64_t rows, int64_t cols, float scale, const float* col_scale, T* low, T* dst,
+                      int64_t ld) {
+  scale_in_place<T>(src, rows, cols, scale, col_scale, low);
+  if constexpr (std::is_same_v<T, float>) transpose(src, rows, cols, cols, dst, ld);
+  else transpose(low, rows, cols, cols, dst, ld);
 }
 
 // dst[r * ld + c] = scale · src[r * cols + c] for a rows × cols src.
@@ -264,7 +299,7 @@ void backward_task(Workspace<T>& w, int64_t b, int64_t kv, int64_t G, bool causa
   const T* v_ptr = v.const_data_ptr<T>() + b * v.stride(0) + kv * v.stride(1);
   const int64_t ks = k.stride(2), vs = v.stride(2);
   // Kᵀ (D, Tk2) as a plain A operand of dQᵀ += K_jᵀ dSᵀ.
-  transpose_scaled(k_ptr, Tk, D, ks, w.k_t, Tk2, 1.f);
+  transpose(k_ptr, Tk, D, ks, w.k_t, Tk2);
   std::fill(w.dk, w.dk + Tk * D, 0.f);
   std::fill(w.dv, w.dv + Tk * D, 0.f);
   for (int64_t g = 0; g < G; ++g) {
@@ -317,7 +352,8 @@ void backward_task(Workspace<T>& w, int64_t b, int64_t kv, int64_t G, bool causa
       }
     }
     T* dq_ptr = dq.data_ptr<T>() + b * dq.stride(0) + h * dq.stride(1);
-    transpose_scaled(w.dq_t, D, Tq, Tq, dq_ptr, dq.stride(2), scale);  // dQ = scale · (dQᵀ)ᵀ
+    // dQ = scale · (dQᵀ)ᵀ; Qᵀ's buffer, done with for this head, holds bf16's rounded dQᵀ.
+    store_transposed<T>(w.dq_t, D, Tq, scale, nullptr, w.q_t, dq_ptr, dq.stride(2));
   }
   T* dk_ptr = dk.data_ptr<T>() + b * dk.stride(0) + kv * dk.stride(1);
   T* dv_ptr = dv.data_ptr<T>() + b * dv.stride(0) + kv * dv.stride(1);
@@ -365,7 +401,7 @@ void forward_task(ForwardWorkspace<T>& w, int64_t b, int64_t kv, int64_t G, bool
   const T* k_ptr = k.const_data_ptr<T>() + b * k.stride(0) + kv * k.stride(1);
   const T* v_ptr = v.const_data_ptr<T>() + b * v.stride(0) + kv * v.stride(1);
   const int64_t ks = k.stride(2);
-  transpose_scaled(v_ptr, Tk, D, v.stride(2), w.v_t, Tk2, 1.f);  // Vᵀ (D, Tk2): A of Oᵀ += V_jᵀ P
+  transpose(v_ptr, Tk, D, v.stride(2), w.v_t, Tk2);  // Vᵀ (D, Tk2): A of Oᵀ += V_jᵀ P
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = kv * G + g;
     const T* q_ptr = q.const_data_ptr<T>() + b * q.stride(0) + h * q.stride(1);
@@ -393,7 +429,7 @@ void forward_task(ForwardWorkspace<T>& w, int64_t b, int64_t kv, int64_t G, bool
     }
     for (int64_t t = 0; t < Tq; ++t) w.alpha[t] = 1.f / w.l[t];
     T* out_ptr = out.data_ptr<T>() + b * out.stride(0) + h * out.stride(1);
-    transpose_scaled(w.o_t, D, Tq, Tq, out_ptr, out.stride(2), 1.f, w.alpha);  // O = (Oᵀ)ᵀ / l
+    store_transposed<T>(w.o_t, D, Tq, 1.f, w.alpha, w.q_t, out_ptr, out.stride(2));  // O = (Oᵀ)ᵀ / l (as dQ)
     float* lse_ptr = lse.data_ptr<float>() + b * lse.stride(0) + h * lse.stride(1);
     for (int64_t t = 0; t < Tq; ++t) lse_ptr[t * lse.stride(2)] = w.m[t] + std::log(w.l[t]);
   }
