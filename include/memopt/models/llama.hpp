@@ -70,7 +70,8 @@ struct LlamaConfig {
   /// The norms, RoPE, the SwiGLU product and the chunked loss's softmax as fused CPU kernels
   /// (nn/fused.hpp; same values: fp32 within 1e-6; less kept for backward), and the residual
   /// dropouts fused into their adds (nn/fused_dropout.hpp: masks from another generator, not
-  /// kept), the attention's residual add with the norm after it (nn/fused_add_norm.hpp).
+  /// kept), the attention's residual add with the norm after it (nn/fused_add_norm.hpp), and
+  /// q, k, v (and gate, up) as one node each (nn/linear_shared.hpp: one dX GEMM per group).
   /// A runtime choice: not part of config.json.
   TORCH_ARG(bool, fused_kernels) = false;
   /// > 1: each block's SwiGLU runs its rows (B·T) in this many tiles, each recomputed in
@@ -119,7 +120,8 @@ struct LlamaConfig {
         .kind(attention_kind_)
         .q_block(attention_block_size_ > 0 ? attention_block_size_ : nn::kAttentionQBlock)
         .kv_block(attention_block_size_ > 0 ? attention_block_size_ : nn::kAttentionKvBlock)
-        .fused_rope(fused_kernels_);
+        .fused_rope(fused_kernels_)
+        .fused_projections(fused_kernels_);
   }
 
   void validate() const {
@@ -240,6 +242,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
     mlp = register_module(
         "mlp", nn::SwiGLU(nn::SwiGLUOptions(config.hidden_size(), config.ffn_size())
                                   .fused(config.fused_kernels())
+                                  .fused_projections(config.fused_kernels())
                                   .row_tiles(config.mlp_row_tiles())));
     input_layernorm = register_module("input_layernorm", nn::RMSNorm(config.block_norm_options()));
     post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(config.block_norm_options()));

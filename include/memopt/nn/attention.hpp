@@ -40,6 +40,9 @@ struct AttentionOptions {
   TORCH_ARG(int64_t, kv_block) = kAttentionKvBlock;
   /// RoPE on q and k as nn::fused_rope (one pass each way on the CPU) instead of apply_rope.
   TORCH_ARG(bool, fused_rope) = false;
+  /// q, k and v projected as one autograd node (nn::forward_shared: one dX GEMM instead of
+  /// three and two adds) where the three are dense.
+  TORCH_ARG(bool, fused_projections) = false;
 };
 
 /// The attention pattern of one call, overriding the module's options: causal or not, and
@@ -98,11 +101,12 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
     const bool causal = mask.causal.value_or(options.causal());
     const torch::Tensor key_padding = mask.key_padding;
     const int64_t D = head_dim();
-    // q, k, v in this order, one statement each: an adapter's dropout draws from the generator
-    // in the order PEFT's LlamaAttention calls them (function arguments have no order).
-    const auto q_raw = q_proj(x).view({B, T, H, D});                // (B, T, H, D)
-    const auto k_raw = k_proj(x).view({B, T, KV, D});               // (B, T, KV, D)
-    const auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
+    // q, k, v in this order (forward_shared keeps it: an adapter's dropout draws from the
+    // generator in the order PEFT's LlamaAttention calls them).
+    const auto qkv = forward_shared(x, {q_proj, k_proj, v_proj}, options.fused_projections());
+    const auto q_raw = qkv[0].view({B, T, H, D});                // (B, T, H, D)
+    const auto k_raw = qkv[1].view({B, T, KV, D});               // (B, T, KV, D)
+    const auto v = qkv[2].view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
     const auto [q, k] = rotate(q_raw, k_raw, cos, sin);            // (B, H, T, D), (B, KV, T, D)
     torch::Tensor y;  // (B, H, T, D)
     if (options.kind() == AttentionKind::kBlockwise) {

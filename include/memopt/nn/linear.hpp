@@ -9,17 +9,20 @@
 // memopt::lora::apply (memopt/lora.hpp) does both over a whole model by name.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <ostream>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
 #include "memopt/detail/checkpoint_function.hpp"
 #include "memopt/memory/allocator.hpp"
+#include "memopt/nn/linear_shared.hpp"
 #include "memopt/nn/linear_unread.hpp"
 #include "memopt/nn/lora.hpp"
 #include "memopt/nn/nf4.hpp"
@@ -159,9 +162,11 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   /// adapter builds its autograd node on an uninitialised output instead of running the GEMM
   /// (nn::linear_unread: the same gradients). Everywhere else, forward(x).
   torch::Tensor forward_to_output(const torch::Tensor& x) {  // (..., in) -> (..., out)
-    const bool plain = !nf4_options_ && (!lora_ || merged_);
-    return plain && memopt::detail::replaying() ? linear_unread(x, weight, bias) : forward(x);
+    return dense() && memopt::detail::replaying() ? linear_unread(x, weight, bias) : forward(x);
   }
+
+  /// Whether forward() is x·Wᵀ + b alone: not NF4, no adapter or a merged one.
+  bool dense() const { return !nf4_options_ && (!lora_ || merged_); }
 
   bool has_adapter() const { return lora_.has_value(); }
   bool quantized() const { return nf4_options_.has_value(); }
@@ -357,5 +362,28 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   bool merged_ = false;
 };
 TORCH_MODULE(Linear);
+
+/// layers[i](x) for Linear layers that read the same x (q, k and v; gate and up): with
+/// `shared` and every layer dense(), one autograd node (nn::linear_shared_input: one dX GEMM,
+/// the others accumulated into it); otherwise each layer's forward, in order (an adapter's
+/// dropout draws from the generator in the order PEFT calls them).
+///   auto qkv = memopt::nn::forward_shared(x, {q_proj, k_proj, v_proj}, true);
+inline std::vector<torch::Tensor> forward_shared(const torch::Tensor& x, const std::vector<Linear>& layers,
+                                                 bool shared) {
+  std::vector<torch::Tensor> y;
+  const bool dense = std::all_of(layers.begin(), layers.end(), [](const Linear& l) { return l->dense(); });
+  if (!shared || !dense) {
+    for (auto layer : layers) y.push_back(layer->forward(x));
+    return y;
+  }
+  std::vector<torch::Tensor> weights, biases;
+  bool any_bias = false;
+  for (const auto& layer : layers) {
+    weights.push_back(layer->weight);
+    biases.push_back(layer->bias);
+    any_bias = any_bias || layer->bias.defined();
+  }
+  return linear_shared_input(x, weights, any_bias ? biases : std::vector<torch::Tensor>{});
+}
 
 }  // namespace memopt::nn

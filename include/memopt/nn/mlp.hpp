@@ -27,6 +27,9 @@ struct SwiGLUOptions {
   TORCH_ARG(int64_t, intermediate_size);
   /// nn::fused_swiglu for silu(gate) · up (one pass each way; keeps gate and up only).
   TORCH_ARG(bool, fused) = false;
+  /// gate and up projected as one autograd node (nn::forward_shared: one dX GEMM instead of
+  /// two and an add) where both are dense.
+  TORCH_ARG(bool, fused_projections) = false;
   /// > 1: the rows (B·T) in this many tiles, each recomputed in backward (forward_tiled):
   /// the same values; the (B, T, F) activations held are one tile's. A LoRA adapter's dropout
   /// draws its mask tile by tile (another draw than untiled, the same distribution).
@@ -62,7 +65,7 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
         [fused](const std::vector<torch::Tensor>& in) {
           return fused ? fused_swiglu(in[0], in[1]) : torch::silu(in[0]) * in[1];
         },
-        {gate_proj(x), up_proj(x)});  // (B, T, F)
+        forward_shared(x, {gate_proj, up_proj}, options.fused_projections()));  // (B, T, F) each
     return to_block_output ? down_proj->forward_to_output(gated) : down_proj(gated);  // (B, T, C)
   }
 
@@ -73,8 +76,8 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
   torch::Tensor forward_tiled(const torch::Tensor& x) {  // (B, T, C) -> (B, T, C)
     const auto self = std::static_pointer_cast<SwiGLUImpl>(shared_from_this());  // outlives backward
     const BlockFn tile = [self](const std::vector<torch::Tensor>& in) {           // (n, C) -> (n, C)
-      auto gate = self->gate_proj(in[0]), up = self->up_proj(in[0]);            // (n, F)
-      return self->down_proj(self->options.fused() ? fused_swiglu(gate, up) : torch::silu(gate) * up);
+      const auto gu = forward_shared(in[0], {self->gate_proj, self->up_proj}, self->options.fused_projections());
+      return self->down_proj(self->options.fused() ? fused_swiglu(gu[0], gu[1]) : torch::silu(gu[0]) * gu[1]);
     };
     const bool record = torch::GradMode::is_enabled();
     if (!record && !draws_masks()) return tile({x});
