@@ -102,7 +102,7 @@ TEST_CASE("linear_shared_input under bf16 autocast: bf16 outputs, gradients with
   }
 }
 
-TEST_CASE("linear_shared_input: frozen weights and unused outputs get no gradient; one dX GEMM, no add",
+TEST_CASE("linear_shared_input: frozen weights and unused outputs get no gradient, one dX GEMM, no add",
           "[nn][linear]") {
   torch::manual_seed(13);
   const auto x0 = torch::randn({4, 8});
