@@ -27,6 +27,12 @@ struct AutocastState {
 #endif
   }
 
+  /// t as an op autocast covers would get it (a linear's operands): in autocast's dtype, through
+  /// its cache of cast weights, when autocast is on and t defined; t otherwise.
+  at::Tensor cast(const at::Tensor& t) const {
+    return enabled && t.defined() ? at::autocast::cached_cast(dtype, t, device) : t;
+  }
+
   void apply() const {
 #if MEMOPT_TORCH_AT_LEAST(2, 4)
     at::autocast::set_autocast_enabled(device, enabled);

@@ -376,14 +376,12 @@ inline std::vector<torch::Tensor> forward_shared(const torch::Tensor& x, const s
     for (auto layer : layers) y.push_back(layer->forward(x));
     return y;
   }
-  std::vector<torch::Tensor> weights, biases;
-  bool any_bias = false;
+  std::vector<torch::Tensor> weights, biases;  // a bias-free layer's: undefined, added nowhere
   for (const auto& layer : layers) {
     weights.push_back(layer->weight);
     biases.push_back(layer->bias);
-    any_bias = any_bias || layer->bias.defined();
   }
-  return linear_shared_input(x, weights, any_bias ? biases : std::vector<torch::Tensor>{});
+  return linear_shared_input(x, weights, biases);
 }
 
 }  // namespace memopt::nn

@@ -9,8 +9,6 @@
 //   auto y = memopt::nn::linear_shared_input(x, {wq, wk, wv});  // (..., in) -> 3 × (..., out_i)
 #pragma once
 
-#include <ATen/autocast_mode.h>
-
 #include <cstdint>
 #include <vector>
 
@@ -69,26 +67,23 @@ inline std::vector<torch::Tensor> linear_shared_input(const torch::Tensor& x, co
   TORCH_CHECK(!weights.empty() && (biases.empty() || biases.size() == weights.size()),
               "memopt::nn::linear_shared_input: one or more weights and a bias for each or none (got ", weights.size(),
               " weights, ", biases.size(), " biases). HINT: pass {} for bias-free layers.");
-  const auto device = x.device().type();
-  const auto autocast = memopt::detail::AutocastState::current(device);
-  auto cast = [&](const torch::Tensor& t) {
-    return autocast.enabled && t.defined() ? at::autocast::cached_cast(autocast.dtype, t, device) : t;
-  };
-  const auto xc = cast(x);
+  const auto autocast = memopt::detail::AutocastState::current(x.device().type());
+  const auto xc = autocast.cast(x);
   std::vector<torch::Tensor> wc;
   bool one_dtype = x.dim() > 0;
   for (const auto& w : weights) {
-    wc.push_back(cast(w));
+    wc.push_back(autocast.cast(w));
     one_dtype = one_dtype && wc.back().scalar_type() == xc.scalar_type() && w.dim() == 2;
   }
   std::vector<torch::Tensor> y;
   if (!one_dtype) {
-    for (size_t i = 0; i < weights.size(); ++i) y.push_back(torch::linear(x, weights[i], biases.empty() ? torch::Tensor() : biases[i]));
+    for (size_t i = 0; i < weights.size(); ++i)
+      y.push_back(torch::linear(x, weights[i], biases.empty() ? torch::Tensor() : biases[i]));
     return y;
   }
   y = detail::SharedInputLinearFunction::apply(xc, at::TensorList(wc));  // (..., out_i) each
   for (size_t i = 0; i < biases.size(); ++i)
-    if (biases[i].defined()) y[i] = y[i] + cast(biases[i]);
+    if (biases[i].defined()) y[i] = y[i] + autocast.cast(biases[i]);
   return y;
 }
 

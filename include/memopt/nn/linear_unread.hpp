@@ -11,8 +11,6 @@
 // (the same cached casts), so the gradients keep their dtypes and casts.
 #pragma once
 
-#include <ATen/autocast_mode.h>
-
 #include <vector>
 
 #include <torch/torch.h>
@@ -50,12 +48,8 @@ namespace memopt::nn {
 /// backpropagated through, never read (see the file comment). Autocast's casts are applied as
 /// for torch::linear; operands of mixed dtypes outside autocast run torch::linear.
 inline torch::Tensor linear_unread(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {}) {
-  const auto device = x.device().type();
-  const auto autocast = memopt::detail::AutocastState::current(device);
-  auto cast = [&](const torch::Tensor& t) {
-    return autocast.enabled && t.defined() ? at::autocast::cached_cast(autocast.dtype, t, device) : t;
-  };
-  const auto xc = cast(x), wc = cast(w), bc = cast(b);
+  const auto autocast = memopt::detail::AutocastState::current(x.device().type());
+  const auto xc = autocast.cast(x), wc = autocast.cast(w), bc = autocast.cast(b);
   const bool one_dtype =
       xc.scalar_type() == wc.scalar_type() && (!bc.defined() || bc.scalar_type() == wc.scalar_type());
   if (!one_dtype || x.dim() == 0) return torch::linear(x, w, b);
