@@ -6,22 +6,20 @@
 // (batch, KV head) task walks key blocks of 64 and multiplies each against every query that
 // sees it in one call, in the transposed layout (keys as rows), so every A operand is a plain
 // row-major buffer and every B operand is packed once per head (VNNI pairs for bf16):
-//   forward   Sᵀ = K_j Qᵀ; online softmax per query (FlashAttention's running max m and sum l);
-//             Oᵀ = alpha · Oᵀ + V_jᵀ P; O = (Oᵀ)ᵀ / l, lse = m + log l
+//   forward   nn/attention_flash_forward.hpp's: S = Q Kᵀ row by row, or Sᵀ = K_j Qᵀ with an
+//             online softmax; O and lse = m + log l
 //   backward  Sᵀ = K_j Qᵀ, P = exp(scale·Sᵀ − lse)       dV_j += P-rows · dO
 //             dPᵀ = V_j dOᵀ, dS = P ∘ (dPᵀ − rowsum(dO∘O))  dK_j += dS-rows · Q
 //             dQᵀ += K_jᵀ dSᵀ   (scale applied to dQ and dK once at the end)
-// In bf16 the forward is SDPA's (its AMX-packed forward was as fast; FlashAttentionFunction).
+// In bf16 past 2048 keys the forward is SDPA's (attention_flash_forward.hpp's row_keys).
 // fp32 accumulators throughout (O, dQ, dK, dV, the scores); bf16 only where SDPA rounds too (P
 // and dS as GEMM operands). Grouped KV heads are never repeated: the G query heads of a KV head
 // run in its task and add into one dK, dV. No dropout and no mask but the causal one (top-left
 // aligned, SDPA's): attention_flash runs SDPA otherwise.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <tuple>
 #include <type_traits>
@@ -33,149 +31,12 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/autocast.hpp"
+#include "memopt/nn/attention_flash_forward.hpp"
 #include "memopt/nn/attention_kernels.hpp"
 #include "memopt/nn/fused.hpp"
 
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F32F32F32)
-#define MEMOPT_HAS_BRGEMM 1
-#else
-#define MEMOPT_HAS_BRGEMM 0
-#endif
-
-namespace memopt::nn {
-
-/// Whether attention_flash runs memopt's kernels for attention on `device` whose matmuls run
-/// in `dtype` (autocast's, else q's): a CPU build of LibTorch with the batch-reduce GEMM, fp32,
-/// or bf16 where oneDNN packs bf16 for AMX tiles (cpublas::could_pack: CPUs with AMX); an even
-/// head width; no dropout and no key padding. Elsewhere attention_flash is attention_sdpa.
-inline bool flash_supported(c10::DeviceType device, c10::ScalarType dtype, int64_t head_dim, bool dropout,
-                            bool padded) {
 #if MEMOPT_HAS_BRGEMM
-  const bool dtype_ok = dtype == torch::kFloat ||
-                        (dtype == torch::kBFloat16 && at::native::cpublas::could_pack(torch::kBFloat16));
-  return device == c10::kCPU && dtype_ok && head_dim > 0 && head_dim % 2 == 0 && !dropout && !padded;
-#else
-  (void)device, (void)dtype, (void)head_dim, (void)dropout, (void)padded;
-  return false;
-#endif
-}
-
-/// The same for a call attention_flash(q, k, v, causal, dropout, training, key_padding_mask).
-inline bool flash_supported(const torch::Tensor& q, double dropout, bool training,
-                            const torch::Tensor& key_padding_mask = {}) {
-  return q.dim() == 4 && q.size(2) > 0 &&
-         flash_supported(q.device().type(), memopt::detail::matmul_dtype(q), q.size(3),
-                                  training && dropout > 0, key_padding_mask.defined());
-}
-
-}  // namespace memopt::nn
-
-#if MEMOPT_HAS_BRGEMM
-// fbgemm's SIMD transpose, which LibTorch ships (its CPU flash attention transposes with it);
-// -DMEMOPT_FBGEMM_TRANSPOSE=0 builds the plain loops instead.
-#ifndef MEMOPT_FBGEMM_TRANSPOSE
-#if __has_include(<fbgemm/Utils.h>) && defined(__x86_64__)
-#define MEMOPT_FBGEMM_TRANSPOSE 1
-#else
-#define MEMOPT_FBGEMM_TRANSPOSE 0
-#endif
-#endif
-#if MEMOPT_FBGEMM_TRANSPOSE
-#include <fbgemm/Utils.h>
-#endif
-
 namespace memopt::detail::flash {
-
-inline constexpr int64_t kKeyBlock = 64;
-// Queries per GEMM against a key block: a (64, 512) fp32 block of scores (128 KiB) stays in the
-// L2 cache; at T = 8192 one (64, T) block per call ran 1.4x slower than SDPA, chunked 0.7x.
-inline constexpr int64_t kQueryChunk = 512;
-
-// The loops below are plain C++ for GCC's vectoriser, cloned per ISA (nn/fused.hpp's
-// MEMOPT_FUSED_CLONES): a header gets the user's flags, not ATen's per-ISA builds.
-
-// rows × cols bf16 src (row stride rs) as a VNNI B operand (rows deep, leading dimension ld):
-// row pairs interleaved, an odd last row paired with zeros. (fp32 B operands are plain rows:
-// the kernels pass them where they are.)
-template <class T>
-MEMOPT_FUSED_CLONES void pack_rows(const T* src, int64_t rows, int64_t cols, int64_t rs, T* dst, int64_t ld) {
-  static_assert(!std::is_same_v<T, float>, "fp32 needs no VNNI packing");
-  for (int64_t r = 0; r < rows; r += 2) {
-    const T* a = src + r * rs;
-    T* out = dst + r * ld;
-    if (r + 1 < rows) {
-      const T* b = a + rs;
-      for (int64_t c = 0; c < cols; ++c) {
-        out[2 * c] = a[c];
-        out[2 * c + 1] = b[c];
-      }
-    } else {
-      for (int64_t c = 0; c < cols; ++c) {
-        out[2 * c] = a[c];
-        out[2 * c + 1] = T(0);
-      }
-    }
-  }
-}
-
-// dst (cols × rows, leading dimension ld) = the transpose of a rows × cols src (row stride rs)
-// of 32-bit (fp32, or bf16 pairs as one word) or 16-bit elements, moved bit for bit: fbgemm's
-// SIMD transpose where LibTorch ships it (on the trainer's 8 × d512 attention the 16 × 16
-// scalar tiles below took 12% of the kernel's time in fp32), else those tiles.
-template <class E>
-void transpose(const E* src, int64_t rows, int64_t cols, int64_t rs, E* dst, int64_t ld) {
-  static_assert(sizeof(E) == 4 || sizeof(E) == 2, "32- or 16-bit elements");
-#if MEMOPT_FBGEMM_TRANSPOSE
-  using Bits = std::conditional_t<sizeof(E) == 4, float, uint16_t>;  // fbgemm's instantiations
-  fbgemm::transpose_simd<Bits>(rows, cols, reinterpret_cast<const Bits*>(src), rs, reinterpret_cast<Bits*>(dst), ld);
-#else
-  constexpr int64_t kTile = 16;  // a column-wise walk would touch a new cache line with every element
-  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
-    for (int64_t c = 0; c < cols; ++c)
-      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) dst[c * ld + r] = src[r * rs + c];
-#endif
-}
-
-// The transpose of rows × cols src (row stride rs; cols even for bf16) as a B operand (cols
-// deep, leading dimension ld): for bf16 each pair of columns is one 32-bit word, moved whole.
-template <class T>
-void pack_transposed(const T* src, int64_t rows, int64_t cols, int64_t rs, T* dst, int64_t ld) {
-  using Word = std::conditional_t<std::is_same_v<T, float>, float, uint32_t>;
-  constexpr int64_t per = sizeof(Word) / sizeof(T);
-  transpose(reinterpret_cast<const Word*>(src), rows, cols / per, rs / per, reinterpret_cast<Word*>(dst), ld);
-}
-
-// src[r][c] · scale (· col_scale[c] when given) for a contiguous fp32 rows × cols src: in place
-// for fp32, rounded into `low` (rows × cols) for bf16.
-template <class T>
-MEMOPT_FUSED_CLONES void scale_in_place(float* src, int64_t rows, int64_t cols, float scale, const float* col_scale,
-                                        T* low) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = src[r * cols + c] * (col_scale ? scale * col_scale[c] : scale);
-      if constexpr (std::is_same_v<T, float>) src[r * cols + c] = v;
-      else low[r * cols + c] = fused::from_float<T>(v);
-    }
-}
-
-// dst[c * ld + r] = scale · src[r][c] (· col_scale[c]) in T, for the contiguous fp32 rows × cols
-// src (scaled in place; a bf16 T goes through `low`, rows × cols, then): an accumulator's
-// transpose, the output's layout.
-template <class T>
-void store_transposed(float* src, int64_t rows, int64_t cols, float scale, const float* col_scale, T* low, T* dst,
-                      int64_t ld) {
-  scale_in_place<T>(src, rows, cols, scale, col_scale, low);
-  if constexpr (std::is_same_v<T, float>) transpose(src, rows, cols, cols, dst, ld);
-  else transpose(low, rows, cols, cols, dst, ld);
-}
-
-// dst[r * ld + c] = scale · src[r * cols + c] for a rows × cols src.
-template <class Out>
-MEMOPT_FUSED_CLONES void store_scaled(const float* src, int64_t rows, int64_t cols, Out* dst, int64_t ld,
-                                      float scale) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = fused::from_float<Out>(src[r * cols + c] * scale);
-}
 
 // One key block's rows against a chunk of queries (keys c < nb, queries i < M, leading
 // dimension M2; key c is hidden from queries i < c + diag: diag = n0 − c0 under the causal mask,
@@ -204,46 +65,6 @@ MEMOPT_FUSED_CLONES void softmax_grad_rows(float* s, float* dp, T* p_t, T* ds_t,
   }
 }
 
-// One key block of the forward against a chunk of queries (as softmax_grad_rows): the running
-// max m and sum l of each query's exp(scale · s) over the keys so far move on to this block's,
-// s becomes P = exp(scale · s − m) (0 where the mask hides the key, and in the pad columns), p_t
-// its T copy (bf16 only), and alpha = exp(m_before − m) rescales the output so far.
-template <class T>
-MEMOPT_FUSED_CLONES void online_softmax_rows(float* s, T* p_t, int64_t nb, int64_t M, int64_t M2, int64_t diag,
-                                             float scale, float* m, float* l, float* alpha, float* block_max) {
-  for (int64_t i = 0; i < M; ++i) block_max[i] = -std::numeric_limits<float>::infinity();
-  for (int64_t c = 0; c < nb; ++c) {
-    const float* sr = s + c * M2;
-    for (int64_t i = std::clamp<int64_t>(c + diag, 0, M); i < M; ++i)
-      block_max[i] = std::max(block_max[i], sr[i] * scale);
-  }
-  for (int64_t i = 0; i < M; ++i) {
-    const float m_new = std::max(m[i], block_max[i]);  // finite: every query of a chunk sees key n0
-    alpha[i] = fused::exp(m[i] - m_new);                // m = -inf before the first block: 0
-    m[i] = m_new;
-    block_max[i] = 0.f;  // now this block's sum
-  }
-  for (int64_t c = 0; c < nb; ++c) {
-    float* sr = s + c * M2;
-    const int64_t seen = std::clamp<int64_t>(c + diag, 0, M);
-    for (int64_t i = 0; i < seen; ++i) sr[i] = 0.f;
-    for (int64_t i = seen; i < M; ++i) {
-      sr[i] = fused::exp(sr[i] * scale - m[i]);
-      block_max[i] += sr[i];
-    }
-    for (int64_t i = M; i < M2; ++i) sr[i] = 0.f;
-    if constexpr (!std::is_same_v<T, float>)
-      for (int64_t i = 0; i < M2; ++i) p_t[c * M2 + i] = fused::from_float<T>(sr[i]);
-  }
-  for (int64_t i = 0; i < M; ++i) l[i] = alpha[i] * l[i] + block_max[i];
-}
-
-// Columns [0, M) of the D rows of oᵀ (leading dimension ld) times alpha.
-MEMOPT_FUSED_CLONES inline void scale_columns(float* o_t, int64_t D, int64_t M, int64_t ld, const float* alpha) {
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t i = 0; i < M; ++i) o_t[d * ld + i] *= alpha[i];
-}
-
 // rowsum(dO ∘ O) of Tq rows of D.
 template <class T>
 MEMOPT_FUSED_CLONES void row_dots(const T* a, int64_t as, const T* b, int64_t bs, int64_t rows, int64_t D,
@@ -252,12 +73,6 @@ MEMOPT_FUSED_CLONES void row_dots(const T* a, int64_t as, const T* b, int64_t bs
     out[r] = fused::lane_sum(D, [&](int64_t d) {
       return fused::to_float(a[r * as + d]) * fused::to_float(b[r * bs + d]);
     });
-}
-
-template <class T>
-inline void brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add, const T* A,
-                   const T* B, float* C) {
-  at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add, A, B, C, /*is_vnni=*/!std::is_same_v<T, float>);
 }
 
 // One thread's buffers, sized for the largest task and reused by every task it runs: two
@@ -361,101 +176,6 @@ void backward_task(Workspace<T>& w, int64_t b, int64_t kv, int64_t G, bool causa
   store_scaled(w.dv, Tk, D, dv_ptr, dv.stride(2), 1.f);
 }
 
-// x with rows of D contiguous elements, bf16 pairs on 32-bit boundaries (packing moves pairs
-// whole): x itself, or a contiguous copy.
-inline torch::Tensor aligned_rows(const torch::Tensor& x) {
-  return x.stride(-1) == 1 && x.stride(-2) % 2 == 0 && x.storage_offset() % 2 == 0 ? x : x.contiguous();
-}
-
-// The forward's buffers for one thread (as Workspace).
-template <class T>
-struct ForwardWorkspace {
-  torch::Tensor f32, low;
-  float *scores, *m, *l, *alpha, *block_max, *o_t;
-  T *q_t, *v_t, *p_rows, *p_b;
-
-  ForwardWorkspace(int64_t Tq, int64_t Tk, int64_t D, c10::ScalarType dtype) {
-    const int64_t Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2, block = kKeyBlock * std::min(Tq2, kQueryChunk);
-    const int64_t rounded = std::is_same_v<T, float> ? 0 : 1;
-    f32 = torch::empty({block + 4 * Tq + D * Tq}, torch::kFloat);
-    low = torch::zeros({D * Tq2 + D * Tk2 + rounded * 2 * block}, dtype);  // Vᵀ's pad column stays 0
-    float* f = f32.data_ptr<float>();
-    scores = std::exchange(f, f + block);
-    for (float** part : {&m, &l, &alpha, &block_max}) *part = std::exchange(f, f + Tq);
-    o_t = f;
-    T* lo = low.data_ptr<T>();
-    q_t = std::exchange(lo, lo + D * Tq2);
-    v_t = std::exchange(lo, lo + D * Tk2);
-    for (T** part : {&p_rows, &p_b}) *part = std::exchange(lo, lo + rounded * block);
-  }
-};
-
-// The (batch b, KV head kv) task of the forward: out and lse of its G query heads. Per key
-// block j: Sᵀ = K_j Qᵀ, the online softmax over the keys so far (FlashAttention's), and
-// Oᵀ = alpha · Oᵀ + V_jᵀ P; at the end O = (Oᵀ)ᵀ / l and lse = m + log l.
-template <class T>
-void forward_task(ForwardWorkspace<T>& w, int64_t b, int64_t kv, int64_t G, bool causal, float scale,
-                  const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
-                  const torch::Tensor& lse) {
-  const int64_t Tq = q.size(2), Tk = k.size(2), D = q.size(3), Tq2 = Tq + Tq % 2, Tk2 = Tk + Tk % 2;
-  const T* k_ptr = k.const_data_ptr<T>() + b * k.stride(0) + kv * k.stride(1);
-  const T* v_ptr = v.const_data_ptr<T>() + b * v.stride(0) + kv * v.stride(1);
-  const int64_t ks = k.stride(2);
-  transpose(v_ptr, Tk, D, v.stride(2), w.v_t, Tk2);  // Vᵀ (D, Tk2): A of Oᵀ += V_jᵀ P
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t h = kv * G + g;
-    const T* q_ptr = q.const_data_ptr<T>() + b * q.stride(0) + h * q.stride(1);
-    pack_transposed(q_ptr, Tq, D, q.stride(2), w.q_t, Tq2);  // Qᵀ (D, Tq): B of Sᵀ = K_j Qᵀ
-    std::fill(w.m, w.m + Tq, -std::numeric_limits<float>::infinity());
-    std::fill(w.l, w.l + Tq, 0.f);
-    std::fill(w.o_t, w.o_t + D * Tq, 0.f);
-    for (int64_t n0 = 0; n0 < Tk; n0 += kKeyBlock) {
-      const int64_t nb = std::min(kKeyBlock, Tk - n0), nb2 = nb + nb % 2;
-      for (int64_t r0 = causal ? n0 : 0; r0 < Tq; r0 += kQueryChunk) {  // as in backward_task
-        const int64_t M = std::min(kQueryChunk, Tq - r0), M2 = M + M % 2, diag = causal ? n0 - r0 : -nb;
-        const int64_t col = std::is_same_v<T, float> ? r0 : 2 * r0;
-        brgemm<T>(nb, M, D, ks, Tq2, M2, false, k_ptr + n0 * ks, w.q_t + col, w.scores);  // Sᵀ (nb, M)
-        online_softmax_rows<T>(w.scores, w.p_rows, nb, M, M2, diag, scale, w.m + r0, w.l + r0, w.alpha,
-                               w.block_max);
-        scale_columns(w.o_t + r0, D, M, Tq, w.alpha);
-        const T* p_b = reinterpret_cast<const T*>(w.scores);
-        if constexpr (!std::is_same_v<T, float>) {
-          pack_rows(static_cast<const T*>(w.p_rows), nb, M2, M2, w.p_b, M2);  // P (nb2, M) as the B of Oᵀ
-          p_b = w.p_b;
-        }
-        const int64_t nk = std::is_same_v<T, float> ? nb : nb2;
-        brgemm<T>(D, M, nk, Tk2, M2, Tq, true, w.v_t + n0, p_b, w.o_t + r0);  // Oᵀ += V_jᵀ P
-      }
-    }
-    for (int64_t t = 0; t < Tq; ++t) w.alpha[t] = 1.f / w.l[t];
-    T* out_ptr = out.data_ptr<T>() + b * out.stride(0) + h * out.stride(1);
-    store_transposed<T>(w.o_t, D, Tq, 1.f, w.alpha, w.q_t, out_ptr, out.stride(2));  // O = (Oᵀ)ᵀ / l (as dQ)
-    float* lse_ptr = lse.data_ptr<float>() + b * lse.stride(0) + h * lse.stride(1);
-    for (int64_t t = 0; t < Tq; ++t) lse_ptr[t * lse.stride(2)] = w.m[t] + std::log(w.l[t]);
-  }
-}
-
-// out (B, H, Tq, D), a view of (B, Tq, H, D) memory as SDPA returns it, and lse (B, H, Tq) fp32.
-inline std::pair<torch::Tensor, torch::Tensor> attention_forward(const torch::Tensor& q, const torch::Tensor& k,
-                                                                 const torch::Tensor& v, bool causal, double scale) {
-  RECORD_FUNCTION("memopt::attention_flash_forward", std::vector<c10::IValue>());  // a span in profiles
-  const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
-  auto out = torch::empty({B, Tq, H, D}, q.options()).transpose(1, 2);
-  auto lse = torch::empty({B, H, Tq}, q.options().dtype(torch::kFloat));
-  auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    std::vector<std::unique_ptr<ForwardWorkspace<T>>> ws(at::get_num_threads());
-    memopt::detail::parallel_tasks(B * KV, true, [&](int64_t t, int64_t slot) {
-      if (!ws[slot]) ws[slot] = std::make_unique<ForwardWorkspace<T>>(Tq, Tk, D, q.scalar_type());
-      forward_task<T>(*ws[slot], t / KV, t % KV, H / KV, causal, static_cast<float>(scale), q, k, v, out, lse);
-      at::native::cpublas::brgemm_release(/*is_vnni=*/!std::is_same_v<T, float>);
-    });
-  };
-  if (q.scalar_type() == torch::kFloat) run(float{});
-  else run(at::BFloat16{});
-  return {out, lse};
-}
-
 // Gradients of q (B, H, Tq, D), k and v (B, KV, Tk, D) from the forward's out and lse (B, H, Tq).
 inline std::vector<torch::Tensor> attention_backward(const torch::Tensor& grad_out, const torch::Tensor& q,
                                                      const torch::Tensor& k, const torch::Tensor& v,
@@ -481,23 +201,13 @@ inline std::vector<torch::Tensor> attention_backward(const torch::Tensor& grad_o
   return {dq, dk, dv};
 }
 
-// memopt's forward (SDPA's in bf16) and backward. Saves q, k, v, the output and the fp32
-// log-sum-exp: what SDPA's own autograd node keeps.
+// memopt's forward (SDPA's in bf16 past row_keys) and backward. Saves q, k, v, the output and
+// the fp32 log-sum-exp: what SDPA's own autograd node keeps.
 struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, bool causal) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    // fp32: memopt's forward (B8 H8 T512 D64 causal, 2 threads of an AMX Xeon: 14.8 ms against
-    // SDPA's 23.8); bf16: SDPA's, whose AMX-packed forward was as fast or faster (8.5 against
-    // 11.6 ms), with its layout (grouped KV heads repeated for the forward only).
-    torch::Tensor out, lse;
-    if (q.scalar_type() == torch::kFloat) {
-      std::tie(out, lse) = attention_forward(aligned_rows(q), aligned_rows(k), aligned_rows(v), causal, scale);
-    } else {
-      const int64_t G = q.size(1) / k.size(1);
-      std::tie(out, lse) = at::_scaled_dot_product_flash_attention_for_cpu(q, nn::repeat_kv(k, G), nn::repeat_kv(v, G),
-                                                                           0.0, causal, {}, scale);
-    }
+    auto [out, lse] = attention_forward(q, k, v, causal, scale);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
@@ -542,3 +252,4 @@ inline torch::Tensor attention_flash(const torch::Tensor& q, const torch::Tensor
 }
 
 }  // namespace memopt::nn
+
