@@ -2,7 +2,8 @@
 // input as one autograd node give torch::linear's outputs and gradients (fp32, with and without
 // biases, outputs of different widths; bf16 autocast within the reference's own error against
 // fp64), leave frozen weights and unused outputs without gradients, make one (N, in) dX GEMM
-// and no add; nn::forward_shared falls back to each layer's forward where one has an adapter.
+// and no add; weight_grad's three bf16 branches (operands transposed first) stay within the
+// view's own error; nn::forward_shared falls back to each layer's forward where one has an adapter.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -143,4 +144,27 @@ TEST_CASE("forward_shared: one node for dense layers, each layer's forward where
   const auto apart = memopt::nn::forward_shared(x, {a, b}, true);
   CHECK(apart[0].grad_fn()->name().find("SharedInputLinear") == std::string::npos);
   CHECK(max_abs_diff(apart[1], b(x)) == 0.0);
+}
+
+TEST_CASE("weight_grad in bf16: out above, below and equal to in, within the plain product's error",
+          "[nn][linear]") {
+  torch::manual_seed(13);
+  for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{{96, 32}, {32, 96}, {40, 40}}) {
+    DYNAMIC_SECTION("out " << out << ", in " << in) {
+      const auto dy = torch::randn({70, out}).to(torch::kBFloat16), x = torch::randn({70, in}).to(torch::kBFloat16);
+      const auto exact = dy.to(torch::kDouble).t().mm(x.to(torch::kDouble));  // the bf16 values, exactly
+      torch::Tensor xt;
+      const auto got = memopt::nn::detail::weight_grad(dy, x, xt);
+      REQUIRE(got.sizes() == exact.sizes());
+      CHECK(got.scalar_type() == torch::kBFloat16);
+      CHECK(got.is_contiguous());
+      const double own = max_abs_diff(dy.t().mm(x).to(torch::kDouble), exact);  // one bf16 rounding
+      const double diff = max_abs_diff(got.to(torch::kDouble), exact);
+      INFO("weight_grad's error " << diff << ", dyᵀ·x's " << own);
+      CHECK(diff <= 2 * own + 1e-6);
+      // xᵀ is made (once, for the weights sharing x) only where x is the smaller operand.
+      CHECK(xt.defined() == (out > in && memopt::nn::detail::bf16_tiles()));
+      if (xt.defined()) CHECK(torch::equal(xt, x.t()));
+    }
+  }
 }

@@ -24,6 +24,7 @@
 #include "memopt/nn/cross_entropy.hpp"
 #include "memopt/nn/fused_add_norm.hpp"
 #include "memopt/nn/fused_dropout.hpp"
+#include "memopt/nn/linear_shared.hpp"
 #include "memopt/nn/mlp.hpp"
 #include "memopt/nn/rmsnorm.hpp"
 #include "memopt/nn/rope.hpp"
@@ -71,7 +72,8 @@ struct LlamaConfig {
   /// (nn/fused.hpp; same values: fp32 within 1e-6; less kept for backward), and the residual
   /// dropouts fused into their adds (nn/fused_dropout.hpp: masks from another generator, not
   /// kept), the attention's residual add with the norm after it (nn/fused_add_norm.hpp), and
-  /// q, k, v (and gate, up) as one node each (nn/linear_shared.hpp: one dX GEMM per group).
+  /// q, k, v (and gate, up) as one node each (nn/linear_shared.hpp: one dX GEMM per group),
+  /// with down and the output head, their bf16 dW by weight_grad (operands transposed first).
   /// A runtime choice: not part of config.json.
   TORCH_ARG(bool, fused_kernels) = false;
   /// > 1: each block's SwiGLU runs its rows (B·T) in this many tiles, each recomputed in
@@ -406,7 +408,9 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   /// tokens (B, T) -> logits (B, T, V)
   template <RecomputePolicy Recompute>
   torch::Tensor forward(const torch::Tensor& tokens, const Recompute& ckpt) {
-    return lm_head(model->forward(tokens, ckpt));
+    auto hidden = model->forward(tokens, ckpt);  // (B, T, C)
+    if (!config.fused_kernels()) return lm_head(hidden);
+    return nn::linear_shared_input(hidden, {lm_head->weight}).front();  // (B, T, V): its weight_grad
   }
   torch::Tensor forward(const torch::Tensor& tokens) { return forward(tokens, recompute::None{}); }
 

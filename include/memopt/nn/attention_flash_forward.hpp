@@ -30,6 +30,7 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/autocast.hpp"
+#include "memopt/detail/transpose.hpp"
 #include "memopt/nn/attention_kernels.hpp"
 #include "memopt/nn/fused.hpp"
 
@@ -68,19 +69,6 @@ inline bool flash_supported(const torch::Tensor& q, double dropout, bool trainin
 }  // namespace memopt::nn
 
 #if MEMOPT_HAS_BRGEMM
-// fbgemm's SIMD transpose, which LibTorch ships (its CPU flash attention transposes with it);
-// -DMEMOPT_FBGEMM_TRANSPOSE=0 builds the plain loops instead.
-#ifndef MEMOPT_FBGEMM_TRANSPOSE
-#if __has_include(<fbgemm/Utils.h>) && defined(__x86_64__)
-#define MEMOPT_FBGEMM_TRANSPOSE 1
-#else
-#define MEMOPT_FBGEMM_TRANSPOSE 0
-#endif
-#endif
-#if MEMOPT_FBGEMM_TRANSPOSE
-#include <fbgemm/Utils.h>
-#endif
-
 namespace memopt::detail::flash {
 
 inline constexpr int64_t kKeyBlock = 64;
@@ -115,23 +103,7 @@ MEMOPT_FUSED_CLONES void pack_rows(const T* src, int64_t rows, int64_t cols, int
   }
 }
 
-// dst (cols × rows, leading dimension ld) = the transpose of a rows × cols src (row stride rs)
-// of 32-bit (fp32, or bf16 pairs as one word) or 16-bit elements, moved bit for bit: fbgemm's
-// SIMD transpose where LibTorch ships it (on the trainer's 8 × d512 attention the 16 × 16
-// scalar tiles below took 12% of the kernel's time in fp32), else those tiles.
-template <class E>
-void transpose(const E* src, int64_t rows, int64_t cols, int64_t rs, E* dst, int64_t ld) {
-  static_assert(sizeof(E) == 4 || sizeof(E) == 2, "32- or 16-bit elements");
-#if MEMOPT_FBGEMM_TRANSPOSE
-  using Bits = std::conditional_t<sizeof(E) == 4, float, uint16_t>;  // fbgemm's instantiations
-  fbgemm::transpose_simd<Bits>(rows, cols, reinterpret_cast<const Bits*>(src), rs, reinterpret_cast<Bits*>(dst), ld);
-#else
-  constexpr int64_t kTile = 16;  // a column-wise walk would touch a new cache line with every element
-  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
-    for (int64_t c = 0; c < cols; ++c)
-      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) dst[c * ld + r] = src[r * rs + c];
-#endif
-}
+using memopt::detail::transpose;  // detail/transpose.hpp: fbgemm's SIMD transpose
 
 // The transpose of rows × cols src (row stride rs; cols even for bf16) as a B operand (cols
 // deep, leading dimension ld): for bf16 each pair of columns is one 32-bit word, moved whole.

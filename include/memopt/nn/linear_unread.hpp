@@ -6,7 +6,7 @@
 // backward needs is saved. In LLaMA's block that is the MLP's down projection, about a fifth
 // of the recompute's FLOPs (nn::SwiGLU's forward with `to_block_output`).
 //   y = memopt::nn::linear_unread(x, w, b);  // (..., in) -> (..., out), y uninitialised
-// Gradients: dx = dy·W, dW = dyᵀ·x (db = Σ dy through an add), as torch::linear's backward (the same products;
+// Gradients: dx = dy·W, dW = dyᵀ·x (nn/linear_shared.hpp's weight_grad; db = Σ dy through an add), as torch::linear's backward (the same products;
 // summation order may differ). Under autocast the operands are cast as autocast casts linear's
 // (the same cached casts), so the gradients keep their dtypes and casts.
 #pragma once
@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/autocast.hpp"
+#include "memopt/nn/linear_shared.hpp"
 
 namespace memopt::nn::detail {
 
@@ -35,7 +36,8 @@ class LinearUnreadFunction : public torch::autograd::Function<LinearUnreadFuncti
     const auto dy = grads[0].reshape({-1, w.size(0)});  // (N, out)
     torch::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) dx = dy.mm(w).view(x.sizes());                // (..., in)
-    if (ctx->needs_input_grad(1)) dw = dy.t().mm(x.reshape({-1, w.size(1)}));  // (out, in)
+    torch::Tensor xt;  // weight_grad's xᵀ
+    if (ctx->needs_input_grad(1)) dw = weight_grad(dy, x.reshape({-1, w.size(1)}), xt);  // (out, in)
     return {dx, dw};
   }
 };

@@ -28,7 +28,7 @@ struct SwiGLUOptions {
   /// nn::fused_swiglu for silu(gate) · up (one pass each way; keeps gate and up only).
   TORCH_ARG(bool, fused) = false;
   /// gate and up projected as one autograd node (nn::forward_shared: one dX GEMM instead of
-  /// two and an add) where both are dense.
+  /// two and an add) where both are dense; down through the same node (its dW by weight_grad).
   TORCH_ARG(bool, fused_projections) = false;
   /// > 1: the rows (B·T) in this many tiles, each recomputed in backward (forward_tiled):
   /// the same values; the (B, T, F) activations held are one tile's. A LoRA adapter's dropout
@@ -66,7 +66,8 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
           return fused ? fused_swiglu(in[0], in[1]) : torch::silu(in[0]) * in[1];
         },
         forward_shared(x, {gate_proj, up_proj}, options.fused_projections()));  // (B, T, F) each
-    return to_block_output ? down_proj->forward_to_output(gated) : down_proj(gated);  // (B, T, C)
+    if (to_block_output) return down_proj->forward_to_output(gated);                 // (B, T, C)
+    return forward_shared(gated, {down_proj}, options.fused_projections()).front();  // (B, T, C)
   }
 
   /// The rows in row_tiles tiles, each under activation checkpointing when autograd records
@@ -77,7 +78,8 @@ class SwiGLUImpl : public torch::nn::Cloneable<SwiGLUImpl> {
     const auto self = std::static_pointer_cast<SwiGLUImpl>(shared_from_this());  // outlives backward
     const BlockFn tile = [self](const std::vector<torch::Tensor>& in) {           // (n, C) -> (n, C)
       const auto gu = forward_shared(in[0], {self->gate_proj, self->up_proj}, self->options.fused_projections());
-      return self->down_proj(self->options.fused() ? fused_swiglu(gu[0], gu[1]) : torch::silu(gu[0]) * gu[1]);
+      const auto gated = self->options.fused() ? fused_swiglu(gu[0], gu[1]) : torch::silu(gu[0]) * gu[1];
+      return forward_shared(gated, {self->down_proj}, self->options.fused_projections()).front();
     };
     const bool record = torch::GradMode::is_enabled();
     if (!record && !draws_masks()) return tile({x});
