@@ -9,6 +9,7 @@
 //   auto y = memopt::nn::linear_shared_input(x, {wq, wk, wv});  // (..., in) -> 3 × (..., out_i)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -31,17 +32,23 @@ inline bool bf16_tiles() {
 #endif
 }
 
+/// The smallest of a weight's two sides for which weight_grad transposes an operand first.
+inline constexpr int64_t kTransposedGradMin = 512;
+
 /// dW = dyᵀ·x (out, in) for dy (N, out) and x (N, in): the product torch::linear's backward
 /// takes. oneDNN's bf16 GEMM on AMX runs it, its first operand a transposed view, at
 /// 1300–1500 GFLOP/s against ~2500 with both operands row-major (N = 4096 rows, 2 threads), so
 /// in bf16 there the smaller of the two is transposed first: x when out > in (dWᵀ = xᵀ·dy, then
 /// dWᵀ transposed back; xᵀ is made once into `xt` for every weight sharing x), dy when out < in.
 /// On the 8 × d512 trainer shape: gate, up 4.4 -> 2.7 ms each (+0.6 for xᵀ), down 3.8 -> 3.2
-/// (dyᵀ included); q, k, v (out = in) keep the view (1.3 ms; 1.8 through xᵀ). Exact transposes:
-/// the same products, rounded once; only the summation order may differ.
+/// (dyᵀ included), the 4096-wide head 14.7 -> 10.3; q, k, v (out = in) keep the view (1.3 ms;
+/// 1.8 through xᵀ). At d256 (N = 2048) the gains were ±0.1 ms and the head lost (3.9 -> 5.1), so
+/// both sides must reach kTransposedGradMin. Exact transposes: the same products, rounded once;
+/// only the summation order may differ.
 inline torch::Tensor weight_grad(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& xt) {
   const int64_t out = dy.size(1), in = x.size(1);
-  if (dy.scalar_type() != at::kBFloat16 || !dy.device().is_cpu() || out == in || !bf16_tiles())
+  if (dy.scalar_type() != at::kBFloat16 || !dy.device().is_cpu() || out == in ||
+      std::min(out, in) < kTransposedGradMin || !bf16_tiles())
     return dy.t().mm(x);
   if (out < in) return memopt::detail::transposed_copy(dy).mm(x);
   if (!xt.defined()) xt = memopt::detail::transposed_copy(x);  // (in, N)
