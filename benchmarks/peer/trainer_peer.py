@@ -438,7 +438,7 @@ def main():
     tokens_per_step = args.micro * args.accum * args.seq
     # The peak scripts/bench divides by for the line's mfu, as memopt_bench_trainer measures it.
     gemm = gemm_gflops(args.micro * args.seq, args.dim, ffn_size(args.dim) if args.ffn == 0 else args.ffn,
-                       torch.bfloat16 if bf16 else torch.float32)
+                       torch.bfloat16 if bf16 else torch.float32, reps=10)  # memopt_bench_trainer's kPeakReps
     if not args.deepspeed:  # (DeepSpeed's, measured at the step)
         held["param"] = sum(local_bytes(p) for p in model.parameters())  # frozen ones too; FSDP2: the shards
     # each rank's [param, grad, state, peak RSS KiB], in rank order

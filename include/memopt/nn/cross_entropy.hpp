@@ -16,6 +16,7 @@
 #include "memopt/detail/deferred_checks.hpp"
 #include "memopt/detail/parallel.hpp"
 #include "memopt/nn/fused.hpp"
+#include "memopt/nn/linear_shared.hpp"
 
 namespace memopt::nn {
 
@@ -91,10 +92,9 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
     const auto w = weight.to(ct);  // (V, C)
     auto lse = torch::empty({N}, f32);  // (N) log-sum-exp of each row's logits
     auto total = torch::zeros({}, f32.dtype(torch::kDouble));
-    torch::Tensor d_hidden, d_weight, d_weight_part;
+    torch::Tensor d_hidden, d_weight;
     if (need_hidden) d_hidden = torch::empty({N, C}, hidden.options().dtype(ct));  // (N, C)
     if (need_weight) d_weight = torch::zeros({V, C}, f32);                        // (V, C) fp32 accumulator
-    if (need_weight && ct != torch::kFloat) d_weight_part = torch::empty({V, C}, w.options());
     Buffers buf(std::min(chunk, N), V, hidden.options(), ct);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t n = std::min(chunk, N - r0);
@@ -134,7 +134,8 @@ struct ChunkedCrossEntropyFunction : torch::autograd::Function<ChunkedCrossEntro
       if (need_weight && ct == torch::kFloat) {
         d_weight.addmm_(dl.t(), h);  // dW += dLogitsᵀ hidden
       } else if (need_weight) {
-        d_weight.add_(torch::mm_out(d_weight_part, dl.t(), h));
+        torch::Tensor ht;                                    // weight_grad's hᵀ
+        d_weight.add_(nn::detail::weight_grad(dl, h, ht));  // dW += dLogitsᵀ hidden (nn/linear_shared.hpp)
       }
     }
     ctx->save_for_backward({d_hidden, d_weight});
