@@ -46,6 +46,7 @@ import os
 import resource
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -414,6 +415,11 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         return loss_sum.item()
 
+    # The peak scripts/bench divides by for the line's mfu, as memopt_bench_trainer measures it: the faster of
+    # before the steps and after them, each the fastest of 10 products (its kPeakReps).
+    peak = partial(gemm_gflops, args.micro * args.seq, args.dim, ffn_size(args.dim) if args.ffn == 0 else args.ffn,
+                   torch.bfloat16 if bf16 else torch.float32, reps=10)
+    peak_before = peak()
     held = {}  # bytes this rank holds: parameters, gradients at the step, optimizer state after the first step
     times, losses, loss_first, loss_last = [], [], 0.0, 0.0
     for s in range(args.warmup + args.steps):
@@ -436,9 +442,7 @@ def main():
 
     step_s = sum(times) / len(times)
     tokens_per_step = args.micro * args.accum * args.seq
-    # The peak scripts/bench divides by for the line's mfu, as memopt_bench_trainer measures it.
-    gemm = gemm_gflops(args.micro * args.seq, args.dim, ffn_size(args.dim) if args.ffn == 0 else args.ffn,
-                       torch.bfloat16 if bf16 else torch.float32, reps=10)  # memopt_bench_trainer's kPeakReps
+    gemm = max(peak_before, peak())
     if not args.deepspeed:  # (DeepSpeed's, measured at the step)
         held["param"] = sum(local_bytes(p) for p in model.parameters())  # frozen ones too; FSDP2: the shards
     # each rank's [param, grad, state, peak RSS KiB], in rank order
