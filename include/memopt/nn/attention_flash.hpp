@@ -184,20 +184,14 @@ inline std::vector<torch::Tensor> attention_backward(const torch::Tensor& grad_o
   RECORD_FUNCTION("memopt::attention_flash_backward", std::vector<c10::IValue>());
   const auto q_ = aligned_rows(q), k_ = aligned_rows(k), v_ = aligned_rows(v), o_ = aligned_rows(out);
   const auto go = aligned_rows(grad_out.to(q.scalar_type()));
-  const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
+  const int64_t H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   auto dq = torch::empty_like(q_), dk = torch::empty_like(k_), dv = torch::empty_like(v_);
-  auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    std::vector<std::unique_ptr<Workspace<T>>> ws(at::get_num_threads());
-    memopt::detail::parallel_tasks(B * KV, true, [&](int64_t t, int64_t slot) {
-      if (!ws[slot]) ws[slot] = std::make_unique<Workspace<T>>(Tq, Tk, D, q.scalar_type());
-      backward_task<T>(*ws[slot], t / KV, t % KV, H / KV, causal, static_cast<float>(scale), q_, k_, v_, o_, go, lse,
-                       dq, dk, dv);
-      at::native::cpublas::brgemm_release(/*is_vnni=*/!std::is_same_v<T, float>);
-    });
-  };
-  if (q.scalar_type() == torch::kFloat) run(float{});
-  else run(at::BFloat16{});
+  run_head_tasks<Workspace>(
+      q, KV,
+      [&](auto& w, int64_t b, int64_t kv) {
+        backward_task(w, b, kv, H / KV, causal, static_cast<float>(scale), q_, k_, v_, o_, go, lse, dq, dk, dv);
+      },
+      Tq, Tk, D, q.scalar_type());
   return {dq, dk, dv};
 }
 

@@ -192,6 +192,24 @@ inline void brgemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, in
   at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add, A, B, C, /*is_vnni=*/!std::is_same_v<T, float>);
 }
 
+// Every (batch b, KV head kv) task of a kernel, in T = fp32 or bf16 as q's dtype, over LibTorch's
+// threads: task(workspace, b, kv) with a thread's Workspace<T>, made from `args` on its first task
+// and reused by its later ones; oneDNN's AMX tile state released after each task.
+template <template <class> class Workspace, class Task, class... Args>
+void run_head_tasks(const torch::Tensor& q, int64_t KV, Task&& task, const Args&... args) {
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    std::vector<std::unique_ptr<Workspace<T>>> ws(at::get_num_threads());
+    memopt::detail::parallel_tasks(q.size(0) * KV, true, [&](int64_t t, int64_t slot) {
+      if (!ws[slot]) ws[slot] = std::make_unique<Workspace<T>>(args...);
+      task(*ws[slot], t / KV, t % KV);
+      at::native::cpublas::brgemm_release(/*is_vnni=*/!std::is_same_v<T, float>);
+    });
+  };
+  if (q.scalar_type() == torch::kFloat) run(float{});
+  else run(at::BFloat16{});
+}
+
 // x with rows of D contiguous elements, bf16 pairs on 32-bit boundaries (packing moves pairs
 // whole): x itself, or a contiguous copy.
 inline torch::Tensor aligned_rows(const torch::Tensor& x) {
@@ -274,17 +292,12 @@ inline std::pair<torch::Tensor, torch::Tensor> attention_forward_online(const to
   const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   auto out = torch::empty({B, Tq, H, D}, q.options()).transpose(1, 2);
   auto lse = torch::empty({B, H, Tq}, q.options().dtype(torch::kFloat));
-  auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    std::vector<std::unique_ptr<ForwardWorkspace<T>>> ws(at::get_num_threads());
-    memopt::detail::parallel_tasks(B * KV, true, [&](int64_t t, int64_t slot) {
-      if (!ws[slot]) ws[slot] = std::make_unique<ForwardWorkspace<T>>(Tq, Tk, D, q.scalar_type());
-      forward_task<T>(*ws[slot], t / KV, t % KV, H / KV, causal, static_cast<float>(scale), q, k, v, out, lse);
-      at::native::cpublas::brgemm_release(/*is_vnni=*/!std::is_same_v<T, float>);
-    });
-  };
-  if (q.scalar_type() == torch::kFloat) run(float{});
-  else run(at::BFloat16{});
+  run_head_tasks<ForwardWorkspace>(
+      q, KV,
+      [&](auto& w, int64_t b, int64_t kv) {
+        forward_task(w, b, kv, H / KV, causal, static_cast<float>(scale), q, k, v, out, lse);
+      },
+      Tq, Tk, D, q.scalar_type());
   return {out, lse};
 }
 
@@ -406,17 +419,12 @@ inline std::pair<torch::Tensor, torch::Tensor> attention_forward_rows(const torc
   const int64_t B = q.size(0), H = q.size(1), KV = k.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   auto out = torch::empty({B, Tq, H, D}, q.options()).transpose(1, 2);
   auto lse = torch::empty({B, H, Tq}, q.options().dtype(torch::kFloat));
-  auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    std::vector<std::unique_ptr<RowWorkspace<T>>> ws(at::get_num_threads());
-    memopt::detail::parallel_tasks(B * KV, true, [&](int64_t t, int64_t slot) {
-      if (!ws[slot]) ws[slot] = std::make_unique<RowWorkspace<T>>(Tk, D, q.scalar_type());
-      row_forward_task<T>(*ws[slot], t / KV, t % KV, H / KV, causal, static_cast<float>(scale), q, k, v, out, lse);
-      at::native::cpublas::brgemm_release(/*is_vnni=*/!std::is_same_v<T, float>);
-    });
-  };
-  if (q.scalar_type() == torch::kFloat) run(float{});
-  else run(at::BFloat16{});
+  run_head_tasks<RowWorkspace>(
+      q, KV,
+      [&](auto& w, int64_t b, int64_t kv) {
+        row_forward_task(w, b, kv, H / KV, causal, static_cast<float>(scale), q, k, v, out, lse);
+      },
+      Tk, D, q.scalar_type());
   return {out, lse};
 }
 
