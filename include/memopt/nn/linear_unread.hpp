@@ -6,9 +6,10 @@
 // backward needs is saved. In LLaMA's block that is the MLP's down projection, about a fifth
 // of the recompute's FLOPs (nn::SwiGLU's forward with `to_block_output`).
 //   y = memopt::nn::linear_unread(x, w, b);  // (..., in) -> (..., out), y uninitialised
-// Gradients: dx = dy·W, dW = dyᵀ·x (nn/linear_shared.hpp's weight_grad; db = Σ dy through an add), as torch::linear's backward (the same products;
-// summation order may differ). Under autocast the operands are cast as autocast casts linear's
-// (the same cached casts), so the gradients keep their dtypes and casts.
+// Gradients: dx = dy·W, dW = dyᵀ·x (nn/linear_shared.hpp's weight_grad; db = Σ dy through an
+// add), as torch::linear's backward (the same products; summation order may differ). Under
+// autocast the operands are cast as autocast casts linear's (the same cached casts), so the
+// gradients keep their dtypes and casts.
 #pragma once
 
 #include <vector>
