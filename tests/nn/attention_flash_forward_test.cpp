@@ -2,7 +2,8 @@
 // against the fp64 math path in fp32 and within SDPA's own error in bf16, on ragged and whole
 // chunks, causal and not, queries fewer and more than keys, grouped KV heads, strided
 // projections and odd lengths; their log-sum-exps against logsumexp; attention_forward past the row forward's limit;
-// max_of, whose integer keys must order like the floats. attention_flash_test.cpp checks the
+// max_of, whose integer keys must order like the floats; pack_rows, bit for bit against an
+// interleave in LibTorch. attention_flash_test.cpp checks the
 // forward and backward together through attention_flash.
 #include <catch2/catch.hpp>
 
@@ -150,6 +151,23 @@ TEST_CASE("max_of orders floats as comparisons do", "[attention][flash]") {
   CHECK(fwd::max_of(x.data_ptr<float>(), x.numel()) == x.max().item<float>());
   const auto negative = -x.abs() - 1;
   CHECK(fwd::max_of(negative.data_ptr<float>(), negative.numel()) == negative.max().item<float>());
+}
+
+TEST_CASE("pack_rows interleaves row pairs as VNNI words, an odd last row with zeros", "[attention][flash]") {
+  torch::manual_seed(4);
+  for (const int64_t rows : {1, 6, 7}) {
+    const int64_t cols = 37, stride = 45, ld = 40;  // a row stride past cols, a leading dimension past cols
+    const auto src = torch::randn({rows, stride}).to(torch::kBFloat16);
+    const auto rows2 = rows + rows % 2;
+    // Pair p at dst + 2p · ld; 7 marks what pack_rows must not touch.
+    auto dst = torch::full({rows2 / 2, 2 * ld}, 7.f, torch::kBFloat16);
+    fwd::pack_rows(src.data_ptr<at::BFloat16>(), rows, cols, stride, dst.data_ptr<at::BFloat16>(), ld);
+    // Want: pair p's word c holds (row 2p, row 2p + 1) of column c.
+    auto even = torch::cat({src.narrow(1, 0, cols), torch::zeros({rows % 2, cols}, torch::kBFloat16)}).view({-1, 2, cols});
+    const auto want = even.transpose(1, 2).reshape({rows2 / 2, 2 * cols});
+    CHECK(torch::equal(dst.narrow(1, 0, 2 * cols), want));
+    CHECK(dst.narrow(1, 2 * cols, 2 * (ld - cols)).eq(7).all().item<bool>());
+  }
 }
 
 #endif
