@@ -166,7 +166,7 @@ TEST_CASE("weight_grad in bf16: out above, below and equal to in, within the pla
       INFO("weight_grad's error " << diff << ", dyᵀ·x's " << own);
       CHECK(diff <= 2 * own + 1e-6);
       // xᵀ is made (once, for the weights sharing x) only where x is the smaller operand.
-      CHECK(xt.defined() == (out > in && std::min(out, in) >= m && memopt::nn::detail::bf16_tiles()));
+      CHECK(xt.defined() == (out > in && std::min(out, in) >= m && memopt::detail::bf16_tiles()));
       if (xt.defined()) CHECK(torch::equal(xt, x.t()));
     }
   }

@@ -30,27 +30,21 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/autocast.hpp"
+#include "memopt/detail/cpublas.hpp"
 #include "memopt/detail/transpose.hpp"
 #include "memopt/nn/attention_kernels.hpp"
 #include "memopt/nn/fused.hpp"
-
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F32F32F32)
-#define MEMOPT_HAS_BRGEMM 1
-#else
-#define MEMOPT_HAS_BRGEMM 0
-#endif
 
 namespace memopt::nn {
 
 /// Whether attention_flash runs memopt's kernels for attention on `device` whose matmuls run
 /// in `dtype` (autocast's, else q's): a CPU build of LibTorch with the batch-reduce GEMM, fp32,
-/// or bf16 where oneDNN packs bf16 for AMX tiles (cpublas::could_pack: CPUs with AMX); an even
+/// or bf16 where oneDNN multiplies bf16 on AMX tiles (detail::bf16_tiles); an even
 /// head width; no dropout and no key padding. Elsewhere attention_flash is attention_sdpa.
 inline bool flash_supported(c10::DeviceType device, c10::ScalarType dtype, int64_t head_dim, bool dropout,
                             bool padded) {
 #if MEMOPT_HAS_BRGEMM
-  const bool dtype_ok = dtype == torch::kFloat ||
-                        (dtype == torch::kBFloat16 && at::native::cpublas::could_pack(torch::kBFloat16));
+  const bool dtype_ok = dtype == torch::kFloat || (dtype == torch::kBFloat16 && memopt::detail::bf16_tiles());
   return device == c10::kCPU && dtype_ok && head_dim > 0 && head_dim % 2 == 0 && !dropout && !padded;
 #else
   (void)device, (void)dtype, (void)head_dim, (void)dropout, (void)padded;

@@ -17,20 +17,10 @@
 #include <torch/torch.h>
 
 #include "memopt/detail/autocast.hpp"
+#include "memopt/detail/cpublas.hpp"
 #include "memopt/detail/transpose.hpp"
 
 namespace memopt::nn::detail {
-
-/// Whether oneDNN multiplies bf16 on the CPU's AMX tiles (LibTorch's cpublas::could_pack, where
-/// it has the query).
-inline bool bf16_tiles() {
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
-  static const bool tiles = at::native::cpublas::could_pack(at::kBFloat16);
-  return tiles;
-#else
-  return false;
-#endif
-}
 
 /// The smallest of a weight's two sides for which weight_grad transposes an operand first.
 inline constexpr int64_t kTransposedGradMin = 512;
@@ -48,7 +38,7 @@ inline constexpr int64_t kTransposedGradMin = 512;
 inline torch::Tensor weight_grad(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& xt) {
   const int64_t out = dy.size(1), in = x.size(1);
   if (dy.scalar_type() != at::kBFloat16 || !dy.device().is_cpu() || out == in ||
-      std::min(out, in) < kTransposedGradMin || !bf16_tiles())
+      std::min(out, in) < kTransposedGradMin || !memopt::detail::bf16_tiles())
     return dy.t().mm(x);
   if (out < in) return memopt::detail::transposed_copy(dy).mm(x);
   if (!xt.defined()) xt = memopt::detail::transposed_copy(x);  // (in, N)
