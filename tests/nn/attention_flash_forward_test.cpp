@@ -163,8 +163,8 @@ TEST_CASE("pack_rows interleaves row pairs as VNNI words, an odd last row with z
     auto dst = torch::full({rows2 / 2, 2 * ld}, 7.f, torch::kBFloat16);
     fwd::pack_rows(src.data_ptr<at::BFloat16>(), rows, cols, stride, dst.data_ptr<at::BFloat16>(), ld);
     // Want: pair p's word c holds (row 2p, row 2p + 1) of column c.
-    auto even = torch::cat({src.narrow(1, 0, cols), torch::zeros({rows % 2, cols}, torch::kBFloat16)}).view({-1, 2, cols});
-    const auto want = even.transpose(1, 2).reshape({rows2 / 2, 2 * cols});
+    const auto padded = torch::cat({src.narrow(1, 0, cols), torch::zeros({rows % 2, cols}, torch::kBFloat16)});
+    const auto want = padded.view({rows2 / 2, 2, cols}).transpose(1, 2).reshape({rows2 / 2, 2 * cols});
     CHECK(torch::equal(dst.narrow(1, 0, 2 * cols), want));
     CHECK(dst.narrow(1, 2 * cols, 2 * (ld - cols)).eq(7).all().item<bool>());
   }

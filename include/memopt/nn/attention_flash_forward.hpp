@@ -88,9 +88,9 @@ MEMOPT_FUSED_CLONES void pack_rows(const T* src, int64_t rows, int64_t cols, int
   static_assert(std::is_same_v<T, c10::BFloat16>, "fp32 needs no VNNI packing");
   for (int64_t r = 0; r < rows; r += 2) {
     const T* a = src + r * rs;
-    const T* b = a + rs;
     T* out = dst + r * ld;
     if (r + 1 < rows) {
+      const T* b = a + rs;
       for (int64_t c = 0; c < cols; ++c) {
         const uint32_t word = vnni_word(a[c], b[c]);
         std::memcpy(out + 2 * c, &word, sizeof word);
