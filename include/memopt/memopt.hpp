@@ -12,6 +12,7 @@
 #include "memopt/io/safetensors.hpp"
 #include "memopt/io/checkpoint.hpp"
 #include "memopt/io/peft.hpp"
+#include "memopt/kernel_choices.hpp"
 #include "memopt/lora.hpp"
 #include "memopt/machine.hpp"
 #include "memopt/memory/allocator.hpp"

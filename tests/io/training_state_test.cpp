@@ -51,3 +51,28 @@ TEST_CASE("resume refuses other policies, options or run settings, naming each d
   CHECK(memopt::io::setting_differences({{"a", {{"b", 1}}}}, {{"a", {{"b", 2}}}, {"c", 3}}) ==
         std::vector<std::string>{"a.b: 1 in the checkpoint, 2 now", "c: \"(absent)\" in the checkpoint, 3 now"});
 }
+
+TEST_CASE("a resume runs the kernels the saving run measured: its bf16 GEMM mode, from state.json", "[checkpoint]") {
+  namespace bgemm = memopt::bf16_gemm;
+  bgemm::ScopedMode keep(bgemm::mode());
+  memopt::test::TempDir dir("memopt_checkpoint");
+  const std::string root = dir.file("ckpt");
+  using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Autocast>;
+  torch::manual_seed(1);
+  memopt::models::Llama model(tiny_config());
+  {
+    T trainer(*model, options(root).max_steps(2));  // bf16 on the CPU: bf16_gemm::enable() has run
+    REQUIRE(bgemm::enabled());
+    bgemm::set_mode(bgemm::Mode::Fp32Compute);      // as if its probe had measured widening faster
+    CountingLoader loader;
+    fit(model, trainer, loader);
+  }
+  const auto state = memopt::io::read_checkpoint_state(root + "/step-00000002");
+  CHECK(state.at("kernels").at("bf16_gemm") == "fp32");
+  CHECK(state.at("kernels").at("cpu") == memopt::cpu_kind());
+  bgemm::set_mode(bgemm::Mode::Native);             // the resumed process measured the other way
+  T resumed(*model, options(root).max_steps(2));
+  CountingLoader loader;
+  REQUIRE(resumed.resume("latest", loader));
+  CHECK(bgemm::mode() == bgemm::Mode::Fp32Compute);
+}

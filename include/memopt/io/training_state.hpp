@@ -1,8 +1,9 @@
 // memopt/io/training_state.hpp — TrainingState: a Trainer's checkpoints of the run (what
 // save_checkpoint() writes and resume() reads, io/checkpoint.hpp's format) and the run
 // settings a resume must match. Data parallel: every rank takes part (the StepSync's
-// barriers); rank 0 writes the checkpoint with every rank's loader position and CPU random
-// state, and with a sharded optimizer state each other rank writes its own shard.
+// barriers); rank 0 writes the checkpoint with every rank's loader position, CPU random state
+// and measured kernel choices (memopt/kernel_choices.hpp), and with a sharded optimizer state
+// each other rank writes its own shard.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@
 
 #include "memopt/detail/checkpoint_function.hpp"  // RngState
 #include "memopt/io/checkpoint.hpp"
+#include "memopt/kernel_choices.hpp"
 #include "memopt/loop_types.hpp"  // ResumableSource
 #include "memopt/step_sync.hpp"
 
@@ -60,6 +62,7 @@ class TrainingState {
                             {"consecutive_skips", record.consecutive_skips},
                             {"micro_splits", record.micro_splits}};
     if constexpr (ResumableSource<Loader>) state["loader"] = loader.state();
+    state["kernels"] = kernel_choices::capture();  // a resume replays them (distributed: each rank's own)
     if (sync.distributed()) {  // every rank saves (a collective); rank 0 writes, other ranks their shards
       state["world_size"] = sync.size();
       state["ranks"] = sync.gather(rank_state(loader), fmt::format("checkpoint/{}", step));
@@ -129,6 +132,10 @@ class TrainingState {
     const bool own_shard = sync.sharded() && sync.rank() != 0;
     read_checkpoint(dir, model, trainer, /*verify=*/false, own_shard ? shard_file(sync.rank()) : "trainer.pt");
     if (sync.distributed()) restore_cpu_rng(mine.at("rng_cpu").get<std::string>());
+    if (mine.contains("kernels")) {  // (older checkpoints have none: the run measures its own)
+      const std::string note = kernel_choices::restore(mine["kernels"], who);
+      if (!note.empty()) fmt::print(stderr, "memopt: {}\n", note);
+    }
     last_saved_step_ = trainer.steps_taken();
     last_checkpoint_ = dir;
     return state;
@@ -139,13 +146,13 @@ class TrainingState {
 
   static std::string shard_file(int rank) { return "trainer-rank" + std::to_string(rank) + ".pt"; }
 
-  // This rank's loader position and CPU generator (rank 0 gathers every rank's).
+  // This rank's loader position, CPU generator and kernel choices (rank 0 gathers every rank's).
   template <class Loader>
   static nlohmann::json rank_state(const Loader& loader) {
     const auto rng = memopt::detail::RngState::capture().cpu.contiguous();
     std::string hex;
     for (int64_t i = 0; i < rng.numel(); ++i) hex += fmt::format("{:02x}", rng.data_ptr<uint8_t>()[i]);
-    nlohmann::json mine = {{"rng_cpu", hex}};
+    nlohmann::json mine = {{"rng_cpu", hex}, {"kernels", kernel_choices::capture()}};
     if constexpr (ResumableSource<Loader>) mine["loader"] = loader.state();
     return mine;
   }

@@ -13,9 +13,10 @@
 // (LibTorch's own). The probe draws from a generator of its own (the global RNG never
 // moves) and its tensors stay out of the tracked peaks.
 //
-// The choice is per process: a resumed run may measure the other kernel, whose results differ
-// in the last bits. Name kSdpa, kFlash or kBlockwise where bitwise repeatability across processes
-// matters.
+// The choice is per process, and the kernels' results differ in the last bits: a Trainer's
+// checkpoint keeps the choices and its resume replays them (memopt/kernel_choices.hpp), so a
+// resumed run matches an unbroken one bitwise. Other processes (a new run, an evaluation) measure
+// afresh: name kSdpa, kFlash or kBlockwise where bitwise repeatability across them matters.
 #pragma once
 
 #include <algorithm>
@@ -250,6 +251,14 @@ inline AttentionChoice choose_attention(const AttentionShape& shape, const Atten
   auto it = t.choices.find(shape);
   if (it == t.choices.end()) it = t.choices.emplace(shape, measure_attention(shape, options)).first;
   return it->second;
+}
+
+/// Runs `kind` on `shape` from now on, unmeasured (a resumed run replays the kernels the run
+/// that saved it chose: memopt/kernel_choices.hpp); its timings stay zero.
+inline void remember_attention(const AttentionShape& shape, AttentionKind kind) {
+  auto& t = memopt::detail::attention_choice_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.choices[shape] = AttentionChoice{kind, {}, {}, std::nullopt};
 }
 
 /// Every shape this process has chosen for, in shape order (benchmarks log them).
