@@ -1,6 +1,7 @@
 // Tests for memopt/nn/attention_flash.hpp: memopt's brgemm kernels against the fp64 math path
 // in fp32 (key blocks ragged and whole, query chunks one and several, queries fewer and more
-// than keys, grouped KV heads, strided projections, odd lengths), in bf16 within LibTorch's own bf16 error (SDPA's), under
+// than keys, grouped KV heads, strided projections, odd lengths), in bf16 within LibTorch's own bf16 error (SDPA's;
+// on AMX tiles, or widened to the fp32 kernels on every CPU), under
 // autocast, its memory linear in T, and the calls it hands to attention_sdpa (key padding,
 // dropout). attention_test.cpp runs it through the fixtures' cases and the LLaMA model too.
 #include <catch2/catch.hpp>
@@ -103,12 +104,12 @@ Result as_double(const Result& r) {
   return {r.out.to(torch::kDouble), r.dq.to(torch::kDouble), r.dk.to(torch::kDouble), r.dv.to(torch::kDouble)};
 }
 
-// Whether memopt's backward runs in `dtype` here; skips the case (skip_case) where it does not
-// (no batch-reduce GEMM in this LibTorch; for bf16, no bf16 kernels in oneDNN for this CPU).
+// Whether memopt's kernels run in `dtype` here (bf16: on AMX tiles, else widened to fp32);
+// skips the case (skip_case) where they do not (no batch-reduce GEMM in this LibTorch).
 bool runs_here(c10::ScalarType dtype) {
   if (memopt::nn::flash_supported(c10::kCPU, dtype, 16, false, false)) return true;
   memopt::test::skip_case(std::string("attention_flash runs attention_sdpa here in ") + c10::toString(dtype) +
-                          " (no brgemm in this LibTorch, or for bf16 a CPU without AMX)");
+                          " (no brgemm in this LibTorch)");
   return false;
 }
 
@@ -134,6 +135,29 @@ TEST_CASE("attention_flash in bf16 stays within SDPA's own bf16 error", "[attent
       REQUIRE(got.dk.scalar_type() == torch::kBFloat16);
       check_within_reference_error(as_double(got), as_double(sdpa(s, p, torch::kBFloat16)), reference(s, p),
                                    "flash bf16 vs fp64");
+    }
+  }
+}
+
+TEST_CASE("attention_flash's bf16 widened to its fp32 kernels (CPUs without AMX) stays within SDPA's bf16 error",
+          "[attention][flash]") {
+  if (!runs_here(torch::kFloat)) return;
+  for (const auto& s : shapes()) {
+    DYNAMIC_SECTION(s.name) {
+      const auto p = make_problem(s, torch::kBFloat16);
+      const auto got = run_on(p, torch::kBFloat16, [&](auto& q, auto& k, auto& v) {
+        return memopt::detail::flash::FlashAttentionFunction::apply(q, k, v, s.causal, /*widen=*/true);
+      });
+      REQUIRE(got.out.scalar_type() == torch::kBFloat16);
+      REQUIRE(got.dq.scalar_type() == torch::kBFloat16);
+      REQUIRE(got.dv.scalar_type() == torch::kBFloat16);
+      // The output is the fp32 kernel's, rounded once.
+      const auto fp32 = memopt::detail::flash::FlashAttentionFunction::apply(
+          p.q.detach().to(torch::kFloat), p.k.detach().to(torch::kFloat), p.v.detach().to(torch::kFloat), s.causal,
+          false);
+      CHECK(torch::equal(got.out, fp32.to(torch::kBFloat16)));
+      check_within_reference_error(as_double(got), as_double(sdpa(s, p, torch::kBFloat16)), reference(s, p),
+                                   "widened flash bf16 vs fp64");
     }
   }
 }

@@ -38,13 +38,14 @@
 namespace memopt::nn {
 
 /// Whether attention_flash runs memopt's kernels for attention on `device` whose matmuls run
-/// in `dtype` (autocast's, else q's): a CPU build of LibTorch with the batch-reduce GEMM, fp32,
-/// or bf16 where oneDNN multiplies bf16 on AMX tiles (detail::bf16_tiles); an even
-/// head width; no dropout and no key padding. Elsewhere attention_flash is attention_sdpa.
+/// in `dtype` (autocast's, else q's): a CPU build of LibTorch with the batch-reduce GEMM, fp32
+/// or bf16 (on AMX tiles where oneDNN has them, detail::bf16_tiles; elsewhere the fp32 kernels
+/// on widened copies); an even head width; no dropout and no key padding. Elsewhere
+/// attention_flash is attention_sdpa.
 inline bool flash_supported(c10::DeviceType device, c10::ScalarType dtype, int64_t head_dim, bool dropout,
                             bool padded) {
 #if MEMOPT_HAS_BRGEMM
-  const bool dtype_ok = dtype == torch::kFloat || (dtype == torch::kBFloat16 && memopt::detail::bf16_tiles());
+  const bool dtype_ok = dtype == torch::kFloat || dtype == torch::kBFloat16;
   return device == c10::kCPU && dtype_ok && head_dim > 0 && head_dim % 2 == 0 && !dropout && !padded;
 #else
   (void)device, (void)dtype, (void)head_dim, (void)dropout, (void)padded;
