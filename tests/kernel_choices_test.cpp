@@ -55,7 +55,8 @@ TEST_CASE("kernel choices: a restore runs the captured bf16 GEMM mode and attent
   bgemm::set_mode(bgemm::Mode::Native);
   memopt::nn::remember_attention(shape, AttentionKind::kSdpa);
   CHECK_THAT(memopt::kernel_choices::restore(saved, "test"),
-             Catch::Contains("bf16 GEMM fp32, as the run that saved the checkpoint measured (this process chose native)"));
+             Catch::Contains("bf16 GEMM fp32, as the run that saved the checkpoint measured "
+                             "(this process chose native)"));
   CHECK(memopt::kernel_choices::restore(saved, "test").empty());  // nothing left to override
   CHECK(bgemm::mode() == bgemm::Mode::Fp32Compute);
   const auto restored = memopt::nn::choose_attention(shape);

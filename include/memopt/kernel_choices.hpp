@@ -10,14 +10,13 @@
 // another CPU kind the resumed run measures for itself (the old kernels would give other bits
 // there anyway) and restore() says so.
 //
-//   nlohmann::json k = memopt::kernel_choices::capture();   // {"cpu": "avx512_bf16", "bf16_gemm": ..., "attention": [...]}
-//   std::string note = memopt::kernel_choices::restore(k, "memopt::Trainer::resume");  // for the log
+//   nlohmann::json k = memopt::kernel_choices::capture();  // {"cpu", "bf16_gemm", "attention": [...]}
+//   std::string note = memopt::kernel_choices::restore(k, "resume");  // for the log ("" if nothing to say)
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
-#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -111,7 +110,8 @@ inline std::string restore(const nlohmann::json& saved, const std::string& who) 
            ": measuring them again (results differ from an unbroken run's in the last bits)";
   std::string note;
   if (saved.contains("bf16_gemm") && bf16_gemm::enabled()) {
-    const auto mode = saved["bf16_gemm"].is_string() ? saved["bf16_gemm"].get<std::string>() : saved["bf16_gemm"].dump();
+    const auto& saved_mode = saved["bf16_gemm"];
+    const auto mode = saved_mode.is_string() ? saved_mode.get<std::string>() : saved_mode.dump();
     TORCH_CHECK(mode == "native" || mode == "fp32", who, ": the checkpoint's kernels give bf16_gemm '", mode,
                 "'; it must be native or fp32. HINT: state.json is damaged; delete its \"kernels\" entry");
     if (mode != detail::mode_name(bf16_gemm::mode()))
@@ -127,8 +127,9 @@ inline std::string restore(const nlohmann::json& saved, const std::string& who) 
     const auto kind = nn::parse_attention_kind(entry["kind"].get<std::string>(), who + ": kernels.attention.kind");
     TORCH_CHECK(kind == nn::AttentionKind::kSdpa || kind == nn::AttentionKind::kFlash ||
                     kind == nn::AttentionKind::kBlockwise,
-                who, ": the checkpoint's kernels give attention '", nn::attention_kind_name(kind), "' for ", shape.str(),
-                "; attention_auto chooses sdpa, flash or blockwise. HINT: delete state.json's \"kernels\" entry");
+                who, ": the checkpoint's kernels give attention '", nn::attention_kind_name(kind), "' for ",
+                shape.str(), "; attention_auto chooses sdpa, flash or blockwise. HINT: delete state.json's "
+                "\"kernels\" entry");
     if (kind == nn::AttentionKind::kFlash &&
         !nn::flash_supported(shape.device, shape.autocast, shape.head_dim, false, shape.padded))
       continue;  // measured again on its first call here

@@ -218,7 +218,8 @@ class Trainer {
   /// its checksums; refused ones are reported on stderr) or a step-N directory. Refuses one
   /// written by other policies, options or run config, naming each difference (max_steps may
   /// change). Restores weights, optimizer and precision state, step, random states, `loader`'s
-  /// position and, on the same CPU kind, the kernels the saving run measured (kernel_choices.hpp). Returns false, changing nothing, when "latest" finds no checkpoint.
+  /// position and, on the same CPU kind, the kernels the saving run measured (kernel_choices.hpp).
+  /// Returns false, changing nothing, when "latest" finds no checkpoint.
   ///   if (!trainer.resume("latest", loader)) fmt::print("starting a new run\n");
   template <class Loader>
   bool resume(const std::string& spec, Loader& loader) {

@@ -16,8 +16,9 @@
 // and dS as GEMM operands). On a CPU without AMX (oneDNN has no bf16 brgemm for it) bf16 runs
 // the fp32 kernels on widened copies and rounds O, dQ, dK and dV to bf16 once, keeping bf16
 // tensors for backward as SDPA does: on a 2-core AVX512-BF16 EPYC at B8 H8 T256 D32 the widened
-// forward + backward took 8–9 ms where SDPA's bf16 took 22 (attention_auto measures both). Grouped KV heads are never repeated: the G query heads of a KV head
-// run in its task and add into one dK, dV. No dropout and no mask but the causal one (top-left
+// forward + backward took 8–9 ms where SDPA's bf16 took 20–22 (attention_auto measures both).
+// Grouped KV heads are never repeated: the G query heads of a KV head run in its task and add
+// into one dK, dV. No dropout and no mask but the causal one (top-left
 // aligned, SDPA's): attention_flash runs SDPA otherwise.
 #pragma once
 
