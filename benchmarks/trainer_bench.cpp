@@ -149,6 +149,7 @@ BenchResult run_trainer(const BenchConfig& cfg, memopt::models::Llama& model, co
 /// tracker phases; the optimizer, parameter groups, clipping and loss normalisation are
 /// the Trainer's, so the step-time ratio is the Trainer's overhead.
 BenchResult run_hand(const BenchConfig& cfg, memopt::models::Llama& model) {
+  memopt::fp32_gemm::enable();  // the Trainer's GEMM kernels (its Fp32 policy's prepare hook), so the ratio is the rest
   std::vector<torch::Tensor> decay, no_decay;  // weight decay on matrices, none on norms and embeddings
   for (const auto& item : model->named_parameters()) {
     const bool decays = item.value().dim() >= 2 && item.key().find("embed") == std::string::npos;
@@ -317,6 +318,8 @@ int main(int argc, char** argv) {
     if (r.estimated_peak > 0) line["estimated_peak_mib"] = memopt::memory::mib(r.estimated_peak);
     if (cfg.precision == "bf16")  // the kernel its CPU GEMMs ran (MEMOPT_BF16_GEMM, or measured)
       line["bf16_gemm"] = memopt::bf16_gemm::mode() == memopt::bf16_gemm::Mode::Native ? "native" : "fp32";
+    if (memopt::fp32_gemm::enabled())  // its CPU fp32 GEMMs' (MEMOPT_FP32_GEMM, or measured)
+      line["fp32_gemm"] = memopt::fp32_gemm::mode_name(memopt::fp32_gemm::mode());
     return line;
   });
 }

@@ -1,5 +1,5 @@
-// tests/kernel_choices_test.cpp — memopt/kernel_choices.hpp: capture() records the bf16 GEMM mode
-// and attention_auto's kernel per shape, restore() runs them again unmeasured (through a JSON
+// tests/kernel_choices_test.cpp — memopt/kernel_choices.hpp: capture() records the bf16 and fp32
+// GEMM modes and attention_auto's kernel per shape, restore() runs them again unmeasured (through a JSON
 // round trip), not when they were measured on another CPU kind, and a damaged record is an
 // error naming the value.
 #include <catch2/catch.hpp>
@@ -16,6 +16,7 @@
 namespace {
 
 namespace bgemm = memopt::bf16_gemm;
+namespace fgemm = memopt::fp32_gemm;
 using memopt::nn::AttentionKind;
 using memopt::nn::AttentionShape;
 
@@ -34,31 +35,39 @@ nlohmann::json entry_for(const nlohmann::json& captured, const AttentionShape& s
 
 }  // namespace
 
-TEST_CASE("kernel choices: a restore runs the captured bf16 GEMM mode and attention kernels unmeasured",
+TEST_CASE("kernel choices: a restore runs the captured GEMM modes and attention kernels unmeasured",
           "[kernel_choices]") {
   bgemm::ScopedMode keep(bgemm::mode());
+  fgemm::ScopedMode keep_fp32(fgemm::mode());
   bgemm::enable();
+  fgemm::enable();
   const auto shape = kernel_choices_shape();
   const auto measured = memopt::nn::choose_attention(shape);  // measured: the timings are real
   CHECK(measured.sdpa.ms > 0);
 
   bgemm::set_mode(bgemm::Mode::Fp32Compute);
+  fgemm::set_mode(fgemm::Mode::Blocked);
   memopt::nn::remember_attention(shape, AttentionKind::kBlockwise);
   const auto saved = nlohmann::json::parse(memopt::kernel_choices::capture().dump());  // as state.json holds it
   CHECK(saved.at("cpu") == memopt::cpu_kind());
   CHECK(saved.at("bf16_gemm") == "fp32");
+  CHECK(saved.at("fp32_gemm") == "blocked");
   const auto entry = entry_for(saved, shape);
   REQUIRE(entry.is_object());
   CHECK(entry.at("kind") == "blockwise");
 
   // Another process would measure afresh: here, other choices in place of the saved ones.
   bgemm::set_mode(bgemm::Mode::Native);
+  fgemm::set_mode(fgemm::Mode::Native);
   memopt::nn::remember_attention(shape, AttentionKind::kSdpa);
-  CHECK_THAT(memopt::kernel_choices::restore(saved, "test"),
-             Catch::Contains("bf16 GEMM fp32, as the run that saved the checkpoint measured "
-                             "(this process chose native)"));
+  const auto note = memopt::kernel_choices::restore(saved, "test");
+  CHECK_THAT(note, Catch::Contains("bf16_gemm fp32, as the run that saved the checkpoint measured "
+                                   "(this process chose native)"));
+  CHECK_THAT(note, Catch::Contains("fp32_gemm blocked, as the run that saved the checkpoint measured "
+                                   "(this process chose native)"));
   CHECK(memopt::kernel_choices::restore(saved, "test").empty());  // nothing left to override
   CHECK(bgemm::mode() == bgemm::Mode::Fp32Compute);
+  CHECK(fgemm::mode() == fgemm::Mode::Blocked);
   const auto restored = memopt::nn::choose_attention(shape);
   CHECK(restored.kind == AttentionKind::kBlockwise);
   CHECK(restored.sdpa.ms == 0);  // not measured again
@@ -88,6 +97,10 @@ TEST_CASE("a damaged kernel-choices record is an error naming the value, with a 
   memopt::test::require_error([&] { restore(nlohmann::json::array()); }, "resume('x')", {"must be a JSON object"});
   memopt::test::require_error([&] { restore({{"cpu", cpu}, {"bf16_gemm", "bogus"}}); }, "resume('x')",
                               {"bf16_gemm 'bogus'", "native or fp32"});
+  fgemm::ScopedMode keep_fp32(fgemm::mode());
+  fgemm::enable();
+  memopt::test::require_error([&] { restore({{"cpu", cpu}, {"fp32_gemm", 3}}); }, "resume('x')",
+                              {"fp32_gemm '3'", "native or blocked"});
   auto good = memopt::kernel_choices::detail::shape_json(kernel_choices_shape());
   memopt::test::require_error(
       [&] { restore({{"cpu", cpu}, {"attention", {{{"shape", good}, {"kind", "math"}}}}}); }, "resume('x')",

@@ -18,13 +18,7 @@
 // temporaries of at most the fp32 copy of the second operand plus kChunkBytes (row chunks).
 #pragma once
 
-#include <ATen/ExpandUtils.h>
-#include <ATen/ops/addmm_cpu_dispatch.h>
-#include <ATen/ops/baddbmm_cpu_dispatch.h>
-#include <ATen/ops/bmm_cpu_dispatch.h>
-#include <ATen/ops/mm_cpu_dispatch.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -36,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "memopt/detail/cpu_gemm.hpp"
 #include "memopt/machine.hpp"
 
 namespace memopt::bf16_gemm {
@@ -51,14 +46,15 @@ struct Choice {
 
 namespace detail {
 
-/// Bytes of fp32 temporaries (operand rows and result rows) one chunk of a widened product may
-/// take, beside the fp32 copy of the second operand.
-inline constexpr int64_t kChunkBytes = int64_t{8} << 20;
+// The widened product and the registered kernels live in memopt/detail/cpu_gemm.hpp (shared with
+// fp32_gemm.hpp's blocked fp32 products); bf16_gemm owns the switch's decision.
+using memopt::detail::cpu_gemm::install;
+using memopt::detail::cpu_gemm::kChunkBytes;
+using memopt::detail::cpu_gemm::rows_per_chunk;
+using memopt::detail::cpu_gemm::widened_addmm;
+using memopt::detail::cpu_gemm::widened_baddbmm;
+using memopt::detail::cpu_gemm::widened_count;
 
-inline std::atomic<Mode>& mode_flag() {
-  static std::atomic<Mode> mode{Mode::Native};
-  return mode;
-}
 inline std::atomic<bool>& enabled_flag() {  // enable() has decided
   static std::atomic<bool> enabled{false};
   return enabled;
@@ -67,122 +63,7 @@ inline std::atomic<bool>& mode_set_by_program() {  // set_mode() was called: ena
   static std::atomic<bool> set{false};
   return set;
 }
-
-/// Products computed widened so far in this process (tests and logs see that the path ran).
-inline std::atomic<int64_t>& widened_count() {
-  static std::atomic<int64_t> count{0};
-  return count;
-}
-
-inline bool widen(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
-inline bool widening() { return mode_flag().load(std::memory_order_relaxed) == Mode::Fp32Compute; }
-
-/// Slices of `rows` along dim 0 such that each slice's fp32 temporaries (`bytes_per_row` each)
-/// stay within `chunk_bytes`; at least 1.
-inline int64_t rows_per_chunk(int64_t bytes_per_row, int64_t chunk_bytes) {
-  return std::max<int64_t>(1, chunk_bytes / std::max<int64_t>(bytes_per_row, 1));
-}
-
-/// beta·self + alpha·(a @ b) for bf16 a (m, k), b (k, n) and bf16 self broadcastable to (m, n)
-/// (undefined: a @ b), computed in fp32 a chunk of rows at a time and rounded to bf16 once.
-inline at::Tensor widened_addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
-                                const at::Scalar& beta, const at::Scalar& alpha, int64_t chunk_bytes = kChunkBytes) {
-  widened_count().fetch_add(1, std::memory_order_relaxed);
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  auto out = at::empty({m, n}, a.options());
-  const auto b32 = b.to(at::kFloat);
-  const auto bias = self.defined() ? self.expand({m, n}) : at::Tensor();
-  const int64_t rows = rows_per_chunk(4 * (k + n), chunk_bytes);
-  for (int64_t r = 0; r < m; r += rows) {
-    const int64_t len = std::min(rows, m - r);
-    const auto a32 = a.narrow(0, r, len).to(at::kFloat);
-    out.narrow(0, r, len)
-        .copy_(bias.defined() ? at::cpu::addmm(bias.narrow(0, r, len).to(at::kFloat), a32, b32, beta, alpha)
-                              : at::cpu::mm(a32, b32));
-  }
-  return out;
-}
-
-/// The batched form: beta·self + alpha·(a @ b) for bf16 a (B, m, k), b (B, k, n), a chunk of
-/// batch entries at a time.
-inline at::Tensor widened_baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
-                                  const at::Scalar& beta, const at::Scalar& alpha, int64_t chunk_bytes = kChunkBytes) {
-  widened_count().fetch_add(1, std::memory_order_relaxed);
-  const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
-  auto out = at::empty({batch, m, n}, a.options());
-  const auto bias = self.defined() ? self.expand({batch, m, n}) : at::Tensor();
-  const int64_t per = rows_per_chunk(4 * (m * k + k * n + m * n), chunk_bytes);
-  for (int64_t i = 0; i < batch; i += per) {
-    const int64_t len = std::min(per, batch - i);
-    const auto a32 = a.narrow(0, i, len).to(at::kFloat), b32 = b.narrow(0, i, len).to(at::kFloat);
-    out.narrow(0, i, len)
-        .copy_(bias.defined() ? at::cpu::baddbmm(bias.narrow(0, i, len).to(at::kFloat), a32, b32, beta, alpha)
-                              : at::cpu::bmm(a32, b32));
-  }
-  return out;
-}
-
-/// Whether `self` can be expanded to `sizes` (addmm's and baddbmm's broadcast of their input).
-inline bool expands_to(const at::Tensor& self, at::IntArrayRef sizes) {
-  return self.dim() <= static_cast<int64_t>(sizes.size()) && at::is_expandable_to(self.sizes(), sizes);
-}
-
-// The CPU kernels. Anything but well-formed all-bf16 operands in Fp32Compute mode goes to
-// LibTorch's own kernel, which also raises LibTorch's own errors for bad shapes and dtypes.
-inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
-  if (widening() && widen(a) && widen(b) && a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0))
-    return widened_addmm(at::Tensor(), a, b, 0, 1);
-  return at::cpu::mm(a, b);
-}
-inline at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
-                        const at::Scalar& alpha) {
-  if (widening() && widen(self) && widen(a) && widen(b) && a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) &&
-      expands_to(self, {a.size(0), b.size(1)}))
-    return widened_addmm(self, a, b, beta, alpha);
-  return at::cpu::addmm(self, a, b, beta, alpha);
-}
-inline at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
-  if (widening() && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
-      a.size(2) == b.size(1))
-    return widened_baddbmm(at::Tensor(), a, b, 0, 1);
-  return at::cpu::bmm(a, b);
-}
-inline at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
-                          const at::Scalar& alpha) {
-  if (widening() && widen(self) && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
-      a.size(2) == b.size(1) && expands_to(self, {a.size(0), a.size(1), b.size(2)}))
-    return widened_baddbmm(self, a, b, beta, alpha);
-  return at::cpu::baddbmm(self, a, b, beta, alpha);
-}
-
-/// Drops LibTorch's one warning that a registration overrides a kernel (this file's purpose),
-/// passes every other warning on.
-class QuietOverride : public c10::WarningHandler {
- public:
-  explicit QuietOverride(c10::WarningHandler* next) : next_(next) {}
-  void process(const c10::Warning& warning) override {
-    if (warning.msg().find("Overriding a previously registered kernel") == std::string::npos) next_->process(warning);
-  }
-
- private:
-  c10::WarningHandler* next_;
-};
-
-/// Registers the four kernels at the CPU dispatch key, once per process. They start in Native
-/// mode, which forwards to LibTorch's kernels, so installing alone changes nothing.
-inline void install() {
-  static const bool installed = [] {
-    QuietOverride quiet(c10::WarningUtils::get_warning_handler());
-    c10::WarningUtils::WarningHandlerGuard guard(&quiet);
-    static torch::Library library(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
-    library.impl("mm", TORCH_FN(mm));
-    library.impl("addmm", TORCH_FN(addmm));
-    library.impl("bmm", TORCH_FN(bmm));
-    library.impl("baddbmm", TORCH_FN(baddbmm));
-    return true;
-  }();
-  (void)installed;
-}
+inline void store(Mode mode) { memopt::detail::cpu_gemm::widen_bf16().store(mode == Mode::Fp32Compute); }
 
 /// GFLOP/s of the widened product at n^3 (machine.hpp's probe, the widened kernel called directly).
 inline double widened_gflops(int64_t n, int reps) {
@@ -215,12 +96,12 @@ inline Choice decide(const char* env) {
 inline bool enabled() { return detail::enabled_flag().load(); }
 
 /// The mode CPU bf16 GEMMs run in now.
-inline Mode mode() { return detail::mode_flag().load(); }
+inline Mode mode() { return memopt::detail::cpu_gemm::widen_bf16().load() ? Mode::Fp32Compute : Mode::Native; }
 
 /// Installs the kernels (once) and sets the mode for the whole process; enable() keeps it.
 inline void set_mode(Mode mode) {
   detail::install();
-  detail::mode_flag().store(mode);
+  detail::store(mode);
   detail::mode_set_by_program().store(true);
 }
 
@@ -246,7 +127,7 @@ inline const Choice& enable() {
     const Choice c = detail::mode_set_by_program().load()
                          ? Choice{mode(), "set by the program (bf16_gemm::set_mode)"}
                          : detail::decide(std::getenv("MEMOPT_BF16_GEMM"));  // probes in Native mode, the default
-    detail::mode_flag().store(c.mode);
+    detail::store(c.mode);
     detail::enabled_flag().store(true);
     return c;
   }();

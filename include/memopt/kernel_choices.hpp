@@ -1,6 +1,7 @@
 // memopt/kernel_choices.hpp — the kernels this process chose by measuring: how CPU bf16 GEMMs
-// run (bf16_gemm::enable(): LibTorch's kernel or widened to fp32) and which kernel attention_auto
-// runs on each shape (SDPA, flash or blockwise). Each is picked by timing on the machine as it
+// run (bf16_gemm::enable(): LibTorch's kernel or widened to fp32), how fp32 ones run
+// (fp32_gemm::enable(): LibTorch's or blocked on brgemm) and which kernel attention_auto runs on
+// each shape (SDPA, flash or blockwise). Each is picked by timing on the machine as it
 // is loaded at that moment, and the candidates differ in the last bits of their results: on a
 // 2-core AVX512-BF16 EPYC the native bf16 GEMM measured 224–440 GFLOP/s and the widened one
 // 159–195 between processes under load, close enough for a busy moment to flip the choice.
@@ -10,18 +11,22 @@
 // another CPU kind the resumed run measures for itself (the old kernels would give other bits
 // there anyway) and restore() says so.
 //
-//   nlohmann::json k = memopt::kernel_choices::capture();  // {"cpu", "bf16_gemm", "attention": [...]}
+//   nlohmann::json k = memopt::kernel_choices::capture();  // {"cpu", "bf16_gemm", "fp32_gemm", "attention"}
 //   std::string note = memopt::kernel_choices::restore(k, "resume");  // for the log ("" if nothing to say)
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <iterator>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "memopt/bf16_gemm.hpp"
+#include "memopt/fp32_gemm.hpp"
 #include "memopt/nn/attention_choice.hpp"
 #include "memopt/runtime.hpp"
 
@@ -85,20 +90,21 @@ inline nn::AttentionShape shape_of(const nlohmann::json& j, const std::string& w
 
 }  // namespace detail
 
-/// This process's measured choices: the CPU kind they were measured on, the bf16 GEMM mode (when
-/// bf16_gemm::enable() has run) and attention_auto's kernel per shape.
+/// This process's measured choices: the CPU kind they were measured on, the bf16 and fp32 GEMM
+/// modes (each when its enable() has run) and attention_auto's kernel per shape.
 inline nlohmann::json capture() {
   nlohmann::json out = {{"cpu", memopt::cpu_kind()}, {"attention", nlohmann::json::array()}};
   if (bf16_gemm::enabled()) out["bf16_gemm"] = detail::mode_name(bf16_gemm::mode());
+  if (fp32_gemm::enabled()) out["fp32_gemm"] = fp32_gemm::mode_name(fp32_gemm::mode());
   for (const auto& [shape, choice] : nn::attention_choices())
     out["attention"].push_back({{"shape", detail::shape_json(shape)}, {"kind", nn::attention_kind_name(choice.kind)}});
   return out;
 }
 
 /// Runs the choices `saved` (capture()'s JSON) from now on in this process, when they were
-/// measured on this CPU kind: the bf16 GEMM mode (where bf16_gemm is enabled here) and each
+/// measured on this CPU kind: the bf16 and fp32 GEMM modes (each where it is enabled here) and each
 /// attention shape's kernel (flash only where it runs here). Returns a line for the log where
-/// that overrides what this process measured (its bf16 GEMM mode) or where nothing is restored
+/// that overrides what this process measured (its GEMM modes) or where nothing is restored
 /// (another CPU kind: the run measures its own), "" otherwise. A malformed entry is an error
 /// naming `who` and the value.
 inline std::string restore(const nlohmann::json& saved, const std::string& who) {
@@ -109,16 +115,24 @@ inline std::string restore(const nlohmann::json& saved, const std::string& who) 
     return "the checkpoint's kernels were measured on a " + cpu + " CPU, this one is " + memopt::cpu_kind() +
            ": measuring them again (results differ from an unbroken run's in the last bits)";
   std::string note;
-  if (saved.contains("bf16_gemm") && bf16_gemm::enabled()) {
-    const auto& saved_mode = saved["bf16_gemm"];
-    const auto mode = saved_mode.is_string() ? saved_mode.get<std::string>() : saved_mode.dump();
-    TORCH_CHECK(mode == "native" || mode == "fp32", who, ": the checkpoint's kernels give bf16_gemm '", mode,
-                "'; it must be native or fp32. HINT: state.json is damaged; delete its \"kernels\" entry");
-    if (mode != detail::mode_name(bf16_gemm::mode()))
-      note = "bf16 GEMM " + mode + ", as the run that saved the checkpoint measured (this process chose " +
-             detail::mode_name(bf16_gemm::mode()) + "): a resumed run computes as an unbroken one";
-    bf16_gemm::set_mode(mode == "native" ? bf16_gemm::Mode::Native : bf16_gemm::Mode::Fp32Compute);
-  }
+  // A GEMM mode: `key`'s value must be one of `names` (the Mode each stands for), applied with `set`.
+  const auto gemm = [&](const char* key, bool enabled, const std::string& current, auto set, auto modes) {
+    if (!saved.contains(key) || !enabled) return;
+    const auto& value = saved[key];
+    const auto name = value.is_string() ? value.get<std::string>() : value.dump();
+    const auto found = std::find_if(modes.begin(), modes.end(), [&](const auto& m) { return name == m.first; });
+    TORCH_CHECK(found != modes.end(), who, ": the checkpoint's kernels give ", key, " '", name, "'; it must be ",
+                modes.begin()->first, " or ", std::prev(modes.end())->first,
+                ". HINT: state.json is damaged; delete its \"kernels\" entry");
+    if (name != current)
+      note += std::string(note.empty() ? "" : "; ") + key + " " + name + ", as the run that saved the checkpoint " +
+              "measured (this process chose " + current + "): a resumed run computes as an unbroken one";
+    set(found->second);
+  };
+  gemm("bf16_gemm", bf16_gemm::enabled(), detail::mode_name(bf16_gemm::mode()), bf16_gemm::set_mode,
+       std::array{std::pair{"native", bf16_gemm::Mode::Native}, std::pair{"fp32", bf16_gemm::Mode::Fp32Compute}});
+  gemm("fp32_gemm", fp32_gemm::enabled(), fp32_gemm::mode_name(fp32_gemm::mode()), fp32_gemm::set_mode,
+       std::array{std::pair{"native", fp32_gemm::Mode::Native}, std::pair{"blocked", fp32_gemm::Mode::Blocked}});
   for (const auto& entry : saved.value("attention", nlohmann::json::array())) {
     TORCH_CHECK(entry.is_object() && entry.contains("shape") && entry.contains("kind") && entry["kind"].is_string(),
                 who, ": an attention entry of the checkpoint's kernels must hold \"shape\" and \"kind\" (got ",

@@ -5,6 +5,7 @@
 
 #include "memopt/batch.hpp"
 #include "memopt/bf16_gemm.hpp"
+#include "memopt/fp32_gemm.hpp"
 #include "memopt/callbacks.hpp"
 #include "memopt/concepts.hpp"
 #include "memopt/error.hpp"

@@ -52,9 +52,11 @@ TEST_CASE("resume refuses other policies, options or run settings, naming each d
         std::vector<std::string>{"a.b: 1 in the checkpoint, 2 now", "c: \"(absent)\" in the checkpoint, 3 now"});
 }
 
-TEST_CASE("a resume runs the kernels the saving run measured: its bf16 GEMM mode, from state.json", "[checkpoint]") {
+TEST_CASE("a resume runs the kernels the saving run measured: its GEMM modes, from state.json", "[checkpoint]") {
   namespace bgemm = memopt::bf16_gemm;
+  namespace fgemm = memopt::fp32_gemm;
   bgemm::ScopedMode keep(bgemm::mode());
+  fgemm::ScopedMode keep_fp32(fgemm::mode());
   memopt::test::TempDir dir("memopt_checkpoint");
   const std::string root = dir.file("ckpt");
   using T = memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Autocast>;
@@ -63,16 +65,21 @@ TEST_CASE("a resume runs the kernels the saving run measured: its bf16 GEMM mode
   {
     T trainer(*model, options(root).max_steps(2));  // bf16 on the CPU: bf16_gemm::enable() has run
     REQUIRE(bgemm::enabled());
+    REQUIRE(fgemm::enabled());
     bgemm::set_mode(bgemm::Mode::Fp32Compute);      // as if its probe had measured widening faster
+    fgemm::set_mode(fgemm::Mode::Blocked);          // and the blocked fp32 kernel faster
     CountingLoader loader;
     fit(model, trainer, loader);
   }
   const auto state = memopt::io::read_checkpoint_state(root + "/step-00000002");
   CHECK(state.at("kernels").at("bf16_gemm") == "fp32");
+  CHECK(state.at("kernels").at("fp32_gemm") == "blocked");
   CHECK(state.at("kernels").at("cpu") == memopt::cpu_kind());
   bgemm::set_mode(bgemm::Mode::Native);             // the resumed process measured the other way
+  fgemm::set_mode(fgemm::Mode::Native);
   T resumed(*model, options(root).max_steps(2));
   CountingLoader loader;
   REQUIRE(resumed.resume("latest", loader));
   CHECK(bgemm::mode() == bgemm::Mode::Fp32Compute);
+  CHECK(fgemm::mode() == fgemm::Mode::Blocked);
 }

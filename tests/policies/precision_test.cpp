@@ -42,12 +42,13 @@ TEST_CASE("Bf16Autocast: linear layers in bf16, fp32 master weights and grads, l
   CHECK(rel > 0.0);  // it really ran in lower precision
 }
 
-TEST_CASE("A bf16 Trainer built for the CPU has chosen its GEMM kernel before the first step", "[precision]") {
+TEST_CASE("A bf16 Trainer built for the CPU has chosen its GEMM kernels before the first step", "[precision]") {
   memopt::models::Llama model(tiny_llama(0.0).num_hidden_layers(1));
   memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Autocast> trainer(*model, memopt::TrainerOptions());
   CHECK(memopt::bf16_gemm::enabled());  // the prepare hook ran: measured, or MEMOPT_BF16_GEMM
+  CHECK(memopt::fp32_gemm::enabled());  // and the fp32 one (the widened bf16 products run on it)
   static_assert(memopt::hooks::PrepareDevice<memopt::precision::Bf16Pure>);
-  static_assert(!memopt::hooks::PrepareDevice<memopt::precision::Fp32>);
+  static_assert(memopt::hooks::PrepareDevice<memopt::precision::Fp32>);  // fp32_gemm::enable()
 }
 
 TEST_CASE("Scaled: loss scaling leaves fp32 training unchanged", "[precision]") {

@@ -11,8 +11,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <ATen/Parallel.h>
 #include <torch/torch.h>
+
+#include "memopt/detail/parallel.hpp"
 
 #ifndef MEMOPT_FBGEMM_TRANSPOSE
 #if __has_include(<fbgemm/Utils.h>) && defined(__x86_64__)
@@ -60,7 +61,7 @@ inline torch::Tensor transposed_copy(const torch::Tensor& x) {
     using E = decltype(element);
     const E* s = static_cast<const E*>(src.data_ptr());
     E* d = static_cast<E*>(out.data_ptr());
-    at::parallel_for(0, (R + kTile - 1) / kTile, 1, [&](int64_t begin, int64_t end) {
+    parallel_chunks((R + kTile - 1) / kTile, 1, [&](int64_t begin, int64_t end, int64_t) {
       for (int64_t r0 = begin * kTile; r0 < std::min(R, end * kTile); r0 += kTile)
         for (int64_t c0 = 0; c0 < C; c0 += kTile)
           transpose(s + r0 * rs + c0, std::min(kTile, R - r0), std::min(kTile, C - c0), rs, d + c0 * R + r0, R);

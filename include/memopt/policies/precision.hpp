@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "memopt/bf16_gemm.hpp"
+#include "memopt/fp32_gemm.hpp"
 #include "memopt/detail/autocast.hpp"
 #include "memopt/memory/policy_desc.hpp"
 
@@ -33,6 +34,10 @@ namespace memopt::precision {
 struct Fp32 {
   static std::string name() { return "precision::Fp32"; }
   static memory::DtypeDesc describe() { return {.flag = "fp32"}; }
+  /// On the CPU: fp32 GEMMs on brgemm where that beats LibTorch's (memopt/fp32_gemm.hpp).
+  void prepare(c10::DeviceType device) const {
+    if (device == c10::kCPU) fp32_gemm::enable();
+  }
   struct NoGuard {};
   NoGuard autocast(c10::DeviceType) const { return {}; }
   void backward(const torch::Tensor& loss) const { loss.backward(); }
@@ -49,9 +54,12 @@ struct Bf16Autocast {
   static std::string name() { return "precision::Bf16Autocast"; }
   static memory::DtypeDesc describe() { return {.flag = "bf16", .half_matmuls = true}; }
   static constexpr c10::ScalarType kMatmulDtype = c10::kBFloat16;  // what autocast casts matmul weights to
-  /// On the CPU: bf16 GEMMs at fp32 speed where the CPU has no bf16 units (memopt/bf16_gemm.hpp).
+  /// On the CPU: bf16 GEMMs at fp32 speed where the CPU has no bf16 units (memopt/bf16_gemm.hpp),
+  /// fp32 ones (the widened bf16 ones among them) as Fp32's.
   void prepare(c10::DeviceType device) const {
-    if (device == c10::kCPU) bf16_gemm::enable();
+    if (device != c10::kCPU) return;
+    fp32_gemm::enable();
+    bf16_gemm::enable();
   }
   memopt::detail::AutocastGuard autocast(c10::DeviceType device) const {
     return memopt::detail::AutocastGuard({device, true, c10::kBFloat16});
@@ -75,9 +83,7 @@ struct Bf16Pure {
   static std::string name() { return "precision::Bf16Pure"; }
   static memory::DtypeDesc describe() { return {.flag = "bf16-pure", .half_matmuls = true, .half_weights = true}; }
   struct NoGuard {};
-  void prepare(c10::DeviceType device) const {  // as Bf16Autocast's
-    if (device == c10::kCPU) bf16_gemm::enable();
-  }
+  void prepare(c10::DeviceType device) const { Bf16Autocast{}.prepare(device); }
   NoGuard autocast(c10::DeviceType) const { return {}; }  // the weights are bf16 already
   void backward(const torch::Tensor& loss) const { loss.backward(); }
 

@@ -1,0 +1,213 @@
+// memopt/detail/cpu_gemm.hpp — memopt's CPU kernels for aten::mm, addmm, addmm_, bmm and
+// baddbmm, registered once at LibTorch's CPU dispatch key, and the two switches they read:
+//   - widen_bf16 (memopt/bf16_gemm.hpp): bf16 products widened to fp32 (exact), multiplied in
+//     fp32 and rounded to bf16 once, where this CPU has no bf16 units;
+//   - blocked_fp32 (memopt/fp32_gemm.hpp): fp32 products on oneDNN's brgemm micro-kernels
+//     (detail/blocked_gemm.hpp), where those beat LibTorch's GEMM (MKL) here.
+// Both start off, and then every product goes to LibTorch's own kernel: installing alone changes
+// nothing. Anything the switches do not cover (other dtypes, shapes blocked_gemm does not take,
+// scalars other than beta 0 or 1 and alpha 1) also goes to LibTorch's kernel, which raises
+// LibTorch's own errors for bad operands. CUDA products never reach these kernels.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/baddbmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include "memopt/detail/blocked_gemm.hpp"
+
+namespace memopt::detail::cpu_gemm {
+
+inline std::atomic<bool>& widen_bf16() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+inline std::atomic<bool>& blocked_fp32() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+/// Products computed widened / blocked so far in this process (tests and logs see a path ran).
+inline std::atomic<int64_t>& widened_count() {
+  static std::atomic<int64_t> count{0};
+  return count;
+}
+inline std::atomic<int64_t>& blocked_count() {
+  static std::atomic<int64_t> count{0};
+  return count;
+}
+
+// ---- fp32: blocked_gemm where it is switched on and takes the operands ----
+
+/// Whether `self` can be expanded to `sizes` (addmm's and baddbmm's broadcast of their input).
+inline bool expands_to(const at::Tensor& self, at::IntArrayRef sizes) {
+  return self.dim() <= static_cast<int64_t>(sizes.size()) && at::is_expandable_to(self.sizes(), sizes);
+}
+
+inline bool blocking() { return blocked_fp32().load(std::memory_order_relaxed); }
+inline bool is_one(const at::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0; }
+inline bool is_zero(const at::Scalar& s) { return !s.isComplex() && s.toDouble() == 0.0; }
+
+/// out = a·b (fp32 rules: blocked or LibTorch's).
+inline at::Tensor fp32_mm(const at::Tensor& a, const at::Tensor& b) {
+  if (blocking() && blocked_gemm::takes(a, b)) {
+    blocked_count().fetch_add(1, std::memory_order_relaxed);
+    auto out = at::empty({a.size(0), b.size(1)}, a.options());
+    blocked_gemm::run(out, a, b, /*accumulate=*/false);
+    return out;
+  }
+  return at::cpu::mm(a, b);
+}
+
+/// beta·self + alpha·(a·b), self broadcast to (m, n).
+inline at::Tensor fp32_addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                             const at::Scalar& alpha) {
+  if (blocking() && blocked_gemm::takes(a, b) && is_one(alpha) && (is_zero(beta) || is_one(beta)) &&
+      self.scalar_type() == at::kFloat && expands_to(self, {a.size(0), b.size(1)})) {
+    blocked_count().fetch_add(1, std::memory_order_relaxed);
+    auto out = at::empty({a.size(0), b.size(1)}, a.options());
+    if (is_one(beta)) out.copy_(self.expand({a.size(0), b.size(1)}));
+    blocked_gemm::run(out, a, b, /*accumulate=*/is_one(beta));
+    return out;
+  }
+  return at::cpu::addmm(self, a, b, beta, alpha);
+}
+
+/// self = beta·self + alpha·(a·b) in place (a gradient accumulated: beta 1).
+inline at::Tensor& fp32_addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                               const at::Scalar& alpha) {
+  if (blocking() && blocked_gemm::takes(self, a, b) && is_one(alpha) && (is_zero(beta) || is_one(beta)) && !self.is_alias_of(a) && !self.is_alias_of(b)) {
+    blocked_count().fetch_add(1, std::memory_order_relaxed);
+    blocked_gemm::run(self, a, b, /*accumulate=*/is_one(beta));
+    return self;
+  }
+  return at::cpu::addmm_(self, a, b, beta, alpha);
+}
+
+// ---- bf16: widened to fp32 where it is switched on ----
+
+/// Bytes of fp32 temporaries (operand rows and result rows) one chunk of a widened product may
+/// take, beside the fp32 copy of the second operand.
+inline constexpr int64_t kChunkBytes = int64_t{8} << 20;
+
+inline bool widen(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+inline bool widening() { return widen_bf16().load(std::memory_order_relaxed); }
+
+/// Slices of `rows` along dim 0 such that each slice's fp32 temporaries (`bytes_per_row` each)
+/// stay within `chunk_bytes`; at least 1.
+inline int64_t rows_per_chunk(int64_t bytes_per_row, int64_t chunk_bytes) {
+  return std::max<int64_t>(1, chunk_bytes / std::max<int64_t>(bytes_per_row, 1));
+}
+
+/// beta·self + alpha·(a @ b) for bf16 a (m, k), b (k, n) and bf16 self broadcastable to (m, n)
+/// (undefined: a @ b), computed in fp32 (by the fp32 rules above) a chunk of rows at a time and
+/// rounded to bf16 once.
+inline at::Tensor widened_addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                                const at::Scalar& beta, const at::Scalar& alpha, int64_t chunk_bytes = kChunkBytes) {
+  widened_count().fetch_add(1, std::memory_order_relaxed);
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  auto out = at::empty({m, n}, a.options());
+  const auto b32 = b.to(at::kFloat);
+  const auto bias = self.defined() ? self.expand({m, n}) : at::Tensor();
+  const int64_t rows = rows_per_chunk(4 * (k + n), chunk_bytes);
+  for (int64_t r = 0; r < m; r += rows) {
+    const int64_t len = std::min(rows, m - r);
+    const auto a32 = a.narrow(0, r, len).to(at::kFloat);
+    out.narrow(0, r, len)
+        .copy_(bias.defined() ? fp32_addmm(bias.narrow(0, r, len).to(at::kFloat), a32, b32, beta, alpha)
+                              : fp32_mm(a32, b32));
+  }
+  return out;
+}
+
+/// The batched form: beta·self + alpha·(a @ b) for bf16 a (B, m, k), b (B, k, n), a chunk of
+/// batch entries at a time.
+inline at::Tensor widened_baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                                  const at::Scalar& beta, const at::Scalar& alpha, int64_t chunk_bytes = kChunkBytes) {
+  widened_count().fetch_add(1, std::memory_order_relaxed);
+  const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
+  auto out = at::empty({batch, m, n}, a.options());
+  const auto bias = self.defined() ? self.expand({batch, m, n}) : at::Tensor();
+  const int64_t per = rows_per_chunk(4 * (m * k + k * n + m * n), chunk_bytes);
+  for (int64_t i = 0; i < batch; i += per) {
+    const int64_t len = std::min(per, batch - i);
+    const auto a32 = a.narrow(0, i, len).to(at::kFloat), b32 = b.narrow(0, i, len).to(at::kFloat);
+    out.narrow(0, i, len)
+        .copy_(bias.defined() ? at::cpu::baddbmm(bias.narrow(0, i, len).to(at::kFloat), a32, b32, beta, alpha)
+                              : at::cpu::bmm(a32, b32));
+  }
+  return out;
+}
+
+// ---- the registered kernels ----
+
+inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  if (widening() && widen(a) && widen(b) && a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0))
+    return widened_addmm(at::Tensor(), a, b, 0, 1);
+  return fp32_mm(a, b);
+}
+inline at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                        const at::Scalar& alpha) {
+  if (widening() && widen(self) && widen(a) && widen(b) && a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) &&
+      expands_to(self, {a.size(0), b.size(1)}))
+    return widened_addmm(self, a, b, beta, alpha);
+  return fp32_addmm(self, a, b, beta, alpha);
+}
+inline at::Tensor& addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                          const at::Scalar& alpha) {
+  return fp32_addmm_(self, a, b, beta, alpha);  // bf16 in place: LibTorch's kernel, as before
+}
+inline at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
+  if (widening() && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
+      a.size(2) == b.size(1))
+    return widened_baddbmm(at::Tensor(), a, b, 0, 1);
+  return at::cpu::bmm(a, b);
+}
+inline at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                          const at::Scalar& alpha) {
+  if (widening() && widen(self) && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
+      a.size(2) == b.size(1) && expands_to(self, {a.size(0), a.size(1), b.size(2)}))
+    return widened_baddbmm(self, a, b, beta, alpha);
+  return at::cpu::baddbmm(self, a, b, beta, alpha);
+}
+
+/// Drops LibTorch's one warning that a registration overrides a kernel (this file's purpose),
+/// passes every other warning on.
+class QuietOverride : public c10::WarningHandler {
+ public:
+  explicit QuietOverride(c10::WarningHandler* next) : next_(next) {}
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("Overriding a previously registered kernel") == std::string::npos) next_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* next_;
+};
+
+/// Registers the kernels at the CPU dispatch key, once per process.
+inline void install() {
+  static const bool installed = [] {
+    QuietOverride quiet(c10::WarningUtils::get_warning_handler());
+    c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+    static torch::Library library(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
+    library.impl("mm", TORCH_FN(mm));
+    library.impl("addmm", TORCH_FN(addmm));
+    library.impl("addmm_", TORCH_FN(addmm_));
+    library.impl("bmm", TORCH_FN(bmm));
+    library.impl("baddbmm", TORCH_FN(baddbmm));
+    return true;
+  }();
+  (void)installed;
+}
+
+}  // namespace memopt::detail::cpu_gemm
