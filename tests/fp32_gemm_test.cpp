@@ -30,7 +30,7 @@ double fp32_gemm_error(const torch::Tensor& x, const torch::Tensor& exact) {
 }  // namespace
 
 TEST_CASE("Blocked mode: mm, addmm and addmm_ run blocked, within LibTorch's own error", "[fp32_gemm]") {
-  if (!MEMOPT_HAS_BRGEMM) return memopt::test::skip_case("this LibTorch has no fp32 brgemm");
+  if (!memopt::detail::blocked_gemm::runs_here()) return memopt::test::skip_case("no fp32 brgemm here");
   fgemm::ScopedMode blocked(fgemm::Mode::Blocked);
   torch::manual_seed(5);
   const auto x = torch::randn({384, 256}), w = torch::randn({320, 256}), bias = torch::randn({320});
@@ -72,7 +72,7 @@ TEST_CASE("Blocked mode: mm, addmm and addmm_ run blocked, within LibTorch's own
 }
 
 TEST_CASE("Blocked mode: a linear layer's gradients equal Native mode's within fp32 error", "[fp32_gemm]") {
-  if (!MEMOPT_HAS_BRGEMM) return memopt::test::skip_case("this LibTorch has no fp32 brgemm");
+  if (!memopt::detail::blocked_gemm::runs_here()) return memopt::test::skip_case("no fp32 brgemm here");
   torch::manual_seed(6);
   const auto x0 = torch::randn({4, 96, 256}), w0 = torch::randn({384, 256}) * 0.05;
   const auto run = [&](fgemm::Mode mode) {
@@ -111,7 +111,11 @@ TEST_CASE("Blocked mode: bad products get LibTorch's own errors", "[fp32_gemm]")
 
 TEST_CASE("MEMOPT_FP32_GEMM picks a mode or measures, a bad value is an error with a HINT", "[fp32_gemm]") {
   CHECK(fgemm::detail::decide("native").mode == fgemm::Mode::Native);
-  if (MEMOPT_HAS_BRGEMM) CHECK(fgemm::detail::decide("blocked").mode == fgemm::Mode::Blocked);
+  if (memopt::detail::blocked_gemm::runs_here()) {
+    CHECK(fgemm::detail::decide("blocked").mode == fgemm::Mode::Blocked);
+  } else {
+    CHECK_THROWS_WITH(fgemm::detail::decide("blocked"), Catch::Contains("HINT"));
+  }
   CHECK_THROWS_WITH(fgemm::detail::decide("mkl"), Catch::Contains("'mkl'") && Catch::Contains("HINT"));
   const auto measured = fgemm::detail::decide(nullptr);
   INFO(measured.reason);

@@ -155,7 +155,7 @@ def fused_ratio(a: Json, b: Json) -> dict:
     """A fused kernel over its ATen composite (nn/fused.hpp): time and peak, and whether it is faster (the target)."""
     peer = "memopt" if b["impl"].endswith("_fused") else "aten"  # the two fused nodes a fused one replaces
     out = {"suite": "fused", "name": a["name"], "impl": "ratio_%s_to_%s" % (a["impl"], b["impl"]), "peer": peer,
-           **{k: a[k] for k in ("dtype", "rows", "width", "N", "V") if k in a},
+           **{k: a[k] for k in ("dtype", "rows", "width", "in", "N", "V") if k in a},
            **{k: round(a[k] / b[k], 4) for k in ("ms", "ms_min", "peak_tracked_mib")}}
     out["met"] = out["ms"] < 1.0
     return out

@@ -71,6 +71,7 @@ struct BenchConfig {
 
   bool is_attention() const { return impl == "math" || impl == "sdpa" || impl == "blockwise" || impl == "flash"; }
   bool is_nf4() const { return impl.rfind("nf4_linear", 0) == 0; }
+  bool is_linear() const { return impl == "linear" || impl == "linear_blocked"; }
   bool is_elementwise() const {
     return impl.rfind("rms_norm", 0) == 0 || impl.rfind("swiglu", 0) == 0 || impl.rfind("rope", 0) == 0 ||
            impl.rfind("dropout_add", 0) == 0 || impl.rfind("add_rms_norm", 0) == 0;
@@ -290,6 +291,32 @@ nlohmann::ordered_json run_nf4_linear(const BenchConfig& cfg) {
   line["inputs_mib"] = mib(t.live_before);
   return line;
 }
+// An fp32 linear layer's three GEMMs, y = x·wᵀ, dX = dy·w and dW = dyᵀ·x, over (rows, hidden) x
+// and an (ffn, hidden) w: LibTorch's GEMM (linear) or memopt's blocked one (linear_blocked,
+// memopt/fp32_gemm.hpp), whatever enable() would measure.
+nlohmann::ordered_json run_linear(const BenchConfig& cfg) {
+  namespace fgemm = memopt::fp32_gemm;
+  fgemm::set_mode(cfg.impl == "linear_blocked" ? fgemm::Mode::Blocked : fgemm::Mode::Native);
+  torch::manual_seed(static_cast<int64_t>(cfg.seed));
+  auto w = (torch::randn({cfg.ffn, cfg.hidden}) * 0.02).requires_grad_();
+  auto x = torch::randn({cfg.rows, cfg.hidden}).requires_grad_();
+  const auto grad_out = torch::randn({cfg.rows, cfg.ffn});
+  auto step = [&] {
+    x.mutable_grad() = torch::Tensor();
+    w.mutable_grad() = torch::Tensor();
+    torch::linear(x, w).backward(grad_out);
+  };
+  const auto t = time_steps(cfg, step);
+  nlohmann::ordered_json line{{"suite", "fused"}, {"name", "linear"},  {"impl", cfg.impl}, {"dtype", "fp32"},
+                              {"rows", cfg.rows}, {"width", cfg.ffn}, {"in", cfg.hidden}};
+  line["fp32_gemm"] = fgemm::mode_name(fgemm::mode());
+  line["peak_tracked_mib"] = mib(t.peak_bytes);
+  line["ms"] = t.ms;
+  line["ms_min"] = t.ms_min;
+  line["gflops"] = 6.0 * static_cast<double>(cfg.rows * cfg.hidden * cfg.ffn) / (t.ms_min * 1e6);
+  line["inputs_mib"] = mib(t.live_before);
+  return line;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -298,11 +325,12 @@ int main(int argc, char** argv) {
   app.add_option("--impl", cfg.impl, "math | sdpa | blockwise | flash (attention); ce_full | ce_chunked | ce_chunked_fused "
                  "(LM loss); rms_norm | swiglu | rope | dropout_add | add_rms_norm | nf4_linear, each also _fused "
                  "(nn/fused.hpp, nn/fused_dropout.hpp, nn/fused_add_norm.hpp; nf4_linear: nn/qlora.hpp's tiles); "
-                 "add_rms_norm_pair_fused (fused dropout-add, then fused RMSNorm)")
+                 "add_rms_norm_pair_fused (fused dropout-add, then fused RMSNorm); linear | linear_blocked (an fp32 "
+                 "layer's three GEMMs: LibTorch's or fp32_gemm's blocked kernel)")
       ->check(CLI::IsMember({"math", "sdpa", "blockwise", "flash", "ce_full", "ce_chunked", "ce_chunked_fused", "rms_norm",
                              "rms_norm_fused", "swiglu", "swiglu_fused", "rope", "rope_fused", "dropout_add",
                              "dropout_add_fused", "add_rms_norm", "add_rms_norm_fused", "add_rms_norm_pair_fused",
-                             "nf4_linear", "nf4_linear_fused"}));
+                             "nf4_linear", "nf4_linear_fused", "linear", "linear_blocked"}));
   app.add_option("--L", cfg.L, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--batch", cfg.batch, "B")->check(CLI::PositiveNumber);
   app.add_option("--heads", cfg.heads, "H")->check(CLI::PositiveNumber);
@@ -331,6 +359,7 @@ int main(int argc, char** argv) {
     auto line = cfg.is_attention()     ? run_attention(cfg)
                 : cfg.is_elementwise() ? run_elementwise(cfg)
                 : cfg.is_nf4()         ? run_nf4_linear(cfg)
+                : cfg.is_linear()      ? run_linear(cfg)
                                        : run_cross_entropy(cfg);
     line["steps"] = cfg.steps;
     line["threads"] = at::get_num_threads();

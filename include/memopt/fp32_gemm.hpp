@@ -48,6 +48,7 @@ inline constexpr double kMinGain = 1.05;
 
 namespace detail {
 
+namespace bg = memopt::detail::blocked_gemm;
 using memopt::detail::cpu_gemm::blocked_count;
 using memopt::detail::cpu_gemm::install;
 
@@ -65,9 +66,8 @@ inline void store(Mode mode) { memopt::detail::cpu_gemm::blocked_fp32().store(mo
 inline constexpr int64_t kProbeM = 1024, kProbeK = 512, kProbeN = 1024;
 
 /// GFLOP/s of LibTorch's fp32 kernel and of the blocked one on the probe shape (fastest of 5
-/// each, machine.hpp's probe), called directly, whatever the mode. Needs MEMOPT_HAS_BRGEMM.
+/// each, machine.hpp's probe), called directly, whatever the mode. Needs blocked_gemm::runs_here().
 inline std::pair<double, double> measure() {
-  namespace bg = memopt::detail::blocked_gemm;
   const double native = machine::detail::gemm_gflops(
       kProbeM, kProbeK, kProbeN, torch::kFloat32, 5,
       [](const at::Tensor& a, const at::Tensor& b) { return at::cpu::mm(a, b); });
@@ -86,10 +86,12 @@ inline Choice decide(const char* env) {
   if (value == "native") return {Mode::Native, "LibTorch's fp32 GEMM (MEMOPT_FP32_GEMM=native)"};
   TORCH_CHECK(value == "blocked" || value == "auto", "memopt::fp32_gemm: MEMOPT_FP32_GEMM must be native, blocked or "
               "auto (got '", value, "'). HINT: unset it to let memopt measure this CPU's fp32 GEMMs and choose.");
-  TORCH_CHECK(value == "auto" || MEMOPT_HAS_BRGEMM, "memopt::fp32_gemm: MEMOPT_FP32_GEMM=blocked, but this "
-              "LibTorch has no fp32 brgemm (at::native::cpublas). HINT: use a LibTorch 2.x with oneDNN, or unset it.");
+  TORCH_CHECK(value == "auto" || bg::runs_here(), "memopt::fp32_gemm: MEMOPT_FP32_GEMM=blocked, but this "
+              "LibTorch's fp32 brgemm (at::native::cpublas) is missing or does not run on this ", memopt::cpu_kind(),
+              " CPU. HINT: unset MEMOPT_FP32_GEMM to use LibTorch's fp32 GEMM.");
   if (value == "blocked") return {Mode::Blocked, "blocked on oneDNN's brgemm (MEMOPT_FP32_GEMM=blocked)"};
-  if (!MEMOPT_HAS_BRGEMM) return {Mode::Native, "LibTorch's fp32 GEMM: this LibTorch has no fp32 brgemm"};
+  if (!bg::runs_here())
+    return {Mode::Native, "LibTorch's fp32 GEMM: no fp32 brgemm in this LibTorch, or not on this CPU"};
   const auto [native, blocked] = measure();
   const bool take = blocked >= kMinGain * native;
   return {take ? Mode::Blocked : Mode::Native,

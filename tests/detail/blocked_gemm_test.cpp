@@ -28,7 +28,7 @@ double max_error(const torch::Tensor& x, const torch::Tensor& exact) {
 }  // namespace
 
 TEST_CASE("blocked_gemm: each layout within LibTorch's own fp32 error of the fp64 product", "[detail][blocked_gemm]") {
-  if (!MEMOPT_HAS_BRGEMM) return memopt::test::skip_case("this LibTorch has no fp32 brgemm");
+  if (!memopt::detail::blocked_gemm::runs_here()) return memopt::test::skip_case("no fp32 brgemm here");
   torch::manual_seed(3);
   // 200 x 1100 x 300: ragged 128 x 64 tiles, K in three slices of at most 512.
   const int64_t m = 200, k = 1100, n = 300;
@@ -62,7 +62,7 @@ TEST_CASE("blocked_gemm: each layout within LibTorch's own fp32 error of the fp6
 }
 
 TEST_CASE("blocked_gemm: the results are the same bits on 1 thread and on 2", "[detail][blocked_gemm]") {
-  if (!MEMOPT_HAS_BRGEMM) return memopt::test::skip_case("this LibTorch has no fp32 brgemm");
+  if (!memopt::detail::blocked_gemm::runs_here()) return memopt::test::skip_case("no fp32 brgemm here");
   torch::manual_seed(4);
   const auto dy = torch::randn({520, 140}), x = torch::randn({520, 96});
   const auto product = [&] {
@@ -81,7 +81,7 @@ TEST_CASE("blocked_gemm: the results are the same bits on 1 thread and on 2", "[
 
 TEST_CASE("blocked_gemm: small, thin, non-fp32 and mismatched operands are not taken", "[detail][blocked_gemm]") {
   const auto a = torch::randn({256, 256}), b = torch::randn({256, 256});
-  CHECK(bg::takes(a, b) == static_cast<bool>(MEMOPT_HAS_BRGEMM));
+  CHECK(bg::takes(a, b) == bg::runs_here());
   CHECK_FALSE(bg::takes(torch::randn({64, 64}), torch::randn({64, 64})));   // 2^18 multiply-adds
   CHECK_FALSE(bg::takes(torch::randn({4096, 16}), torch::randn({16, 4096})));  // a side under kMinSide
   CHECK_FALSE(bg::takes(a.to(torch::kDouble), b.to(torch::kDouble)));

@@ -79,7 +79,8 @@ def attention(ctx: Context) -> list[Step]:
 # two shapes (2048 rows: 8 × 256 and 4 × 512 tokens; C 256 / 512, F 704 / 1408, 8 heads of
 # 32 / 64), fp32 and bf16, and the chunked loss's softmax rows (N 2048, C 512, V 4096). One
 # process per kernel, impl and dtype; a ratio line each (fused / composite; the target: ms < 1).
-# Then QLoRA's NF4 matmul, tiled against the whole weight. ~2 min (--quick: 256 rows).
+# Then QLoRA's NF4 matmul, tiled against the whole weight, and an fp32 linear layer's GEMMs on
+# LibTorch's kernel and on fp32_gemm's blocked one. ~2.5 min (--quick: 256 rows).
 FUSED_SHAPES = ((256, 704), (512, 1408))
 
 
@@ -119,6 +120,20 @@ def fused(ctx: Context) -> list[Step]:
                 steps.append(attention_run(ctx, key, args))
                 keys.append(key)
             steps.append(Derive(keys[::-1], L.fused_ratio, "ratio_nf4_linear_fused_to_nf4_linear"))
+    # An fp32 linear layer's three GEMMs (forward, dX, dW) on LibTorch's kernel and on fp32_gemm's
+    # blocked one, at the 8 x d512 trainer's shapes: a micro-batch's 4096 rows through the q
+    # (512 -> 512), gate (512 -> 1408) and down (1408 -> 512) projections, and a loss chunk's 1024
+    # rows through the 4096-word head.
+    linear_passes = ("--warmup 0 --steps 1" if ctx.quick else "--warmup 2 --steps 10").split()
+    for tokens, d_in, d_out in ((4096, 512, 512), (4096, 512, 1408), (4096, 1408, 512), (1024, 512, 4096)):
+        keys = []
+        for impl in ("linear", "linear_blocked"):
+            key = f"{impl}-{d_in}x{d_out}"
+            args = ["--impl", impl, "--rows", str(256 if ctx.quick else tokens), "--hidden", str(d_in),
+                    "--ffn", str(d_out), *linear_passes]
+            steps.append(attention_run(ctx, key, args))
+            keys.append(key)
+        steps.append(Derive(keys[::-1], L.fused_ratio, "ratio_linear_blocked_to_linear"))
     return steps
 
 

@@ -47,10 +47,29 @@ inline bool fp32_cpu_matrix(const at::Tensor& t) {
          !t.is_conj() && !t.is_neg();
 }
 
+void run(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate);
+
+/// Whether oneDNN's fp32 micro-kernels are in this LibTorch and run on this CPU (LibTorch raises
+/// where they need an ISA the CPU lacks): one small product, tried once per process.
+inline bool runs_here() {
+  static const bool runs = [] {
+    if (!MEMOPT_HAS_BRGEMM) return false;
+    try {
+      const auto a = torch::ones({64, 64});
+      auto out = torch::empty({64, 64});
+      run(out, a, a, /*accumulate=*/false);
+      return torch::equal(out, torch::full({64, 64}, 64.0f));
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return runs;
+}
+
 /// Whether run() takes the product a·b into a fresh row-major out: fp32 CPU matrices that fit,
-/// big enough, oneDNN's kernels in this build.
+/// big enough, oneDNN's kernels running here.
 inline bool takes(const at::Tensor& a, const at::Tensor& b) {
-  if (!MEMOPT_HAS_BRGEMM || !fp32_cpu_matrix(a) || !fp32_cpu_matrix(b)) return false;
+  if (!fp32_cpu_matrix(a) || !fp32_cpu_matrix(b) || !runs_here()) return false;
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   return b.size(0) == k && std::min({m, k, n}) >= kMinSide && m * k * n >= kMinMacs;
 }

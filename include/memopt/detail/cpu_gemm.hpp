@@ -86,7 +86,8 @@ inline at::Tensor fp32_addmm(const at::Tensor& self, const at::Tensor& a, const 
 /// self = beta·self + alpha·(a·b) in place (a gradient accumulated: beta 1).
 inline at::Tensor& fp32_addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                                const at::Scalar& alpha) {
-  if (blocking() && blocked_gemm::takes(self, a, b) && is_one(alpha) && (is_zero(beta) || is_one(beta)) && !self.is_alias_of(a) && !self.is_alias_of(b)) {
+  if (blocking() && blocked_gemm::takes(self, a, b) && is_one(alpha) && (is_zero(beta) || is_one(beta)) &&
+      !self.is_alias_of(a) && !self.is_alias_of(b)) {
     blocked_count().fetch_add(1, std::memory_order_relaxed);
     blocked_gemm::run(self, a, b, /*accumulate=*/is_one(beta));
     return self;
