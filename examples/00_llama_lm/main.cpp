@@ -620,7 +620,7 @@ int main(int argc, char** argv) {
     memopt::log_performance_info();
     const auto precision = memopt::machine::resolve_precision(a.precision, examples::parse_device(a.device, "llama_lm"));
     fmt::print("{:>13}: {} ({})\n", "precision", precision.precision, precision.reason);
-    examples::enable_bf16_gemm(precision.precision, examples::parse_device(a.device, "llama_lm"));
+    examples::enable_cpu_gemms(precision.precision, examples::parse_device(a.device, "llama_lm"));
     a.precision = precision.precision;
     std::fflush(stdout);
     return run(a);

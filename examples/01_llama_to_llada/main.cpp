@@ -189,8 +189,8 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   }
   fmt::print("precision: student {} on {}, teacher {} on {} ({})\n", p.precision, p.device.str(),
              p.teacher_precision, p.teacher_device.str(), why);
-  examples::enable_bf16_gemm(p.precision, p.device);
-  examples::enable_bf16_gemm(p.teacher_precision, p.teacher_device);
+  examples::enable_cpu_gemms(p.precision, p.device);
+  examples::enable_cpu_gemms(p.teacher_precision, p.teacher_device);
   if (given("--release_cache_every")) p.release_cache_every = a.memory.release_cache_every;
   if (given("--kd_top_k")) p.kd_top_k = a.kd_top_k;
   if (given("--tf32")) p.tf32 = a.tf32;

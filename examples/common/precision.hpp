@@ -5,11 +5,13 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <memopt/bf16_gemm.hpp>
+#include <memopt/fp32_gemm.hpp>
 #include <memopt/machine.hpp>
 
 namespace examples {
@@ -28,12 +30,17 @@ inline void check_precision(const std::string& flag, const char* who, const torc
               "'). HINT: auto measures this machine's bf16 and fp32 matmul and picks the faster.");
 }
 
-/// Where `precision` (resolved: fp32, bf16, bf16-pure, ...) computes in bf16 on the CPU: makes
-/// those GEMMs run at fp32 speed where this CPU has no bf16 units (memopt/bf16_gemm.hpp), and
-/// prints which kernel it measured faster.
-inline void enable_bf16_gemm(const std::string& precision, const torch::Device& device) {
-  if (precision.rfind("bf16", 0) != 0 || !device.is_cpu()) return;
-  fmt::print("{:>13}: {}\n", "bf16 GEMM", memopt::bf16_gemm::enable().reason);
+/// On the CPU, chooses the GEMM kernels the Trainer's precision policy will (its prepare hook) and
+/// prints which it measured faster: fp32 products on oneDNN's brgemm or LibTorch's
+/// (memopt/fp32_gemm.hpp), and where `precision` (resolved: fp32, bf16, bf16-pure, ...) computes
+/// in bf16, bf16 products at fp32 speed where this CPU has no bf16 units (memopt/bf16_gemm.hpp).
+/// Each choice is made, and printed, once per process.
+inline void enable_cpu_gemms(const std::string& precision, const torch::Device& device) {
+  static bool fp32_said = false, bf16_said = false;
+  if (!device.is_cpu()) return;
+  if (!std::exchange(fp32_said, true)) fmt::print("{:>13}: {}\n", "fp32 GEMM", memopt::fp32_gemm::enable().reason);
+  if (precision.rfind("bf16", 0) == 0 && !std::exchange(bf16_said, true))
+    fmt::print("{:>13}: {}\n", "bf16 GEMM", memopt::bf16_gemm::enable().reason);
 }
 
 /// Checks `flag` (naming `who`) and resolves it: true = bf16 autocast.
@@ -41,7 +48,7 @@ inline bool resolve_mixed_precision(const std::string& flag, const torch::Device
   check_precision(flag, who);
   const auto choice = memopt::machine::resolve_precision(flag, device);
   fmt::print("{:>13}: {} ({})\n", "precision", choice.precision, choice.reason);
-  enable_bf16_gemm(choice.precision, device);
+  enable_cpu_gemms(choice.precision, device);
   return choice.precision == "bf16";
 }
 

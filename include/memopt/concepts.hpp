@@ -52,7 +52,7 @@ concept Step = requires(P& p, torch::optim::Optimizer& opt) {
 
 /// Optional: `p.prepare(device_type)` readies the process for this precision on that device,
 /// once, when the Trainer is built — before any step, outside the tracked step and its memory
-/// budget (Bf16Autocast, Bf16Pure: bf16_gemm::enable() on the CPU).
+/// budget (on the CPU: Fp32 fp32_gemm::enable(); Bf16Autocast, Bf16Pure that and bf16_gemm::enable()).
 template <class P>
 concept PrepareDevice = requires(P& p, c10::DeviceType device) { p.prepare(device); };
 /// Optional: `p.prepare_grads(optimizer)` turns the backward's gradients into the true
