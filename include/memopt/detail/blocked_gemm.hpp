@@ -47,7 +47,7 @@ inline bool fp32_cpu_matrix(const at::Tensor& t) {
          !t.is_conj() && !t.is_neg();
 }
 
-void run(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate);
+inline void run(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate);
 
 /// Whether oneDNN's fp32 micro-kernels are in this LibTorch and run on this CPU (LibTorch raises
 /// where they need an ISA the CPU lacks): one small product, tried once per process.
