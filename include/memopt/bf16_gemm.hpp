@@ -49,22 +49,14 @@ namespace detail {
 
 // The widened product and the registered kernels live in memopt/detail/cpu_gemm.hpp (shared with
 // fp32_gemm.hpp's blocked fp32 products); bf16_gemm owns the switch's decision.
-using memopt::detail::cpu_gemm::install;
 using memopt::detail::cpu_gemm::kChunkBytes;
 using memopt::detail::cpu_gemm::rows_per_chunk;
 using memopt::detail::cpu_gemm::widened_addmm;
 using memopt::detail::cpu_gemm::widened_baddbmm;
 using memopt::detail::cpu_gemm::widened_count;
 
-inline std::atomic<bool>& enabled_flag() {  // enable() has decided
-  static std::atomic<bool> enabled{false};
-  return enabled;
-}
-inline std::atomic<bool>& mode_set_by_program() {  // set_mode() was called: enable() keeps that mode
-  static std::atomic<bool> set{false};
-  return set;
-}
-inline void store(Mode mode) { memopt::detail::cpu_gemm::widen_bf16().store(mode == Mode::Fp32Compute); }
+inline constexpr char kName[] = "bf16_gemm";
+using Switch = memopt::detail::cpu_gemm::Switch<&memopt::detail::cpu_gemm::widen_bf16, Mode, Choice, kName>;
 
 /// GFLOP/s of the widened product at n^3 (machine.hpp's probe, the widened kernel called directly).
 inline double widened_gflops(int64_t n, int reps) {
@@ -94,45 +86,23 @@ inline Choice decide(const char* env) {
 }  // namespace detail
 
 /// Whether enable() has run in this process (a bf16 Trainer on the CPU runs it when built).
-inline bool enabled() { return detail::enabled_flag().load(); }
+inline bool enabled() { return detail::Switch::enabled().load(); }
 
 /// The mode CPU bf16 GEMMs run in now.
-inline Mode mode() { return memopt::detail::cpu_gemm::widen_bf16().load() ? Mode::Fp32Compute : Mode::Native; }
+inline Mode mode() { return detail::Switch::mode(); }
 
 /// Installs the kernels (once) and sets the mode for the whole process; enable() keeps it.
-inline void set_mode(Mode mode) {
-  detail::install();
-  detail::store(mode);
-  detail::mode_set_by_program().store(true);
-}
+inline void set_mode(Mode mode) { detail::Switch::set(mode); }
 
 /// Sets a mode for a scope, restores the previous one on exit (tests, benchmarks).
-class ScopedMode {
- public:
-  explicit ScopedMode(Mode mode) : previous_(bf16_gemm::mode()) { set_mode(mode); }
-  ~ScopedMode() { set_mode(previous_); }
-  ScopedMode(const ScopedMode&) = delete;
-  ScopedMode& operator=(const ScopedMode&) = delete;
-
- private:
-  Mode previous_;
-};
+using ScopedMode = detail::Switch::Scoped;
 
 /// Installs the kernels and sets the mode MEMOPT_BF16_GEMM asks for, or (auto) the faster one
 /// measured here, unless the program chose one with set_mode() (then that one is kept). The
 /// first call decides (~0.5 s where the native kernel is slow, ~0.1 s elsewhere); later calls
-/// return that choice.
+/// return that choice. It probes in Native mode, the default.
 inline const Choice& enable() {
-  static const Choice choice = [] {
-    detail::install();
-    const Choice c = detail::mode_set_by_program().load()
-                         ? Choice{mode(), "set by the program (bf16_gemm::set_mode)"}
-                         : detail::decide(std::getenv("MEMOPT_BF16_GEMM"));  // probes in Native mode, the default
-    detail::store(c.mode);
-    detail::enabled_flag().store(true);
-    return c;
-  }();
-  return choice;
+  return detail::Switch::enable([] { return detail::decide(std::getenv("MEMOPT_BF16_GEMM")); });
 }
 
 }  // namespace memopt::bf16_gemm

@@ -50,17 +50,9 @@ namespace detail {
 
 namespace bg = memopt::detail::blocked_gemm;
 using memopt::detail::cpu_gemm::blocked_count;
-using memopt::detail::cpu_gemm::install;
 
-inline std::atomic<bool>& enabled_flag() {  // enable() has decided
-  static std::atomic<bool> enabled{false};
-  return enabled;
-}
-inline std::atomic<bool>& mode_set_by_program() {  // set_mode() was called: enable() keeps that mode
-  static std::atomic<bool> set{false};
-  return set;
-}
-inline void store(Mode mode) { memopt::detail::cpu_gemm::blocked_fp32().store(mode == Mode::Blocked); }
+inline constexpr char kName[] = "fp32_gemm";
+using Switch = memopt::detail::cpu_gemm::Switch<&memopt::detail::cpu_gemm::blocked_fp32, Mode, Choice, kName>;
 
 /// The probe's shape: a trainer's (tokens, width) · (width, 2·width) product at d512.
 inline constexpr int64_t kProbeM = 1024, kProbeK = 512, kProbeN = 1024;
@@ -104,46 +96,24 @@ inline Choice decide(const char* env) {
 }  // namespace detail
 
 /// Whether enable() has run in this process (a Trainer on the CPU runs it when built).
-inline bool enabled() { return detail::enabled_flag().load(); }
+inline bool enabled() { return detail::Switch::enabled().load(); }
 
 /// The mode CPU fp32 GEMMs run in now.
-inline Mode mode() { return memopt::detail::cpu_gemm::blocked_fp32().load() ? Mode::Blocked : Mode::Native; }
+inline Mode mode() { return detail::Switch::mode(); }
 
 inline const char* mode_name(Mode mode) { return mode == Mode::Blocked ? "blocked" : "native"; }
 
 /// Installs the kernels (once) and sets the mode for the whole process; enable() keeps it.
-inline void set_mode(Mode mode) {
-  detail::install();
-  detail::store(mode);
-  detail::mode_set_by_program().store(true);
-}
+inline void set_mode(Mode mode) { detail::Switch::set(mode); }
 
 /// Sets a mode for a scope, restores the previous one on exit (tests, benchmarks).
-class ScopedMode {
- public:
-  explicit ScopedMode(Mode mode) : previous_(fp32_gemm::mode()) { set_mode(mode); }
-  ~ScopedMode() { set_mode(previous_); }
-  ScopedMode(const ScopedMode&) = delete;
-  ScopedMode& operator=(const ScopedMode&) = delete;
-
- private:
-  Mode previous_;
-};
+using ScopedMode = detail::Switch::Scoped;
 
 /// Installs the kernels and sets the mode MEMOPT_FP32_GEMM asks for, or (auto) the faster one
 /// measured here, unless the program chose one with set_mode() (then that one is kept). The
 /// first call decides (~0.1 s); later calls return that choice.
 inline const Choice& enable() {
-  static const Choice choice = [] {
-    detail::install();
-    const Choice c = detail::mode_set_by_program().load()
-                         ? Choice{mode(), "set by the program (fp32_gemm::set_mode)"}
-                         : detail::decide(std::getenv("MEMOPT_FP32_GEMM"));
-    detail::store(c.mode);
-    detail::enabled_flag().store(true);
-    return c;
-  }();
-  return choice;
+  return detail::Switch::enable([] { return detail::decide(std::getenv("MEMOPT_FP32_GEMM")); });
 }
 
 }  // namespace memopt::fp32_gemm

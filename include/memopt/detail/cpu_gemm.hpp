@@ -7,7 +7,8 @@
 // Both start off, and then every product goes to LibTorch's own kernel: installing alone changes
 // nothing. Anything the switches do not cover (other dtypes, shapes blocked_gemm does not take,
 // scalars other than beta 0 or 1 and alpha 1) also goes to LibTorch's kernel, which raises
-// LibTorch's own errors for bad operands. CUDA products never reach these kernels.
+// LibTorch's own errors for bad operands. CUDA products never reach these kernels. Switch<> is
+// the state both switches keep: the mode, whether enable() decided, set_mode(), ScopedMode.
 #pragma once
 
 #include <algorithm>
@@ -210,5 +211,52 @@ inline void install() {
   }();
   (void)installed;
 }
+
+/// One switch's state and its once-only decision (bf16_gemm's on `widen_bf16`, fp32_gemm's on
+/// `blocked_fp32`): Mode an enum class whose Native is 0 and whose other value turns `on` on,
+/// Choice {Mode mode; std::string reason}. `who` names the switch in the reason.
+template <std::atomic<bool>& (*on)(), class Mode, class Choice, const char* who>
+struct Switch {
+  static_assert(static_cast<int>(Mode::Native) == 0, "Native is the switch's off state");
+  static Mode mode() { return static_cast<Mode>(on().load()); }
+  static std::atomic<bool>& enabled() {  // enable() has decided
+    static std::atomic<bool> decided{false};
+    return decided;
+  }
+  static std::atomic<bool>& set_by_program() {  // set() was called: enable() keeps that mode
+    static std::atomic<bool> set{false};
+    return set;
+  }
+  /// Installs the kernels (once) and sets the mode for the whole process; enable() keeps it.
+  static void set(Mode mode) {
+    install();
+    on().store(mode != Mode::Native);
+    set_by_program().store(true);
+  }
+  /// Installs the kernels; the first call decides (the mode set() set, else `decide()`), later
+  /// calls return that choice.
+  static const Choice& enable(Choice (*decide)()) {
+    static const Choice choice = [decide] {
+      install();
+      const std::string set_here = std::string("set by the program (") + who + "::set_mode)";
+      const Choice c = set_by_program().load() ? Choice{mode(), set_here} : decide();
+      on().store(c.mode != Mode::Native);
+      enabled().store(true);
+      return c;
+    }();
+    return choice;
+  }
+  /// Sets a mode for a scope, restores the previous one on exit (tests, benchmarks).
+  class Scoped {
+   public:
+    explicit Scoped(Mode mode) : previous_(Switch::mode()) { set(mode); }
+    ~Scoped() { set(previous_); }
+    Scoped(const Scoped&) = delete;
+    Scoped& operator=(const Scoped&) = delete;
+
+   private:
+    Mode previous_;
+  };
+};
 
 }  // namespace memopt::detail::cpu_gemm
