@@ -49,8 +49,10 @@ inline bool fp32_cpu_matrix(const at::Tensor& t) {
 
 inline void run(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate);
 
-/// Whether oneDNN's fp32 micro-kernels are in this LibTorch and run on this CPU (LibTorch raises
-/// where they need an ISA the CPU lacks): one small product, tried once per process.
+/// Whether this LibTorch has the fp32 brgemm and a product through it is right here: one small
+/// product, tried once per process, an error counting as no. (Where the CPU lacks the
+/// micro-kernels' ISA, LibTorch 2.15 answers each call with its own GEMM instead: correct but
+/// slower, which fp32_gemm's measurement finds.)
 inline bool runs_here() {
   static const bool runs = [] {
     if (!MEMOPT_HAS_BRGEMM) return false;
@@ -67,7 +69,7 @@ inline bool runs_here() {
 }
 
 /// Whether run() takes the product a·b into a fresh row-major out: fp32 CPU matrices that fit,
-/// big enough, oneDNN's kernels running here.
+/// big enough, the brgemm running here.
 inline bool takes(const at::Tensor& a, const at::Tensor& b) {
   if (!fp32_cpu_matrix(a) || !fp32_cpu_matrix(b) || !runs_here()) return false;
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
