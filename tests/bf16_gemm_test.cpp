@@ -4,8 +4,16 @@
 // well-formed bf16 product is left to LibTorch (CUDA products among them).
 #include <catch2/catch.hpp>
 
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <set>
+#include <string>
+
 #include <memopt/bf16_gemm.hpp>
+#include <memopt/models/llama.hpp>
 #include <memopt/policies/precision.hpp>
+#include <memopt/policies/recompute.hpp>
 
 #include "support.hpp"
 
@@ -74,6 +82,90 @@ TEST_CASE("bf16 mm, addmm, bmm and baddbmm widened to fp32 are LibTorch's within
   }
   gemm_check_within_native(torch::nn::functional::linear(in, w, bias), native_linear, exact);
   CHECK(count() == before + 7);  // each product above (and the linear layer's addmm) ran widened
+}
+
+TEST_CASE("mm_out and addmm_ widen into their own outputs", "[bf16_gemm]") {
+  torch::manual_seed(5);
+  const auto a = gemm_randn({67, 48}), b = gemm_randn({48, 33}), c = gemm_randn({67, 33});
+  torch::Tensor n_mm_out = torch::empty({67, 33}, torch::kBFloat16), n_addmm_ = c.clone(), n_scaled = c.clone();
+  {
+    bgemm::ScopedMode native(bgemm::Mode::Native);
+    torch::mm_out(n_mm_out, a, b);
+    n_addmm_.addmm_(a, b);
+    n_scaled.addmm_(a, b, 0.5, -2.0);
+  }
+  bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
+  const auto mm_ref = torch::mm(a, b), addmm_ref = torch::addmm(c, a, b), scaled_ref = torch::addmm(c, a, b, 0.5, -2.0);
+  const auto before = bgemm::detail::widened_count().load();
+  auto resized = torch::empty({0}, torch::kBFloat16);  // mm_out resizes an empty out, as LibTorch's does
+  torch::mm_out(resized, a, b);
+  auto rows = torch::zeros({100, 33}, torch::kBFloat16);  // into a slice of rows (the loss head's dHidden)
+  auto rows_view = rows.narrow(0, 10, 67);
+  torch::mm_out(rows_view, a, b);
+  auto in_place = c.clone(), scaled = c.clone();
+  in_place.addmm_(a, b);
+  scaled.addmm_(a, b, 0.5, -2.0);
+  CHECK(bgemm::detail::widened_count().load() == before + 4);
+  CHECK(torch::equal(resized, mm_ref));  // the same widened product as mm's
+  CHECK(torch::equal(rows.narrow(0, 10, 67), mm_ref));
+  CHECK(torch::equal(rows.narrow(0, 0, 10), torch::zeros({10, 33}, torch::kBFloat16)));
+  CHECK(torch::equal(rows.narrow(0, 77, 23), torch::zeros({23, 33}, torch::kBFloat16)));
+  CHECK(torch::equal(in_place, addmm_ref));
+  CHECK(torch::equal(scaled, scaled_ref));
+  gemm_check_within_native(resized, n_mm_out, gemm_f64(a).mm(gemm_f64(b)));
+  gemm_check_within_native(in_place, n_addmm_, torch::addmm(gemm_f64(c), gemm_f64(a), gemm_f64(b)));
+  gemm_check_within_native(scaled, n_scaled, torch::addmm(gemm_f64(c), gemm_f64(a), gemm_f64(b), 0.5, -2.0));
+  // An out that overlaps an operand, or of another dtype, is LibTorch's to handle (and refuse).
+  auto f32 = torch::empty({67, 33});
+  CHECK_THROWS(torch::mm_out(f32, a, b));
+}
+
+namespace {
+std::atomic<int64_t> g_bf16_products{0};  // bf16 GEMM ops dispatched while the observer below is on
+}  // namespace
+
+TEST_CASE("Widened, a LLaMA's bf16-autocast step sends every bf16 product through the widened kernels",
+          "[bf16_gemm]") {
+  // Each GEMM op dispatched with bf16 operands (mm, its out= form, addmm, addmm_, bmm, baddbmm)
+  // is counted by a RecordFunction observer, and each must be a widened product: on a CPU
+  // without bf16 units one left to LibTorch runs at ~1 GFLOP/s (the fused loss head's mm_out
+  // and a shared-input node's addmm_ did: a 4 x d256 step took 20 s instead of ~1).
+  torch::manual_seed(4);
+  memopt::models::Llama model(memopt::models::LlamaConfig()
+                                  .vocab_size(97)
+                                  .hidden_size(64)
+                                  .num_hidden_layers(2)
+                                  .num_attention_heads(4)
+                                  .num_key_value_heads(2)
+                                  .max_position_embeddings(64)
+                                  .fused_kernels(true)
+                                  .loss_chunk_size(24));
+  const auto tokens = torch::randint(97, {2, 41});
+  const memopt::Batch batch{tokens.slice(1, 0, 40).contiguous(), tokens.slice(1, 1).contiguous()};
+  const memopt::precision::Bf16Autocast policy;
+  bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
+  g_bf16_products = 0;
+  const auto handle = at::addGlobalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        static const std::set<std::string> gemms{"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm",
+                                                 "aten::baddbmm"};
+        const auto inputs = fn.inputs();
+        if (gemms.count(fn.name()) && inputs.size() > 1 && inputs[1].isTensor() &&
+            inputs[1].toTensor().scalar_type() == torch::kBFloat16)
+          g_bf16_products.fetch_add(1);
+        return nullptr;
+      }).needsInputs(true));
+  const auto before = bgemm::detail::widened_count().load();
+  torch::Tensor loss;
+  {
+    auto guard = policy.autocast(c10::kCPU);
+    loss = model->loss_sum(batch, memopt::recompute::None{});
+  }
+  loss.backward();  // outside autocast, as the Trainer runs it (autocast would record each mm twice)
+  at::removeCallback(handle);
+  INFO("bf16 GEMM ops " << g_bf16_products.load() << ", widened " << bgemm::detail::widened_count().load() - before);
+  CHECK(g_bf16_products.load() > 10);
+  CHECK(bgemm::detail::widened_count().load() - before == g_bf16_products.load());
 }
 
 TEST_CASE("a widened product in many chunks equals the product in one", "[bf16_gemm]") {

@@ -29,7 +29,7 @@ double fp32_gemm_error(const torch::Tensor& x, const torch::Tensor& exact) {
 
 }  // namespace
 
-TEST_CASE("Blocked mode: mm, addmm and addmm_ run blocked, within LibTorch's own error", "[fp32_gemm]") {
+TEST_CASE("Blocked mode: mm, mm_out, addmm and addmm_ run blocked, within LibTorch's own error", "[fp32_gemm]") {
   if (!memopt::detail::blocked_gemm::runs_here()) return memopt::test::skip_case("no fp32 brgemm here");
   fgemm::ScopedMode blocked(fgemm::Mode::Blocked);
   torch::manual_seed(5);
@@ -58,6 +58,19 @@ TEST_CASE("Blocked mode: mm, addmm and addmm_ run blocked, within LibTorch's own
   g.addmm_(dy.t(), x);
   CHECK(blocked_calls() == before + 1);
   CHECK(fp32_gemm_error(g, g_exact) <= 2 * fp32_gemm_error(g_native, g_exact) + 1e-5);
+
+  // mm_out (the fused loss head's): into an empty out it resizes, and into a slice of rows; the
+  // same bits as mm's blocked product.
+  auto resized = torch::empty({0});
+  auto rows = torch::zeros({400, 320});
+  auto rows_view = rows.narrow(0, 8, 384);
+  before = blocked_calls();
+  torch::mm_out(resized, x, w.t());
+  torch::mm_out(rows_view, x, w.t());
+  CHECK(blocked_calls() == before + 2);
+  CHECK(torch::equal(resized, y));
+  CHECK(torch::equal(rows.narrow(0, 8, 384), y));
+  CHECK(torch::equal(rows.narrow(0, 0, 8), torch::zeros({8, 320})));
 
   SECTION("other scalars, small products and other dtypes go to LibTorch") {
     before = blocked_calls();

@@ -2,8 +2,8 @@
 // no bf16 units. LibTorch computes a bf16 `mm` on an AVX2-only CPU with a scalar fallback:
 // 1.2 GFLOP/s against fp32's 87 on a 2-core EPYC (LibTorch 2.15), so one bf16-autocast step of
 // a 3 M-parameter model took 116 s, 96% of it in aten::mm. enable() measures that, and where
-// the native kernel loses it switches memopt's CPU kernels of aten::mm, addmm, bmm and baddbmm
-// (detail/cpu_gemm.hpp) to widen bf16 operands to fp32 (exact), multiply with the fp32 GEMM
+// the native kernel loses it switches memopt's CPU kernels of aten::mm (and its out= form),
+// addmm, addmm_, bmm and baddbmm (detail/cpu_gemm.hpp) to widen bf16 operands to fp32 (exact), multiply with the fp32 GEMM
 // (LibTorch's, or fp32_gemm's blocked one where that is on) and round the result to bf16 once:
 // the contract of LibTorch's own bf16 GEMM (fp32 accumulation, one rounding), so results differ
 // from it only by summation order. Nothing else changes: autograd
@@ -39,11 +39,8 @@ namespace memopt::bf16_gemm {
 /// How this process's CPU bf16 GEMMs run: LibTorch's kernel, or widened to fp32.
 enum class Mode { Native, Fp32Compute };
 
-/// What enable() chose, and why (one line for a log).
-struct Choice {
-  Mode mode = Mode::Native;
-  std::string reason;
-};
+/// What enable() chose, and why (one line for a log): {Mode mode; std::string reason}.
+using Choice = memopt::detail::cpu_gemm::Choice<Mode>;
 
 namespace detail {
 
@@ -56,7 +53,7 @@ using memopt::detail::cpu_gemm::widened_baddbmm;
 using memopt::detail::cpu_gemm::widened_count;
 
 inline constexpr char kName[] = "bf16_gemm";
-using Switch = memopt::detail::cpu_gemm::Switch<&memopt::detail::cpu_gemm::widen_bf16, Mode, Choice, kName>;
+using Switch = memopt::detail::cpu_gemm::Switch<&memopt::detail::cpu_gemm::widen_bf16, Mode, kName>;
 
 /// GFLOP/s of the widened product at n^3 (machine.hpp's probe, the widened kernel called directly).
 inline double widened_gflops(int64_t n, int reps) {

@@ -3,8 +3,8 @@
 // LibTorch sends an fp32 `mm` to MKL. On 2 cores of an AMD EPYC (Zen 4, AVX512-BF16) MKL ran
 // the 8 × d512 trainer's products at 195–204 GFLOP/s, 84–88% of the cores' FMA peak (232), and
 // the blocked kernel at 218–228; there a step is ~87% fp32 GEMMs. enable() measures both and
-// where the blocked kernel is at least kMinGain faster it takes the CPU's fp32 mm, addmm and
-// addmm_ (memopt/detail/cpu_gemm.hpp's kernels, beside bf16_gemm's), for operands it takes:
+// where the blocked kernel is at least kMinGain faster it takes the CPU's fp32 mm, mm.out, addmm
+// and addmm_ (memopt/detail/cpu_gemm.hpp's kernels, beside bf16_gemm's), for operands it takes:
 // matrices of at least 2^22 multiply-adds, alpha 1, beta 0 or 1. Elsewhere, and for every other
 // product, LibTorch's kernel runs. The results differ from MKL's in summation order only.
 //
@@ -36,11 +36,8 @@ namespace memopt::fp32_gemm {
 /// How this process's CPU fp32 GEMMs run: LibTorch's kernel (MKL), or blocked on brgemm.
 enum class Mode { Native, Blocked };
 
-/// What enable() chose, and why (one line for a log).
-struct Choice {
-  Mode mode = Mode::Native;
-  std::string reason;
-};
+/// What enable() chose, and why (one line for a log): {Mode mode; std::string reason}.
+using Choice = memopt::detail::cpu_gemm::Choice<Mode>;
 
 /// How much faster the blocked kernel must measure for auto to take it: the two probes run in
 /// one process a few ms apart, within ~2% of each other run to run on an idle machine.
@@ -52,7 +49,7 @@ namespace bg = memopt::detail::blocked_gemm;
 using memopt::detail::cpu_gemm::blocked_count;
 
 inline constexpr char kName[] = "fp32_gemm";
-using Switch = memopt::detail::cpu_gemm::Switch<&memopt::detail::cpu_gemm::blocked_fp32, Mode, Choice, kName>;
+using Switch = memopt::detail::cpu_gemm::Switch<&memopt::detail::cpu_gemm::blocked_fp32, Mode, kName>;
 
 /// The probe's shape: a trainer's (tokens, width) · (width, 2·width) product at d512.
 inline constexpr int64_t kProbeM = 1024, kProbeK = 512, kProbeN = 1024;

@@ -1,5 +1,5 @@
-// memopt/detail/cpu_gemm.hpp — memopt's CPU kernels for aten::mm, addmm, addmm_, bmm and
-// baddbmm, registered once at LibTorch's CPU dispatch key, and the two switches they read:
+// memopt/detail/cpu_gemm.hpp — memopt's CPU kernels for aten::mm, mm.out, addmm, addmm_, bmm
+// and baddbmm, registered once at LibTorch's CPU dispatch key, and the two switches they read:
 //   - widen_bf16 (memopt/bf16_gemm.hpp): bf16 products widened to fp32 (exact), multiplied in
 //     fp32 and rounded to bf16 once, where this CPU has no bf16 units;
 //   - blocked_fp32 (memopt/fp32_gemm.hpp): fp32 products on oneDNN's brgemm micro-kernels
@@ -17,6 +17,7 @@
 #include <string>
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/baddbmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
@@ -46,6 +47,12 @@ inline std::atomic<int64_t>& widened_count() {
 inline std::atomic<int64_t>& blocked_count() {
   static std::atomic<int64_t> count{0};
   return count;
+}
+/// bf16 products that went to LibTorch's kernel while widening was on: aliased or malformed
+/// operands only (a Trainer's bf16 step counts none; tests/bf16_gemm_test.cpp checks it).
+inline std::atomic<int64_t>& native_bf16_count() {
+  static std::atomic<int64_t> n{0};
+  return n;
 }
 
 // ---- fp32: blocked_gemm where it is switched on and takes the operands ----
@@ -111,14 +118,15 @@ inline int64_t rows_per_chunk(int64_t bytes_per_row, int64_t chunk_bytes) {
   return std::max<int64_t>(1, chunk_bytes / std::max<int64_t>(bytes_per_row, 1));
 }
 
-/// beta·self + alpha·(a @ b) for bf16 a (m, k), b (k, n) and bf16 self broadcastable to (m, n)
-/// (undefined: a @ b), computed in fp32 (by the fp32 rules above) a chunk of rows at a time and
-/// rounded to bf16 once.
-inline at::Tensor widened_addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
-                                const at::Scalar& beta, const at::Scalar& alpha, int64_t chunk_bytes = kChunkBytes) {
+/// out (m, n) = beta·self + alpha·(a @ b) for bf16 a (m, k), b (k, n), out and self broadcastable
+/// to (m, n) (undefined: a @ b), computed in fp32 (by the fp32 rules above) a chunk of rows at a
+/// time and rounded to bf16 once. out may be self (addmm_): each chunk reads its rows of self
+/// before it writes them; it must not overlap a or b.
+inline void widened_addmm_into(const at::Tensor& out, const at::Tensor& self, const at::Tensor& a,
+                               const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha,
+                               int64_t chunk_bytes = kChunkBytes) {
   widened_count().fetch_add(1, std::memory_order_relaxed);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  auto out = at::empty({m, n}, a.options());
   const auto b32 = b.to(at::kFloat);
   const auto bias = self.defined() ? self.expand({m, n}) : at::Tensor();
   const int64_t rows = rows_per_chunk(4 * (k + n), chunk_bytes);
@@ -129,6 +137,13 @@ inline at::Tensor widened_addmm(const at::Tensor& self, const at::Tensor& a, con
         .copy_(bias.defined() ? fp32_addmm(bias.narrow(0, r, len).to(at::kFloat), a32, b32, beta, alpha)
                               : fp32_mm(a32, b32));
   }
+}
+
+/// The same into a new (m, n) bf16 tensor.
+inline at::Tensor widened_addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                                const at::Scalar& beta, const at::Scalar& alpha, int64_t chunk_bytes = kChunkBytes) {
+  auto out = at::empty({a.size(0), b.size(1)}, a.options());
+  widened_addmm_into(out, self, a, b, beta, alpha, chunk_bytes);
   return out;
 }
 
@@ -153,9 +168,15 @@ inline at::Tensor widened_baddbmm(const at::Tensor& self, const at::Tensor& a, c
 
 // ---- the registered kernels ----
 
+/// Counts a bf16 product about to go to LibTorch's kernel while widening is on.
+inline void count_native(const at::Tensor& a) {
+  if (widening() && widen(a)) native_bf16_count().fetch_add(1, std::memory_order_relaxed);
+}
+
 inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   if (widening() && widen(a) && widen(b) && a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0))
     return widened_addmm(at::Tensor(), a, b, 0, 1);
+  count_native(a);
   return fp32_mm(a, b);
 }
 inline at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
@@ -163,16 +184,47 @@ inline at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::T
   if (widening() && widen(self) && widen(a) && widen(b) && a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) &&
       expands_to(self, {a.size(0), b.size(1)}))
     return widened_addmm(self, a, b, beta, alpha);
+  count_native(a);
   return fp32_addmm(self, a, b, beta, alpha);
+}
+/// Whether a bf16 product a (m, k) · b (k, n) into `out` widens: 2-D bf16 operands that fit, an
+/// out that overlaps neither.
+inline bool widens_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return widening() && widen(out) && widen(a) && widen(b) && a.dim() == 2 && b.dim() == 2 &&
+         a.size(1) == b.size(0) && !out.is_alias_of(a) && !out.is_alias_of(b);
 }
 inline at::Tensor& addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                           const at::Scalar& alpha) {
-  return fp32_addmm_(self, a, b, beta, alpha);  // bf16 in place: LibTorch's kernel, as before
+  if (widens_into(self, a, b) && self.dim() == 2 && self.size(0) == a.size(0) && self.size(1) == b.size(1)) {
+    widened_addmm_into(self, self, a, b, beta, alpha);  // dX += dY W of a node's later outputs
+    return self;
+  }
+  count_native(a);
+  return fp32_addmm_(self, a, b, beta, alpha);
+}
+/// mm.out (torch::mm_out: the fused loss head's logits and dHidden), by mm's rules.
+inline at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (widens_into(out, a, b)) {
+    at::native::resize_output(out, {a.size(0), b.size(1)});
+    widened_addmm_into(out, at::Tensor(), a, b, 0, 1);
+    return out;
+  }
+  if (blocking() && blocked_gemm::takes(a, b) && !out.is_alias_of(a) && !out.is_alias_of(b)) {
+    at::native::resize_output(out, {a.size(0), b.size(1)});
+    if (blocked_gemm::takes(out, a, b)) {
+      blocked_count().fetch_add(1, std::memory_order_relaxed);
+      blocked_gemm::run(out, a, b, /*accumulate=*/false);
+      return out;
+    }
+  }
+  count_native(a);
+  return at::cpu::mm_out(out, a, b);
 }
 inline at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
   if (widening() && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
       a.size(2) == b.size(1))
     return widened_baddbmm(at::Tensor(), a, b, 0, 1);
+  count_native(a);
   return at::cpu::bmm(a, b);
 }
 inline at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
@@ -180,6 +232,7 @@ inline at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at:
   if (widening() && widen(self) && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
       a.size(2) == b.size(1) && expands_to(self, {a.size(0), a.size(1), b.size(2)}))
     return widened_baddbmm(self, a, b, beta, alpha);
+  count_native(a);
   return at::cpu::baddbmm(self, a, b, beta, alpha);
 }
 
@@ -203,6 +256,7 @@ inline void install() {
     c10::WarningUtils::WarningHandlerGuard guard(&quiet);
     static torch::Library library(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
     library.impl("mm", TORCH_FN(mm));
+    library.impl("mm.out", TORCH_FN(mm_out));
     library.impl("addmm", TORCH_FN(addmm));
     library.impl("addmm_", TORCH_FN(addmm_));
     library.impl("bmm", TORCH_FN(bmm));
@@ -212,11 +266,20 @@ inline void install() {
   (void)installed;
 }
 
+/// What a switch's enable() chose, and why (one line for a log): bf16_gemm::Choice and
+/// fp32_gemm::Choice.
+template <class Mode>
+struct Choice {
+  Mode mode = Mode::Native;
+  std::string reason;
+};
+
 /// One switch's state and its once-only decision (bf16_gemm's on `widen_bf16`, fp32_gemm's on
-/// `blocked_fp32`): Mode an enum class whose Native is 0 and whose other value turns `on` on,
-/// Choice {Mode mode; std::string reason}. `who` names the switch in the reason.
-template <std::atomic<bool>& (*on)(), class Mode, class Choice, const char* who>
+/// `blocked_fp32`): Mode an enum class whose Native is 0 and whose other value turns `on` on.
+/// `who` names the switch in the reason.
+template <std::atomic<bool>& (*on)(), class Mode, const char* who>
 struct Switch {
+  using Choice = cpu_gemm::Choice<Mode>;
   static_assert(static_cast<int>(Mode::Native) == 0, "Native is the switch's off state");
   static Mode mode() { return static_cast<Mode>(on().load()); }
   static std::atomic<bool>& enabled() {  // enable() has decided
