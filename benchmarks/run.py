@@ -20,6 +20,7 @@ the peer's interpreter imports torch first:
 
 Environment: BENCH_PYTHON (the peer's interpreter, default .venv/bin/python3), BENCH_QUICK=1,
 BENCH_TRAINER_ROUNDS (trainer: memopt and eager alternately N times, their medians; default 1),
+BENCH_TRAINER_CONFIGS (trainer: comma-separated shell patterns over its configurations, e.g. '*-fp32-*'),
 BENCH_DIST_ROUNDS (dist, default 3), BENCH_IDLE_WAIT (dist, default 600 s), BENCH_DATA_LOAD_ALL_1GIB=0
 (data: leaves out the 1 GiB load_all run). Exit status: 0 when every run succeeded; 1 when any failed
 (their count is logged); 2 on an unknown option or suite; a failed build or corpus preparation ends the
@@ -35,9 +36,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.core import Context, Emitter, SetupFailed, cpu_flags, env_rounds, log, torch_version
+from bench.core import Context, Emitter, SetupFailed, cpu_flags, env_patterns, env_rounds, log, torch_version
 from bench.steps import run_steps
 from bench.suites import SUITES
+from bench.suites.training import TRAINER_CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,6 +82,10 @@ def parse(argv: list[str]) -> Options:
             env_rounds(name, default)
         except ValueError as e:
             raise BadArguments(str(e), show_usage=False) from None
+    try:
+        env_patterns("BENCH_TRAINER_CONFIGS", TRAINER_CONFIGS)
+    except ValueError as e:
+        raise BadArguments(str(e), show_usage=False) from None
     if opts.suite != "all" and opts.suite not in SUITES:
         raise BadArguments(f"bench: error: unknown suite '{opts.suite}'. HINT: the suites are: all {' '.join(SUITES)}",
                            show_usage=False)

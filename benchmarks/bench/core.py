@@ -2,6 +2,7 @@
 (each annotated with the platform it was measured on), child processes, the Release build and the corpus."""
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shlex
@@ -49,6 +50,19 @@ def env_rounds(name: str, default: int) -> int:
         raise ValueError(f"bench: error: {name} must be a positive integer (got {text!r}). HINT: 3 runs the compared "
                          "runs three times, alternately, and reports their medians")
     return int(text)
+
+
+def env_patterns(name: str, names: Sequence[str]) -> list[str]:
+    """The names among `names` that the comma-separated shell patterns in the environment variable `name`
+    match (unset or empty: all of them), else a ValueError naming the variable, the pattern that matches
+    none, and the names, with a HINT."""
+    text = os.environ.get(name, "")
+    patterns = [p.strip() for p in text.split(",") if p.strip()] or ["*"]
+    for p in patterns:
+        if not fnmatch.filter(names, p):
+            raise ValueError(f"bench: error: {name}: {p!r} matches no configuration. HINT: the configurations are "
+                             f"{' '.join(names)}; shell patterns such as '*-fp32-*' pick several")
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
 def dumps(obj: object) -> str:

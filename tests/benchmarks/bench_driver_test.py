@@ -138,6 +138,25 @@ try:
     assert R.main(["--check-args", "trainer"]) == 2
 finally:
     del os.environ["BENCH_TRAINER_ROUNDS"]
+
+# BENCH_TRAINER_CONFIGS: shell patterns pick configurations; one that matches none is a usage error naming it
+def trainer_logs():
+    c = core.Context(root=ROOT, python="py", quick=False, dry_run=False, emit_line=printed.append)
+    return [s.message.split(":")[0] for s in SUITES["trainer"](c) if isinstance(s, ST.Log) and s.message.startswith("trainer ")]
+assert len(trainer_logs()) == 9  # 8 configurations and the hand-written loop's overhead run
+try:
+    os.environ["BENCH_TRAINER_CONFIGS"] = "*-fp32-*, large-bf16-every"
+    assert trainer_logs() == ["trainer small fp32 recompute=none", "trainer overhead", "trainer small fp32 recompute=every",
+                              "trainer large fp32 recompute=none", "trainer large fp32 recompute=every",
+                              "trainer large bf16 recompute=every"], trainer_logs()
+    assert R.main(["--check-args", "trainer"]) == 0
+    os.environ["BENCH_TRAINER_CONFIGS"] = "*-fp32-*,huge"
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert R.main(["--check-args", "trainer"]) == 2
+    assert "BENCH_TRAINER_CONFIGS: 'huge' matches no configuration" in err.getvalue(), err.getvalue()
+    assert "small-fp32-none" in err.getvalue() and "HINT" in err.getvalue()
+finally:
+    del os.environ["BENCH_TRAINER_CONFIGS"]
 print("all unit checks passed")
 
 

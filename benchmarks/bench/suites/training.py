@@ -4,7 +4,7 @@ from __future__ import annotations
 from functools import partial
 
 from .. import lines as L
-from ..core import LOAD, Context, env_rounds
+from ..core import LOAD, Context, env_patterns, env_rounds
 from ..steps import Build, Corpus, Derive, Files, Log, Median, Run, Step
 from .lora import fastest_precision
 
@@ -18,6 +18,9 @@ from .lora import fastest_precision
 # (tokens_per_s_rounds), and the eager ratio from those two lines with each round's pair ratio
 # (tokens_per_s_by_round). On a shared host, whose speed drifts by ±15% between runs minutes apart,
 # that is what makes a ratio near a target checkable; N=3 takes the suite ~2.3 times as long.
+# BENCH_TRAINER_CONFIGS=PATTERNS (comma-separated shell patterns over SIZE-PRECISION-RECOMPUTE, e.g.
+# '*-fp32-*' or 'large-*-none'; default all 8) runs only those: on an AVX2-only CPU, whose bf16 eager and
+# compiled peers take ~17x fp32's time (the large bf16 ones ~10 minutes a run), the fp32 half first.
 TRAINER_SHAPES = {
     "small": "--layers 4 --dim 256 --heads 8 --seq 256 --micro 8 --accum 2 --vocab 4096",
     "large": "--layers 8 --dim 512 --heads 8 --seq 512 --micro 8 --accum 2 --vocab 4096",
@@ -70,12 +73,19 @@ def compared_runs(ctx: Context, config: str, args: list[str], rounds: int) -> li
                     for impl in ("memopt", "pytorch")]
 
 
+TRAINER_CONFIGS = [f"{size}-{precision}-{recompute}" for size in TRAINER_SHAPES for precision in ("fp32", "bf16")
+                   for recompute in ("none", "every")]
+
+
 def trainer(ctx: Context) -> list[Step]:
     rounds = 1 if ctx.quick else env_rounds("BENCH_TRAINER_ROUNDS", 1)
+    chosen = env_patterns("BENCH_TRAINER_CONFIGS", TRAINER_CONFIGS)
     steps: list[Step] = [Build(["memopt_bench_trainer"])]
     for size, shape in TRAINER_SHAPES.items():
         for precision in ("fp32", "bf16"):
             for recompute in ("none", "every"):
+                if f"{size}-{precision}-{recompute}" not in chosen:
+                    continue
                 args = f"{shape} --precision {precision} --recompute {recompute}"
                 if ctx.quick:  # smoke test: every configuration runs, one step of 2 × 2 rows, no warm-up
                     args = smoke(args)
