@@ -15,6 +15,7 @@
 #include <memopt/policies/precision.hpp>
 #include <memopt/policies/recompute.hpp>
 
+#include "nn/fixtures.hpp"
 #include "support.hpp"
 
 namespace {
@@ -131,17 +132,8 @@ TEST_CASE("Widened, a LLaMA's bf16-autocast step sends every bf16 product throug
   // without bf16 units one left to LibTorch runs at ~1 GFLOP/s (the fused loss head's mm_out
   // and a shared-input node's addmm_ did: a 4 x d256 step took 20 s instead of ~1).
   torch::manual_seed(4);
-  memopt::models::Llama model(memopt::models::LlamaConfig()
-                                  .vocab_size(97)
-                                  .hidden_size(64)
-                                  .num_hidden_layers(2)
-                                  .num_attention_heads(4)
-                                  .num_key_value_heads(2)
-                                  .max_position_embeddings(64)
-                                  .fused_kernels(true)
-                                  .loss_chunk_size(24));
-  const auto tokens = torch::randint(97, {2, 41});
-  const memopt::Batch batch{tokens.slice(1, 0, 40).contiguous(), tokens.slice(1, 1).contiguous()};
+  memopt::models::Llama model(memopt::test::nn::small_llama(true).fused_kernels(true).loss_chunk_size(24));
+  const auto batch = memopt::test::nn::small_batch(2, 40, 97);
   const memopt::precision::Bf16Autocast policy;
   bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
   g_bf16_products = 0;
