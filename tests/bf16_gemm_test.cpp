@@ -148,6 +148,7 @@ TEST_CASE("Widened, a LLaMA's bf16-autocast step sends every bf16 product throug
         return nullptr;
       }).needsInputs(true));
   const auto before = bgemm::detail::widened_count().load();
+  const auto native_before = memopt::detail::cpu_gemm::native_bf16_count().load();
   torch::Tensor loss;
   {
     auto guard = policy.autocast(c10::kCPU);
@@ -158,6 +159,7 @@ TEST_CASE("Widened, a LLaMA's bf16-autocast step sends every bf16 product throug
   INFO("bf16 GEMM ops " << g_bf16_products.load() << ", widened " << bgemm::detail::widened_count().load() - before);
   CHECK(g_bf16_products.load() > 10);
   CHECK(bgemm::detail::widened_count().load() - before == g_bf16_products.load());
+  CHECK(memopt::detail::cpu_gemm::native_bf16_count().load() == native_before);  // none fell through
 }
 
 TEST_CASE("a widened product in many chunks equals the product in one", "[bf16_gemm]") {
