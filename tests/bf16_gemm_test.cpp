@@ -11,7 +11,9 @@
 #include <string>
 
 #include <memopt/bf16_gemm.hpp>
+#include <memopt/models/gritlm.hpp>
 #include <memopt/models/llama.hpp>
+#include <memopt/models/moe.hpp>
 #include <memopt/policies/precision.hpp>
 #include <memopt/policies/recompute.hpp>
 
@@ -121,45 +123,144 @@ TEST_CASE("mm_out and addmm_ widen into their own outputs", "[bf16_gemm]") {
   CHECK_THROWS(torch::mm_out(f32, a, b));
 }
 
+TEST_CASE("addmm.out, bmm.out and baddbmm_ widen into their own outputs", "[bf16_gemm]") {
+  torch::manual_seed(6);
+  const auto a = gemm_randn({67, 48}), b = gemm_randn({48, 33}), c = gemm_randn({67, 33});
+  const auto x = gemm_randn({5, 19, 24}), y = gemm_randn({5, 24, 13}), z = gemm_randn({5, 19, 13});
+  auto n_addmm_out = torch::empty({67, 33}, torch::kBFloat16), n_bmm_out = torch::empty({5, 19, 13}, torch::kBFloat16);
+  auto n_baddbmm_ = z.clone();
+  {
+    bgemm::ScopedMode native(bgemm::Mode::Native);
+    torch::addmm_out(n_addmm_out, c, a, b, 0.5, -2.0);
+    torch::bmm_out(n_bmm_out, x, y);
+    n_baddbmm_.baddbmm_(x, y);
+  }
+  bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
+  const auto addmm_ref = torch::addmm(c, a, b, 0.5, -2.0), bmm_ref = torch::bmm(x, y), baddbmm_ref = torch::baddbmm(z, x, y);
+  const auto before = bgemm::detail::widened_count().load();
+  const auto native_before = memopt::detail::cpu_gemm::native_bf16_count().load();
+  auto addmm_out = torch::empty({0}, torch::kBFloat16);  // resized, as LibTorch's does
+  torch::addmm_out(addmm_out, c, a, b, 0.5, -2.0);
+  auto self_out = c.clone();  // out is self
+  torch::addmm_out(self_out, self_out, a, b, 0.5, -2.0);
+  auto scores = torch::zeros({7, 19, 13}, torch::kBFloat16);  // into a slice (the blockwise attention's buffer)
+  auto scores_view = scores.narrow(0, 1, 5);
+  torch::bmm_out(scores_view, x, y);
+  auto acc = z.clone();  // acc += x·y (the blockwise attention's accumulators)
+  acc.baddbmm_(x, y);
+  CHECK(bgemm::detail::widened_count().load() == before + 4);
+  CHECK(memopt::detail::cpu_gemm::native_bf16_count().load() == native_before);
+  CHECK(torch::equal(addmm_out, addmm_ref));  // the same widened products as addmm's, bmm's, baddbmm's
+  CHECK(torch::equal(self_out, addmm_ref));
+  CHECK(torch::equal(scores.narrow(0, 1, 5), bmm_ref));
+  CHECK(torch::equal(scores.narrow(0, 0, 1), torch::zeros({1, 19, 13}, torch::kBFloat16)));
+  CHECK(torch::equal(acc, baddbmm_ref));
+  gemm_check_within_native(addmm_out, n_addmm_out,
+                           torch::addmm(gemm_f64(c), gemm_f64(a), gemm_f64(b), 0.5, -2.0));
+  gemm_check_within_native(scores_view.contiguous(), n_bmm_out, torch::bmm(gemm_f64(x), gemm_f64(y)));
+  gemm_check_within_native(acc, n_baddbmm_, torch::baddbmm(gemm_f64(z), gemm_f64(x), gemm_f64(y)));
+  // An out of another dtype is LibTorch's to refuse.
+  auto f32 = torch::empty({5, 19, 13});
+  CHECK_THROWS(torch::bmm_out(f32, x, y));
+}
+
 namespace {
 std::atomic<int64_t> g_bf16_products{0};  // bf16 GEMM ops dispatched while the observer below is on
+thread_local int g_gemm_depth = 0;         // bf16 GEMM ops under way on this thread (calls within calls)
+struct GemmMark : at::ObserverContext {};  // what the observer's start hands its end for a bf16 GEMM op
 }  // namespace
 
-TEST_CASE("Widened, a LLaMA's bf16-autocast step sends every bf16 product through the widened kernels",
-          "[bf16_gemm]") {
-  // Each GEMM op dispatched with bf16 operands (mm, its out= form, addmm, addmm_, bmm, baddbmm)
-  // is counted by a RecordFunction observer, and each must be a widened product: on a CPU
-  // without bf16 units one left to LibTorch runs at ~1 GFLOP/s (the fused loss head's mm_out
-  // and a shared-input node's addmm_ did: a 4 x d256 step took 20 s instead of ~1).
-  torch::manual_seed(4);
-  memopt::models::Llama model(memopt::test::nn::small_llama(true).fused_kernels(true).loss_chunk_size(24));
-  const auto batch = memopt::test::nn::small_batch(2, 40, 97);
+namespace {
+
+/// Runs one bf16-autocast step `loss()` (its backward outside autocast, as the Trainer runs it:
+/// autocast would record each backward mm twice) with widening on, counting each GEMM op
+/// dispatched with bf16 operands (mm, its out= form, addmm, addmm_, bmm and its out= form,
+/// baddbmm, baddbmm_) by a RecordFunction observer, once per product (autocast's kernel dispatches
+/// the op again inside the first call). Each must be a widened product: on a CPU
+/// without bf16 units one left to LibTorch runs at ~1 GFLOP/s (the fused loss head's mm_out and a
+/// shared-input node's addmm_ did: a 4 x d256 LLaMA step took 20 s instead of ~1).
+template <class Loss>
+void check_step_widens_every_product(const Loss& loss) {
   const memopt::precision::Bf16Autocast policy;
   bgemm::ScopedMode widened(bgemm::Mode::Fp32Compute);
   g_bf16_products = 0;
   const auto handle = at::addGlobalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-        static const std::set<std::string> gemms{"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm",
-                                                 "aten::baddbmm"};
-        const auto inputs = fn.inputs();
-        if (gemms.count(fn.name()) && inputs.size() > 1 && inputs[1].isTensor() &&
-            inputs[1].toTensor().scalar_type() == torch::kBFloat16)
-          g_bf16_products.fetch_add(1);
-        return nullptr;
-      }).needsInputs(true));
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+            static const std::set<std::string> gemms{"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm",
+                                                     "aten::baddbmm", "aten::baddbmm_"};
+            const auto inputs = fn.inputs();
+            if (!gemms.count(fn.name()) || inputs.size() < 2 || !inputs[1].isTensor() ||
+                inputs[1].toTensor().scalar_type() != torch::kBFloat16)
+              return nullptr;
+            // Autocast's kernel calls the op again (recorded again) inside the first call: one product.
+            if (g_gemm_depth++ == 0) g_bf16_products.fetch_add(1);
+            return std::make_unique<GemmMark>();
+          },
+          [](const at::RecordFunction&, at::ObserverContext* mark) {
+            if (mark != nullptr) --g_gemm_depth;
+          })
+          .needsInputs(true));
   const auto before = bgemm::detail::widened_count().load();
   const auto native_before = memopt::detail::cpu_gemm::native_bf16_count().load();
-  torch::Tensor loss;
+  torch::Tensor sum;
   {
     auto guard = policy.autocast(c10::kCPU);
-    loss = model->loss_sum(batch, memopt::recompute::None{});
+    sum = loss();
   }
-  loss.backward();  // outside autocast, as the Trainer runs it (autocast would record each mm twice)
+  sum.backward();
   at::removeCallback(handle);
   INFO("bf16 GEMM ops " << g_bf16_products.load() << ", widened " << bgemm::detail::widened_count().load() - before);
   CHECK(g_bf16_products.load() > 10);
   CHECK(bgemm::detail::widened_count().load() - before == g_bf16_products.load());
   CHECK(memopt::detail::cpu_gemm::native_bf16_count().load() == native_before);  // none fell through
+}
+
+}  // namespace
+
+TEST_CASE("Widened, a LLaMA's bf16-autocast step sends every bf16 product through the widened kernels",
+          "[bf16_gemm]") {
+  torch::manual_seed(4);
+  memopt::models::Llama model(memopt::test::nn::small_llama(true).fused_kernels(true).loss_chunk_size(24));
+  const auto batch = memopt::test::nn::small_batch(2, 40, 97);
+  check_step_widens_every_product([&] { return model->loss_sum(batch, memopt::recompute::None{}); });
+}
+
+TEST_CASE("Widened, a MoE LM's bf16-autocast step sends every bf16 product through the widened kernels",
+          "[bf16_gemm]") {
+  const auto batch = memopt::test::nn::small_batch(2, 40, 97);
+  for (const auto dispatch : {memopt::models::MoeDispatch::kSorted, memopt::models::MoeDispatch::kDense}) {
+    INFO("dispatch " << static_cast<int>(dispatch));
+    torch::manual_seed(5);
+    memopt::models::MoeLM model(memopt::models::MoeConfig()
+                                    .base(memopt::test::nn::small_llama(true).fused_kernels(true).loss_chunk_size(24))
+                                    .num_experts(4)
+                                    .top_k(2)
+                                    .dispatch(dispatch));
+    check_step_widens_every_product([&] { return model->loss_sum(batch, memopt::recompute::None{}); });
+  }
+}
+
+TEST_CASE("Widened, a GritLM bf16-autocast step (padded embeddings, generation) widens every bf16 product",
+          "[bf16_gemm]") {
+  torch::manual_seed(6);
+  for (const auto kind : {memopt::nn::AttentionKind::kSdpa, memopt::nn::AttentionKind::kBlockwise}) {
+    INFO("attention kind " << static_cast<int>(kind));
+    memopt::models::GritLM model(memopt::test::nn::small_llama(true).attention_kind(kind).attention_block_size(8),
+                                 memopt::models::GritLMOptions());
+    const auto embed = [](int64_t n, int64_t T) {  // right-padded rows, lengths in [T/2, T]
+      const auto lengths = torch::randint(T / 2, T + 1, {n, 1}, torch::kLong);
+      const auto attention = torch::arange(T, torch::kLong).unsqueeze(0) < lengths;  // (n, T)
+      return memopt::data::EmbedBatch{torch::randint(1, 97, {n, T}, torch::kLong).masked_fill(~attention, 0),
+                                      attention, attention};
+    };
+    memopt::data::GritBatch batch;
+    batch.queries = embed(3, 24);
+    batch.passages = embed(6, 32);
+    batch.group_size = 2;
+    batch.generative = memopt::test::nn::small_batch(2, 40, 97);
+    check_step_widens_every_product([&] { return (*model)(batch, memopt::recompute::None{}); });
+  }
 }
 
 TEST_CASE("a widened product in many chunks equals the product in one", "[bf16_gemm]") {

@@ -2,13 +2,14 @@
 // no bf16 units. LibTorch computes a bf16 `mm` on an AVX2-only CPU with a scalar fallback:
 // 1.2 GFLOP/s against fp32's 87 on a 2-core EPYC (LibTorch 2.15), so one bf16-autocast step of
 // a 3 M-parameter model took 116 s, 96% of it in aten::mm. enable() measures that, and where
-// the native kernel loses it switches memopt's CPU kernels of aten::mm (and its out= form),
-// addmm, addmm_, bmm and baddbmm (detail/cpu_gemm.hpp) to widen bf16 operands to fp32 (exact),
-// multiply with the fp32 GEMM (LibTorch's, or fp32_gemm's blocked one where that is on) and
-// round the result to bf16 once: the contract of LibTorch's own bf16 GEMM (fp32 accumulation,
-// one rounding), so results differ from it only by summation order. Nothing else changes:
-// autograd saves the same bf16 tensors (the memory of bf16 autocast is kept), other dtypes and
-// shapes go to LibTorch's kernels, and on CPUs with avx512_bf16 or AMX the native kernel is kept.
+// the native kernel loses it switches memopt's CPU kernels of aten::mm, addmm, addmm_, bmm,
+// baddbmm, baddbmm_ and the out= forms of mm, addmm and bmm (detail/cpu_gemm.hpp) to widen bf16
+// operands to fp32 (exact), multiply with the fp32 GEMM (LibTorch's, or fp32_gemm's blocked one
+// where that is on) and round the result to bf16 once: the contract of LibTorch's own bf16 GEMM
+// (fp32 accumulation, one rounding), so results differ from it only by summation order. Nothing
+// else changes: autograd saves the same bf16 tensors (the memory of bf16 autocast is kept), other
+// dtypes and shapes go to LibTorch's kernels, and on CPUs with avx512_bf16 or AMX the native
+// kernel is kept.
 //
 //   memopt::bf16_gemm::enable();   // once: installs, measures, says what it chose
 //   MEMOPT_BF16_GEMM=native|fp32|auto (default auto) overrides the measurement.

@@ -1,5 +1,6 @@
-// memopt/detail/cpu_gemm.hpp — memopt's CPU kernels for aten::mm, mm.out, addmm, addmm_, bmm
-// and baddbmm, registered once at LibTorch's CPU dispatch key, and the two switches they read:
+// memopt/detail/cpu_gemm.hpp — memopt's CPU kernels for aten::mm, mm.out, addmm, addmm_,
+// addmm.out, bmm, bmm.out, baddbmm and baddbmm_, registered once at LibTorch's CPU dispatch key,
+// and the two switches they read:
 //   - widen_bf16 (memopt/bf16_gemm.hpp): bf16 products widened to fp32 (exact), multiplied in
 //     fp32 and rounded to bf16 once, where this CPU has no bf16 units;
 //   - blocked_fp32 (memopt/fp32_gemm.hpp): fp32 products on oneDNN's brgemm micro-kernels
@@ -147,13 +148,14 @@ inline at::Tensor widened_addmm(const at::Tensor& self, const at::Tensor& a, con
   return out;
 }
 
-/// The batched form: beta·self + alpha·(a @ b) for bf16 a (B, m, k), b (B, k, n), a chunk of
-/// batch entries at a time.
-inline at::Tensor widened_baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
-                                  const at::Scalar& beta, const at::Scalar& alpha, int64_t chunk_bytes = kChunkBytes) {
+/// The batched form: out (B, m, n) = beta·self + alpha·(a @ b) for bf16 a (B, m, k), b (B, k, n),
+/// self broadcastable to (B, m, n) (undefined: a @ b), a chunk of batch entries at a time. out may
+/// be self (baddbmm_); it must not overlap a or b.
+inline void widened_baddbmm_into(const at::Tensor& out, const at::Tensor& self, const at::Tensor& a,
+                                 const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha,
+                                 int64_t chunk_bytes = kChunkBytes) {
   widened_count().fetch_add(1, std::memory_order_relaxed);
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
-  auto out = at::empty({batch, m, n}, a.options());
   const auto bias = self.defined() ? self.expand({batch, m, n}) : at::Tensor();
   const int64_t per = rows_per_chunk(4 * (m * k + k * n + m * n), chunk_bytes);
   for (int64_t i = 0; i < batch; i += per) {
@@ -163,6 +165,13 @@ inline at::Tensor widened_baddbmm(const at::Tensor& self, const at::Tensor& a, c
         .copy_(bias.defined() ? at::cpu::baddbmm(bias.narrow(0, i, len).to(at::kFloat), a32, b32, beta, alpha)
                               : at::cpu::bmm(a32, b32));
   }
+}
+
+/// The same into a new (B, m, n) bf16 tensor.
+inline at::Tensor widened_baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                                  const at::Scalar& beta, const at::Scalar& alpha, int64_t chunk_bytes = kChunkBytes) {
+  auto out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+  widened_baddbmm_into(out, self, a, b, beta, alpha, chunk_bytes);
   return out;
 }
 
@@ -220,20 +229,55 @@ inline at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& 
   count_native(a);
   return at::cpu::mm_out(out, a, b);
 }
+/// addmm.out, by addmm's rules (out may be self).
+inline at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                             const at::Scalar& alpha, at::Tensor& out) {
+  if (widens_into(out, a, b) && widen(self) && expands_to(self, {a.size(0), b.size(1)}) &&
+      (out.is_same(self) || !out.is_alias_of(self))) {
+    at::native::resize_output(out, {a.size(0), b.size(1)});
+    widened_addmm_into(out, self, a, b, beta, alpha);
+    return out;
+  }
+  count_native(a);
+  return at::cpu::addmm_out(out, self, a, b, beta, alpha);
+}
+/// Whether a bf16 batched product a (B, m, k) · b (B, k, n) widens: 3-D bf16 operands that fit.
+inline bool widens_batched(const at::Tensor& a, const at::Tensor& b) {
+  return widening() && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
+         a.size(2) == b.size(1);
+}
 inline at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
-  if (widening() && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
-      a.size(2) == b.size(1))
-    return widened_baddbmm(at::Tensor(), a, b, 0, 1);
+  if (widens_batched(a, b)) return widened_baddbmm(at::Tensor(), a, b, 0, 1);
   count_native(a);
   return at::cpu::bmm(a, b);
 }
+/// bmm.out (the blockwise attention's scores and dP), into an out that overlaps neither operand.
+inline at::Tensor& bmm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (widens_batched(a, b) && widen(out) && !out.is_alias_of(a) && !out.is_alias_of(b)) {
+    at::native::resize_output(out, {a.size(0), a.size(1), b.size(2)});
+    widened_baddbmm_into(out, at::Tensor(), a, b, 0, 1);
+    return out;
+  }
+  count_native(a);
+  return at::cpu::bmm_out(out, a, b);
+}
 inline at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                           const at::Scalar& alpha) {
-  if (widening() && widen(self) && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
-      a.size(2) == b.size(1) && expands_to(self, {a.size(0), a.size(1), b.size(2)}))
+  if (widens_batched(a, b) && widen(self) && expands_to(self, {a.size(0), a.size(1), b.size(2)}))
     return widened_baddbmm(self, a, b, beta, alpha);
   count_native(a);
   return at::cpu::baddbmm(self, a, b, beta, alpha);
+}
+/// baddbmm_ (the blockwise attention's accumulators: acc += a·b) in place.
+inline at::Tensor& baddbmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                            const at::Scalar& alpha) {
+  if (widens_batched(a, b) && widen(self) && self.dim() == 3 && self.size(0) == a.size(0) &&
+      self.size(1) == a.size(1) && self.size(2) == b.size(2) && !self.is_alias_of(a) && !self.is_alias_of(b)) {
+    widened_baddbmm_into(self, self, a, b, beta, alpha);
+    return self;
+  }
+  count_native(a);
+  return at::cpu::baddbmm_(self, a, b, beta, alpha);
 }
 
 /// Drops LibTorch's one warning that a registration overrides a kernel (this file's purpose),
@@ -259,8 +303,11 @@ inline void install() {
     library.impl("mm.out", TORCH_FN(mm_out));
     library.impl("addmm", TORCH_FN(addmm));
     library.impl("addmm_", TORCH_FN(addmm_));
+    library.impl("addmm.out", TORCH_FN(addmm_out));
     library.impl("bmm", TORCH_FN(bmm));
+    library.impl("bmm.out", TORCH_FN(bmm_out));
     library.impl("baddbmm", TORCH_FN(baddbmm));
+    library.impl("baddbmm_", TORCH_FN(baddbmm_));
     return true;
   }();
   (void)installed;
