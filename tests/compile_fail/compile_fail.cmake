@@ -1,6 +1,7 @@
 # One step of memopt's compile-fail tests, run as `cmake -D... -P compile_fail.cmake` by ctest
 # (tests/compile_fail/CMakeLists.txt registers the steps; `ctest -V` prints each command line):
-#   STEP=configure  configure project/ into PROJECT_DIR, which writes compile_commands.json
+#   STEP=configure  configure project/ into PROJECT_DIR, which writes compile_commands.json, and
+#                   build its precompiled header (LibTorch's) under Ninja
 #   STEP=compile    compile cases.cpp with -fsyntax-only -DCASE_${CASE}. CASE=control must compile;
 #                   any other case must FAIL to compile with an output that contains each of
 #                   the texts EXPECT_1 .. EXPECT_${EXPECT_COUNT} (plain text, not regexes).
@@ -16,6 +17,10 @@ if(STEP STREQUAL "configure")
   if(NOT EXISTS ${PROJECT_DIR}/compile_commands.json)
     message(FATAL_ERROR "configure: ${PROJECT_DIR}/compile_commands.json was not written. "
                         "HINT: the generator must support CMAKE_EXPORT_COMPILE_COMMANDS (Ninja, Makefiles).")
+  endif()
+  if(GENERATOR STREQUAL "Ninja")  # the precompiled header the cases' command includes
+    nested_run("precompile" ${CMAKE_COMMAND} --build ${PROJECT_DIR}
+               --target CMakeFiles/compile_fail_cases.dir/cmake_pch.hxx.gch)
   endif()
   return()
 elseif(NOT STEP STREQUAL "compile")
