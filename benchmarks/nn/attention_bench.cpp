@@ -112,6 +112,13 @@ Timing time_steps(const BenchConfig& cfg, const std::function<void()>& step) {
   return t;
 }
 
+/// bf16 products as a bf16 Trainer runs them: widened to fp32 where that wins here (bf16_gemm);
+/// "native" or "fp32" for the line.
+const char* enable_bf16_gemm() {
+  memopt::bf16_gemm::enable();
+  return memopt::bf16_gemm::mode() == memopt::bf16_gemm::Mode::Native ? "native" : "fp32";
+}
+
 nlohmann::ordered_json run_attention(const BenchConfig& cfg) {
   const int64_t B = cfg.batch, H = cfg.heads, T = cfg.L, D = cfg.head_dim;
   const bool causal = !cfg.bidirectional;
@@ -125,6 +132,7 @@ nlohmann::ordered_json run_attention(const BenchConfig& cfg) {
   }
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
   const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  if (dtype == torch::kBFloat16) line["bf16_gemm"] = enable_bf16_gemm();  // widens math's, blockwise's products
   auto q = torch::randn({B, H, T, D}).to(dtype).requires_grad_();  // (B, H, T, D)
   auto k = torch::randn({B, H, T, D}).to(dtype).requires_grad_();
   auto v = torch::randn({B, H, T, D}).to(dtype).requires_grad_();
@@ -268,7 +276,7 @@ nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
 nlohmann::ordered_json run_nf4_linear(const BenchConfig& cfg) {
   const bool tiled = cfg.impl == "nf4_linear_fused";
   const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
-  if (dtype == torch::kBFloat16) memopt::bf16_gemm::enable();  // as a bf16 Trainer does: widened where it wins
+  if (dtype == torch::kBFloat16) enable_bf16_gemm();
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
   const auto w = memopt::nn::quantize_nf4(torch::randn({cfg.ffn, cfg.hidden}) * 0.02);
   auto x = torch::randn({cfg.rows, cfg.hidden}).to(dtype).requires_grad_();
@@ -282,9 +290,7 @@ nlohmann::ordered_json run_nf4_linear(const BenchConfig& cfg) {
   nlohmann::ordered_json line{{"suite", "fused"}, {"name", "nf4_linear"}, {"impl", cfg.impl}, {"dtype", cfg.dtype},
                               {"rows", cfg.rows}, {"width", cfg.ffn},      {"in", cfg.hidden}};
   if (tiled) line["tile_kib"] = cfg.tile_kib;
-  if (dtype == torch::kBFloat16) {
-    line["bf16_gemm"] = memopt::bf16_gemm::mode() == memopt::bf16_gemm::Mode::Native ? "native" : "fp32";
-  }
+  if (dtype == torch::kBFloat16) line["bf16_gemm"] = enable_bf16_gemm();
   line["peak_tracked_mib"] = mib(t.peak_bytes);
   line["ms"] = t.ms;
   line["ms_min"] = t.ms_min;
