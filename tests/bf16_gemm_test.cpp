@@ -168,17 +168,13 @@ namespace {
 std::atomic<int64_t> g_bf16_products{0};  // bf16 GEMM ops dispatched while the observer below is on
 thread_local int g_gemm_depth = 0;         // bf16 GEMM ops under way on this thread (calls within calls)
 struct GemmMark : at::ObserverContext {};  // what the observer's start hands its end for a bf16 GEMM op
-}  // namespace
 
-namespace {
-
-/// Runs one bf16-autocast step `loss()` (its backward outside autocast, as the Trainer runs it:
-/// autocast would record each backward mm twice) with widening on, counting each GEMM op
-/// dispatched with bf16 operands (mm, its out= form, addmm, addmm_, bmm and its out= form,
-/// baddbmm, baddbmm_) by a RecordFunction observer, once per product (autocast's kernel dispatches
-/// the op again inside the first call). Each must be a widened product: on a CPU
-/// without bf16 units one left to LibTorch runs at ~1 GFLOP/s (the fused loss head's mm_out and a
-/// shared-input node's addmm_ did: a 4 x d256 LLaMA step took 20 s instead of ~1).
+/// Runs one bf16-autocast step `loss()` (its backward outside autocast, as the Trainer runs it)
+/// with widening on, counting each GEMM op dispatched with bf16 operands (mm, addmm, addmm_, bmm,
+/// baddbmm, baddbmm_ and the out= forms) by a RecordFunction observer, once per product
+/// (autocast's kernel dispatches the op again inside the first call). Each must be a widened
+/// product: on a CPU without bf16 units one left to LibTorch runs at ~1 GFLOP/s (the fused loss
+/// head's mm_out and a shared-input node's addmm_ did: a 4 x d256 LLaMA step took 20 s, not ~1).
 template <class Loss>
 void check_step_widens_every_product(const Loss& loss) {
   const memopt::precision::Bf16Autocast policy;
