@@ -339,6 +339,8 @@ TEST_CASE("A bf16-autocast step has the native kernel's gradients within its own
 TEST_CASE("MEMOPT_BF16_GEMM picks a mode or measures, a bad value is an error with a HINT", "[bf16_gemm]") {
   CHECK(bgemm::detail::decide("native").mode == bgemm::Mode::Native);
   CHECK(bgemm::detail::decide("fp32").mode == bgemm::Mode::Fp32Compute);
+  for (const char* name : {"native", "fp32"})  // mode_name spells a mode as the variable does
+    CHECK(std::string(bgemm::mode_name(bgemm::detail::decide(name).mode)) == name);
   CHECK_THROWS_WITH(bgemm::detail::decide("fast"), Catch::Contains("'fast'") && Catch::Contains("HINT"));
   bgemm::ScopedMode native(bgemm::Mode::Native);  // what enable() probes
   torch::manual_seed(7);

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <string>
 
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
@@ -124,6 +125,8 @@ TEST_CASE("Blocked mode: bad products get LibTorch's own errors", "[fp32_gemm]")
 
 TEST_CASE("MEMOPT_FP32_GEMM picks a mode or measures, a bad value is an error with a HINT", "[fp32_gemm]") {
   CHECK(fgemm::detail::decide("native").mode == fgemm::Mode::Native);
+  CHECK(std::string(fgemm::mode_name(fgemm::Mode::Native)) == "native");  // as MEMOPT_FP32_GEMM spells it
+  CHECK(std::string(fgemm::mode_name(fgemm::Mode::Blocked)) == "blocked");
   if (memopt::detail::blocked_gemm::runs_here()) {
     CHECK(fgemm::detail::decide("blocked").mode == fgemm::Mode::Blocked);
   } else {

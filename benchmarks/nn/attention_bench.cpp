@@ -116,7 +116,7 @@ Timing time_steps(const BenchConfig& cfg, const std::function<void()>& step) {
 /// "native" or "fp32" for the line.
 const char* enable_bf16_gemm() {
   memopt::bf16_gemm::enable();
-  return memopt::bf16_gemm::mode() == memopt::bf16_gemm::Mode::Native ? "native" : "fp32";
+  return memopt::bf16_gemm::mode_name(memopt::bf16_gemm::mode());
 }
 
 nlohmann::ordered_json run_attention(const BenchConfig& cfg) {
@@ -276,7 +276,7 @@ nlohmann::ordered_json run_elementwise(const BenchConfig& cfg) {
 nlohmann::ordered_json run_nf4_linear(const BenchConfig& cfg) {
   const bool tiled = cfg.impl == "nf4_linear_fused";
   const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
-  if (dtype == torch::kBFloat16) enable_bf16_gemm();
+  const char* bf16_gemm = dtype == torch::kBFloat16 ? enable_bf16_gemm() : nullptr;
   torch::manual_seed(static_cast<int64_t>(cfg.seed));
   const auto w = memopt::nn::quantize_nf4(torch::randn({cfg.ffn, cfg.hidden}) * 0.02);
   auto x = torch::randn({cfg.rows, cfg.hidden}).to(dtype).requires_grad_();
@@ -290,7 +290,7 @@ nlohmann::ordered_json run_nf4_linear(const BenchConfig& cfg) {
   nlohmann::ordered_json line{{"suite", "fused"}, {"name", "nf4_linear"}, {"impl", cfg.impl}, {"dtype", cfg.dtype},
                               {"rows", cfg.rows}, {"width", cfg.ffn},      {"in", cfg.hidden}};
   if (tiled) line["tile_kib"] = cfg.tile_kib;
-  if (dtype == torch::kBFloat16) line["bf16_gemm"] = enable_bf16_gemm();
+  if (bf16_gemm != nullptr) line["bf16_gemm"] = bf16_gemm;
   line["peak_tracked_mib"] = mib(t.peak_bytes);
   line["ms"] = t.ms;
   line["ms_min"] = t.ms_min;

@@ -89,6 +89,9 @@ inline bool enabled() { return detail::Switch::enabled().load(); }
 /// The mode CPU bf16 GEMMs run in now.
 inline Mode mode() { return detail::Switch::mode(); }
 
+/// A mode's name as MEMOPT_BF16_GEMM spells it: "native" or "fp32".
+inline const char* mode_name(Mode mode) { return mode == Mode::Native ? "native" : "fp32"; }
+
 /// Installs the kernels (once) and sets the mode for the whole process; enable() keeps it.
 inline void set_mode(Mode mode) { detail::Switch::set(mode); }
 

@@ -98,6 +98,7 @@ inline bool enabled() { return detail::Switch::enabled().load(); }
 /// The mode CPU fp32 GEMMs run in now.
 inline Mode mode() { return detail::Switch::mode(); }
 
+/// A mode's name as MEMOPT_FP32_GEMM spells it: "native" or "blocked".
 inline const char* mode_name(Mode mode) { return mode == Mode::Blocked ? "blocked" : "native"; }
 
 /// Installs the kernels (once) and sets the mode for the whole process; enable() keeps it.

@@ -34,8 +34,6 @@ namespace memopt::kernel_choices {
 
 namespace detail {
 
-inline const char* mode_name(bf16_gemm::Mode mode) { return mode == bf16_gemm::Mode::Native ? "native" : "fp32"; }
-
 // The floating dtypes an attention shape can have, by c10::toString's name.
 inline c10::ScalarType dtype_named(const std::string& name, const std::string& who) {
   for (auto t : {c10::kFloat, c10::kBFloat16, c10::kHalf, c10::kDouble})
@@ -94,7 +92,7 @@ inline nn::AttentionShape shape_of(const nlohmann::json& j, const std::string& w
 /// modes (each when its enable() has run) and attention_auto's kernel per shape.
 inline nlohmann::json capture() {
   nlohmann::json out = {{"cpu", memopt::cpu_kind()}, {"attention", nlohmann::json::array()}};
-  if (bf16_gemm::enabled()) out["bf16_gemm"] = detail::mode_name(bf16_gemm::mode());
+  if (bf16_gemm::enabled()) out["bf16_gemm"] = bf16_gemm::mode_name(bf16_gemm::mode());
   if (fp32_gemm::enabled()) out["fp32_gemm"] = fp32_gemm::mode_name(fp32_gemm::mode());
   for (const auto& [shape, choice] : nn::attention_choices())
     out["attention"].push_back({{"shape", detail::shape_json(shape)}, {"kind", nn::attention_kind_name(choice.kind)}});
@@ -129,7 +127,7 @@ inline std::string restore(const nlohmann::json& saved, const std::string& who) 
               "measured (this process chose " + current + "): a resumed run computes as an unbroken one";
     set(found->second);
   };
-  gemm("bf16_gemm", bf16_gemm::enabled(), detail::mode_name(bf16_gemm::mode()), bf16_gemm::set_mode,
+  gemm("bf16_gemm", bf16_gemm::enabled(), bf16_gemm::mode_name(bf16_gemm::mode()), bf16_gemm::set_mode,
        std::array{std::pair{"native", bf16_gemm::Mode::Native}, std::pair{"fp32", bf16_gemm::Mode::Fp32Compute}});
   gemm("fp32_gemm", fp32_gemm::enabled(), fp32_gemm::mode_name(fp32_gemm::mode()), fp32_gemm::set_mode,
        std::array{std::pair{"native", fp32_gemm::Mode::Native}, std::pair{"blocked", fp32_gemm::Mode::Blocked}});

@@ -246,6 +246,10 @@ inline bool widens_batched(const at::Tensor& a, const at::Tensor& b) {
   return widening() && widen(a) && widen(b) && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
          a.size(2) == b.size(1);
 }
+/// ... into `out`: a bf16 out that overlaps neither operand.
+inline bool widens_batched_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return widens_batched(a, b) && widen(out) && !out.is_alias_of(a) && !out.is_alias_of(b);
+}
 inline at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
   if (widens_batched(a, b)) return widened_baddbmm(at::Tensor(), a, b, 0, 1);
   count_native(a);
@@ -253,7 +257,7 @@ inline at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
 }
 /// bmm.out (the blockwise attention's scores and dP), into an out that overlaps neither operand.
 inline at::Tensor& bmm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  if (widens_batched(a, b) && widen(out) && !out.is_alias_of(a) && !out.is_alias_of(b)) {
+  if (widens_batched_into(out, a, b)) {
     at::native::resize_output(out, {a.size(0), a.size(1), b.size(2)});
     widened_baddbmm_into(out, at::Tensor(), a, b, 0, 1);
     return out;
@@ -271,8 +275,8 @@ inline at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at:
 /// baddbmm_ (the blockwise attention's accumulators: acc += a·b) in place.
 inline at::Tensor& baddbmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                             const at::Scalar& alpha) {
-  if (widens_batched(a, b) && widen(self) && self.dim() == 3 && self.size(0) == a.size(0) &&
-      self.size(1) == a.size(1) && self.size(2) == b.size(2) && !self.is_alias_of(a) && !self.is_alias_of(b)) {
+  if (widens_batched_into(self, a, b) && self.dim() == 3 && self.size(0) == a.size(0) && self.size(1) == a.size(1) &&
+      self.size(2) == b.size(2)) {
     widened_baddbmm_into(self, self, a, b, beta, alpha);
     return self;
   }
