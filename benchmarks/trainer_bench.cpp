@@ -311,13 +311,14 @@ int main(int argc, char** argv) {
       line["attention_choices"].push_back(c);
     }
     line["gemm_gflops"] = std::max(peak_before, gemm_peak());
-    if (r.profile) {  // where the step's time went: the 15 ops of most self time
+    if (r.profile) {  // where the step's time went: the 15 ops and 12 GEMM shapes of most self time
       line["profile_wall_ms"] = r.profile->wall_ms;
       line["profile"] = r.profile->top(15);
+      line["profile_gemms"] = r.profile->top_gemms(12);
     }
     if (r.estimated_peak > 0) line["estimated_peak_mib"] = memopt::memory::mib(r.estimated_peak);
     if (cfg.precision == "bf16")  // the kernel its CPU GEMMs ran (MEMOPT_BF16_GEMM, or measured)
-      line["bf16_gemm"] = memopt::bf16_gemm::mode() == memopt::bf16_gemm::Mode::Native ? "native" : "fp32";
+      line["bf16_gemm"] = memopt::bf16_gemm::mode_name(memopt::bf16_gemm::mode());
     if (memopt::fp32_gemm::enabled())  // its CPU fp32 GEMMs' (MEMOPT_FP32_GEMM, or measured)
       line["fp32_gemm"] = memopt::fp32_gemm::mode_name(memopt::fp32_gemm::mode());
     return line;

@@ -286,6 +286,38 @@ def add_adapters(model, rank, targets):
     return peft.get_peft_model(model, config), f"peft {peft.__version__} LoRA"
 
 
+GEMM_OPS = {"aten::mm": 0, "aten::bmm": 0, "aten::addmm": 1, "aten::addmm_": 1, "aten::baddbmm": 1, "aten::baddbmm_": 1}
+
+
+def profile_step(step):
+    """One step under torch.profiler (CPU ops, input shapes), reported as memopt_bench_trainer
+    --profile reports its own (benchmarks/profile.hpp): the wall time, the 15 ops of most self
+    time and the 12 GEMM shapes of most self time with the rate each ran at."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        start = time.perf_counter()
+        step()
+        wall_ms = (time.perf_counter() - start) * 1e3
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+    gemms = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        first = GEMM_OPS.get(e.key)
+        shapes = e.input_shapes[first:first + 2] if first is not None else []
+        if len(shapes) < 2 or len(shapes[0]) not in (2, 3) or len(shapes[0]) != len(shapes[1]):
+            continue
+        a, b = shapes
+        flops = 2.0 * e.count * (a[0] if len(a) == 3 else 1) * a[-2] * a[-1] * b[-1]
+        ms = e.self_cpu_time_total / 1e3
+        gemms.append({"op": e.key, "shapes": " x ".join("(" + ", ".join(map(str, x)) + ")" for x in shapes),
+                      "calls": e.count, "self_ms": ms, "share": ms / wall_ms, "gflops": flops / ms / 1e6})
+    gemms.sort(key=lambda g: g["self_ms"], reverse=True)
+    return {"profile_wall_ms": wall_ms,
+            "profile": [{"op": e.key, "self_ms": e.self_cpu_time_total / 1e3,
+                         "share": e.self_cpu_time_total / 1e3 / wall_ms, "calls": e.count} for e in ops],
+            "profile_gemms": gemms[:12]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4)
@@ -305,6 +337,8 @@ def main():
                     help="torch.utils.checkpoint's use_reentrant; auto: false, PyTorch 2.x's recommendation "
                          "(and the only one torch.compile traces)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
+    ap.add_argument("--profile", action="store_true",
+                    help="one more step under torch.profiler: the line's profile, profile_gemms (as memopt's)")
     ap.add_argument("--impl", choices=["pytorch"], default="pytorch")
     ap.add_argument("--ffn", type=int, default=0, help="SwiGLU width (0: memopt's 8/3 rule)")
     ap.add_argument("--finetune", choices=["full", "lora", "qlora"], default="full")
@@ -323,6 +357,9 @@ def main():
     if (args.fsdp2 or args.deepspeed) and world < 2:
         sys.exit("trainer_peer.py: --fsdp2 and --deepspeed shard over ranks; start 2 or more with RANK / WORLD_SIZE / "
                  f"MASTER_ADDR / MASTER_PORT (as torchrun does); WORLD_SIZE is {world}")
+    if args.profile and world > 1:
+        sys.exit(f"trainer_peer.py: --profile profiles one process; WORLD_SIZE is {world}. HINT: drop --profile, or "
+                 "run without RANK / WORLD_SIZE")
     if args.deepspeed and (args.fsdp2 or args.finetune != "full" or args.compile):
         sys.exit("trainer_peer.py: --deepspeed is the full fine-tune peer of memopt's ZeRO-3, alone (no --fsdp2, "
                  "--finetune or --compile)")
@@ -440,6 +477,7 @@ def main():
         print(f"  {name} [{impl}] step {s}{' (warm-up)' if s < args.warmup else ''}: loss {loss:.6g}, "
               f"{seconds * 1e3:.1f} ms", file=sys.stderr)
 
+    profiled = profile_step(step) if args.profile else {}  # untimed; its loss is not reported
     step_s = sum(times) / len(times)
     tokens_per_step = args.micro * args.accum * args.seq
     gemm = max(peak_before, peak())
@@ -493,6 +531,7 @@ def main():
         "ranks": world,
         "gemm_gflops": gemm,
         "load_avg_1m": os.getloadavg()[0],  # other work on the machine skews the timings
+        **profiled,
     }
     if args.finetune != "full":
         line.update(finetune=args.finetune, lora_rank=args.lora_rank, lora_targets=args.lora_targets,

@@ -142,10 +142,11 @@ def bf16_gemm(ctx: Context) -> list[Step]:
 # Where a Trainer step's time goes: memopt_bench_trainer --profile on the trainer suite's two shapes
 # (micro-batch 8 x accum 2, no recompute) in fp32 and in the precision `auto` picks here (one run where
 # that is fp32): after the timed steps, one more under LibTorch's profiler; the line's "profile" holds
-# its 15 ops of most self time, each with its share of that step's wall time, next to the line's mfu.
-# Each runs with --attention auto (the default: SDPA, flash or blockwise, measured) and again with the math
-# path (the (T, T) scores) for the before/after, next to PyTorch eager on the same machine; ratio
-# lines auto / math and auto / eager. ~6 min on an idle 2-core machine (--quick: seconds).
+# its 15 ops of most self time, each with its share of that step's wall time, next to the line's mfu,
+# and "profile_gemms" its 12 GEMM shapes of most self time with the GFLOP/s each ran at. Each runs with
+# --attention auto (the default: SDPA, flash or blockwise, measured) and again with the math path (the
+# (T, T) scores) for the before/after, next to PyTorch eager on the same machine, profiled the same way
+# (torch.profiler); ratio lines auto / math and auto / eager. ~6 min on an idle 2-core machine (--quick: seconds).
 def profile(ctx: Context) -> list[Step]:
     steps: list[Step] = [Build(["memopt_bench_trainer"])]
     for size, shape in TRAINER_SHAPES.items():
@@ -159,7 +160,7 @@ def profile(ctx: Context) -> list[Step]:
                       trainer_run(ctx, "memopt", f"{key}-math", [*args.split(), "--profile", "--attention", "math"]),
                       trainer_run(ctx, "memopt", f"{key}-composite", [*args.split(), "--profile", "--fused_kernels",
                                                                       "false"]),
-                      trainer_run(ctx, "pytorch", key, args.split()),
+                      trainer_run(ctx, "pytorch", key, [*args.split(), "--profile"]),
                       Derive([f"{key}/memopt", f"{key}-math/memopt"], L.attention_kind_ratio, "ratio attention auto / math"),
                       Derive([f"{key}/memopt", f"{key}-composite/memopt"], L.fused_kernels_ratio,
                              "ratio fused kernels / composites"),
