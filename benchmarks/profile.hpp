@@ -62,13 +62,19 @@ struct StepProfile {
   }
 };
 
-/// FLOPs of one GEMM op given its input shapes: mm (a, b), addmm (self, a, b), bmm and
-/// baddbmm the same with a batch; 0 where the op is none of these or its shapes did not come.
+/// Where a GEMM op's two operands start among its inputs (addmm's and baddbmm's self comes
+/// first), or -1 for an op that is not a GEMM.
+inline int gemm_first_operand(const std::string& op) {
+  if (op == "aten::mm" || op == "aten::bmm") return 0;
+  if (op == "aten::addmm" || op == "aten::addmm_" || op == "aten::baddbmm" || op == "aten::baddbmm_") return 1;
+  return -1;
+}
+
+/// FLOPs of one GEMM op given its input shapes: 2·m·k·n for each (m, k) · (k, n) product, every
+/// batch; 0 where the op is no GEMM or its shapes did not come.
 inline double gemm_flops(const std::string& op, c10::ArrayRef<std::vector<int64_t>> shapes) {
-  const bool plain = op == "aten::mm" || op == "aten::bmm";
-  const bool added = op == "aten::addmm" || op == "aten::addmm_" || op == "aten::baddbmm" || op == "aten::baddbmm_";
-  const size_t first = added ? 1 : 0;
-  if ((!plain && !added) || shapes.size() < first + 2) return 0;
+  const int first = gemm_first_operand(op);
+  if (first < 0 || shapes.size() < static_cast<size_t>(first) + 2) return 0;
   const auto &a = shapes[first], &b = shapes[first + 1];
   if (a.size() != b.size() || a.size() < 2 || a.size() > 3) return 0;
   const double batch = a.size() == 3 ? static_cast<double>(a[0]) : 1.0;
@@ -76,11 +82,11 @@ inline double gemm_flops(const std::string& op, c10::ArrayRef<std::vector<int64_
          static_cast<double>(b.back());
 }
 
-/// "(4096, 512) x (512, 1408)": the operands' shapes (an addmm's self left out).
+/// "(4096, 512) x (512, 1408)": a GEMM op's two operands' shapes (requires gemm_flops > 0).
 inline std::string gemm_shapes(const std::string& op, c10::ArrayRef<std::vector<int64_t>> shapes) {
-  const size_t first = op.find("addmm") != std::string::npos || op.find("baddbmm") != std::string::npos ? 1 : 0;
+  const size_t first = static_cast<size_t>(gemm_first_operand(op));
   std::string out;
-  for (size_t i = first; i < std::min(shapes.size(), first + 2); ++i) {
+  for (size_t i = first; i < first + 2; ++i) {
     out += i > first ? " x (" : "(";
     for (size_t d = 0; d < shapes[i].size(); ++d) out += (d ? ", " : "") + std::to_string(shapes[i][d]);
     out += ")";
