@@ -618,9 +618,10 @@ int main(int argc, char** argv) {
     memopt::init(memopt::RuntimeOptions().threads(a.threads));  // tracker + threads, before any tensor
     take_dataset_ids(a);
     memopt::log_performance_info();
-    const auto precision = memopt::machine::resolve_precision(a.precision, examples::parse_device(a.device, "llama_lm"));
+    const auto device = examples::parse_device(a.device, "llama_lm");
+    const auto precision = examples::resolve_choice(a.precision, device, a.checkpoints.saved_precision(a.output_dir));
     fmt::print("{:>13}: {} ({})\n", "precision", precision.precision, precision.reason);
-    examples::enable_cpu_gemms(precision.precision, examples::parse_device(a.device, "llama_lm"));
+    examples::enable_cpu_gemms(precision.precision, device);
     a.precision = precision.precision;
     std::fflush(stdout);
     return run(a);

@@ -177,8 +177,8 @@ Plan make_plan(const Args& a, const CLI::App& app) {
   examples::check_state(p.optimizer_state, "llama_to_llada", p.device);  // pinned-host: a CUDA student only
   // auto: bf16 where this device's bf16 matmul measured faster than fp32 (or a GPU), fp32 elsewhere.
   std::string why = "as given";
-  if (p.precision == "auto") {
-    const auto choice = memopt::machine::choose_precision(p.device);
+  if (p.precision == "auto") {  // with --resume: the student checkpoint's (common/precision.hpp)
+    const auto choice = examples::resolve_choice("auto", p.device, a.checkpoints.saved_precision(a.output_dir));
     p.precision = choice.precision;
     why = "auto: " + choice.reason;
   }

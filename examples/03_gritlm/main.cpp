@@ -613,7 +613,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   if (a.plot && !a.data_only) memopt::check_gnuplot();  // before training, not after it
 
   examples::join_world("gritlm");  // torchrun: data parallel, rank 0 prints and writes the log
-  a.precision_used = examples::resolve_precision(a.precision, examples::parse_device(a.device, "gritlm"), "gritlm");
+  a.precision_used = examples::resolve_precision(a.precision, examples::parse_device(a.device, "gritlm"), "gritlm",
+                                                 a.checkpoints.saved_precision(a.output_dir));
   // ---- tokenizer with GritLM's format symbols; the model's config (the vocab includes them) ----
   auto tokenizer = memopt::data::load_tokenizer(examples::tokenizer_path(a.tokenizer, a.init_model, a.data));
   const int64_t base_vocab = tokenizer->vocab_size();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -41,6 +42,13 @@ struct CheckpointFlags {
         .save_every(save_every)
         .keep_checkpoints(keep)
         .max_consecutive_skips(max_skips);
+  }
+
+  /// The --precision spelling of the checkpoint --resume reads from OUTPUT_DIR's run (nothing
+  /// without --resume, before the first checkpoint, or from one older than the record):
+  /// `--precision auto` keeps it (common/precision.hpp).
+  std::optional<std::string> saved_precision(const std::string& output_dir) const {
+    return memopt::io::saved_precision(resume, apply(memopt::TrainerOptions(), output_dir).checkpoint_dir());
   }
 
   /// --resume: restores `trainer` and `loader` and says from where. Returns whether it resumed.

@@ -1,9 +1,11 @@
 // examples/common/precision.hpp — `--precision auto|fp32|bf16|fp16` of moe_lm and gritlm (the
 // seeds' `--mixed_precision` is its alias for bf16: policy_flags.hpp; fp16 on CUDA only): auto measures this device's
-// bf16 and fp32 matmul (memopt/machine.hpp) and takes bf16 only where it is faster; the choice
-// and why are printed at the top of the log.
+// bf16 and fp32 matmul (memopt/machine.hpp) and takes bf16 only where it is faster, or with
+// --resume keeps the precision of the checkpoint it reads; the choice and why are printed at the
+// top of the log.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -43,23 +45,33 @@ inline void enable_cpu_gemms(const std::string& precision, const torch::Device& 
     fmt::print("{:>13}: {}\n", "bf16 GEMM", memopt::bf16_gemm::enable().reason);
 }
 
-/// Checks `flag` (naming `who`) and resolves it: true = bf16 autocast.
-inline bool resolve_mixed_precision(const std::string& flag, const torch::Device& device, const char* who) {
-  check_precision(flag, who);
-  const auto choice = memopt::machine::resolve_precision(flag, device);
-  fmt::print("{:>13}: {} ({})\n", "precision", choice.precision, choice.reason);
-  enable_cpu_gemms(choice.precision, device);
-  return choice.precision == "bf16";
+/// `flag` resolved on `device` (memopt::machine::resolve_precision: auto measures), except that
+/// auto with `resumed` — the precision of the checkpoint --resume reads
+/// (CheckpointFlags::saved_precision) — keeps that one: a resumed run keeps its Trainer, and auto
+/// may measure otherwise on another CPU. The reason says what auto measured here when it differs.
+inline memopt::machine::PrecisionChoice resolve_choice(const std::string& flag, const torch::Device& device,
+                                                       const std::optional<std::string>& resumed = {}) {
+  if (flag != "auto" || !resumed) return memopt::machine::resolve_precision(flag, device);
+  const auto here = memopt::machine::choose_precision(device);
+  return {*resumed, "kept from the checkpoint --resume reads" +
+                        (here.precision == *resumed ? std::string()
+                                                    : "; a new run here would take " + here.precision + ": " + here.reason)};
 }
 
 /// `flag` (checked by check_precision with a device) resolved on `device`: fp16 as given, the
-/// others by resolve_mixed_precision (auto measures, and says what it chose): fp32 | bf16 | fp16.
-inline std::string resolve_precision(const std::string& flag, const torch::Device& device, const char* who) {
+/// others by resolve_choice (auto measures, or keeps `resumed`'s), said at the top of the log
+/// with the CPU GEMMs it enables: fp32 | bf16 | fp16.
+inline std::string resolve_precision(const std::string& flag, const torch::Device& device, const char* who,
+                                     const std::optional<std::string>& resumed = {}) {
   if (flag == "fp16") {
     fmt::print("{:>13}: fp16 (as given: autocast with dynamic loss scaling)\n", "precision");
     return "fp16";
   }
-  return resolve_mixed_precision(flag, device, who) ? "bf16" : "fp32";
+  check_precision(flag, who);
+  const auto choice = resolve_choice(flag, device, resumed);
+  fmt::print("{:>13}: {} ({})\n", "precision", choice.precision, choice.reason);
+  enable_cpu_gemms(choice.precision, device);
+  return choice.precision;
 }
 
 }  // namespace examples

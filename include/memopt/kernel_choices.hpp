@@ -113,24 +113,24 @@ inline std::string restore(const nlohmann::json& saved, const std::string& who) 
     return "the checkpoint's kernels were measured on a " + cpu + " CPU, this one is " + memopt::cpu_kind() +
            ": measuring them again (results differ from an unbroken run's in the last bits)";
   std::string note;
-  // A GEMM mode: `key`'s value must be one of `names` (the Mode each stands for), applied with `set`.
-  const auto gemm = [&](const char* key, bool enabled, const std::string& current, auto set, auto modes) {
+  // A GEMM mode: `key`'s value must name one of `modes` as `name_of` spells it; applied with `set`.
+  const auto gemm = [&](const char* key, bool enabled, auto current, auto set, auto name_of, auto modes) {
     if (!saved.contains(key) || !enabled) return;
     const auto& value = saved[key];
     const auto name = value.is_string() ? value.get<std::string>() : value.dump();
-    const auto found = std::find_if(modes.begin(), modes.end(), [&](const auto& m) { return name == m.first; });
+    const auto found = std::find_if(modes.begin(), modes.end(), [&](auto m) { return name == name_of(m); });
     TORCH_CHECK(found != modes.end(), who, ": the checkpoint's kernels give ", key, " '", name, "'; it must be ",
-                modes.begin()->first, " or ", std::prev(modes.end())->first,
+                name_of(modes.front()), " or ", name_of(modes.back()),
                 ". HINT: state.json is damaged; delete its \"kernels\" entry");
-    if (name != current)
+    if (*found != current)
       note += std::string(note.empty() ? "" : "; ") + key + " " + name + ", as the run that saved the checkpoint " +
-              "measured (this process chose " + current + "): a resumed run computes as an unbroken one";
-    set(found->second);
+              "measured (this process chose " + name_of(current) + "): a resumed run computes as an unbroken one";
+    set(*found);
   };
-  gemm("bf16_gemm", bf16_gemm::enabled(), bf16_gemm::mode_name(bf16_gemm::mode()), bf16_gemm::set_mode,
-       std::array{std::pair{"native", bf16_gemm::Mode::Native}, std::pair{"fp32", bf16_gemm::Mode::Fp32Compute}});
-  gemm("fp32_gemm", fp32_gemm::enabled(), fp32_gemm::mode_name(fp32_gemm::mode()), fp32_gemm::set_mode,
-       std::array{std::pair{"native", fp32_gemm::Mode::Native}, std::pair{"blocked", fp32_gemm::Mode::Blocked}});
+  gemm("bf16_gemm", bf16_gemm::enabled(), bf16_gemm::mode(), bf16_gemm::set_mode, bf16_gemm::mode_name,
+       std::array{bf16_gemm::Mode::Native, bf16_gemm::Mode::Fp32Compute});
+  gemm("fp32_gemm", fp32_gemm::enabled(), fp32_gemm::mode(), fp32_gemm::set_mode, fp32_gemm::mode_name,
+       std::array{fp32_gemm::Mode::Native, fp32_gemm::Mode::Blocked});
   for (const auto& entry : saved.value("attention", nlohmann::json::array())) {
     TORCH_CHECK(entry.is_object() && entry.contains("shape") && entry.contains("kind") && entry["kind"].is_string(),
                 who, ": an attention entry of the checkpoint's kernels must hold \"shape\" and \"kind\" (got ",

@@ -306,7 +306,9 @@ class Trainer {
   }
 
   io::TrainerRecord record() const {
-    return {name(), options_.resume_settings(), consecutive_skips_, budget_.splits()};
+    std::string precision;
+    if constexpr (hooks::Describes<Precision, memory::DtypeDesc>) precision = Precision::describe().flag;
+    return {name(), precision, options_.resume_settings(), consecutive_skips_, budget_.splits()};
   }
 
   // Every micro-batch's forward and backward, within memory_budget (memory/budget.hpp).

@@ -4,7 +4,8 @@
 # --resume latest ends with the uninterrupted run's weights, byte for byte; a second SIGINT
 # exits at once (130); kill -9 during a checkpoint write leaves the previous one to resume
 # from; a corrupt newest checkpoint is refused and the previous one used;
-# --resume latest with no checkpoint starts anew; resuming with other settings names them.
+# --resume latest with no checkpoint starts anew; resuming with other settings names them;
+# --precision auto with --resume keeps the checkpoint's precision.
 # Usage: llama_lm_resume_test.sh path/to/llama_lm path/to/memopt_prepare_corpus
 set -uo pipefail
 bin="$1"
@@ -119,5 +120,19 @@ if [ $? -eq 1 ] && grep -q "nowhere' is not a directory" <<<"$out" && grep -q HI
 else
   fail "resume from a missing directory: $out"
 fi
+
+# ---- --precision auto with --resume keeps the checkpoint's precision, whatever auto measures here ----
+"$bin" "${job[@]}" --output_dir "$tmp/bf16" --steps 2 --precision bf16 > "$tmp/bf16.log" 2>&1 \
+  || fail "bf16 run: $(tail -3 "$tmp/bf16.log")"
+for run in "term fp32 60" "bf16 bf16 2"; do
+  read -r name precision step <<<"$run"
+  out=$("$bin" "${job[@]}" --output_dir "$tmp/$name" --resume latest --steps $((step + 1)) --precision auto 2>&1)
+  if [ $? -eq 0 ] && grep -q "precision: $precision (kept from the checkpoint --resume reads" <<<"$out" \
+     && grep -q "resumed at step $step " <<<"$out"; then
+    ok "--precision auto resumes a $precision checkpoint in $precision ($(grep -o 'precision: .*' <<<"$out" | cut -c1-90))"
+  else
+    fail "--precision auto, resuming a $precision checkpoint: $out"
+  fi
+done
 
 finish

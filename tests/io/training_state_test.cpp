@@ -1,8 +1,10 @@
 // tests/io/training_state_test.cpp — memopt/io/training_state.hpp: a resume refuses a checkpoint
 // of other policies, options or run settings, naming each difference; a longer max_steps extends
-// the run.
+// the run; saved_precision reads the precision a resume would resume in.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -82,4 +84,36 @@ TEST_CASE("a resume runs the kernels the saving run measured: its GEMM modes, fr
   REQUIRE(resumed.resume("latest", loader));
   CHECK(bgemm::mode() == bgemm::Mode::Fp32Compute);
   CHECK(fgemm::mode() == fgemm::Mode::Blocked);
+}
+
+TEST_CASE("saved_precision names the precision of the checkpoint a resume would read", "[checkpoint]") {
+  memopt::test::TempDir dir("memopt_checkpoint");
+  const std::string fp32_root = dir.file("fp32/checkpoints"), bf16_root = dir.file("bf16/checkpoints");
+  CHECK_FALSE(memopt::io::saved_precision("latest", fp32_root).has_value());  // nothing saved yet
+  torch::manual_seed(1);
+  memopt::models::Llama model(tiny_config());
+  {
+    memopt::Trainer<> trainer(*model, options(fp32_root).max_steps(2));
+    CountingLoader loader;
+    fit(model, trainer, loader);
+  }
+  {
+    memopt::Trainer<memopt::recompute::None, memopt::precision::Bf16Autocast> trainer(*model,
+                                                                                    options(bf16_root).max_steps(1));
+    CountingLoader loader;
+    fit(model, trainer, loader);
+  }
+  CHECK(memopt::io::read_checkpoint_state(fp32_root + "/step-00000002").at("precision") == "fp32");
+  CHECK(memopt::io::saved_precision("latest", fp32_root) == "fp32");
+  CHECK(memopt::io::saved_precision("latest", bf16_root) == "bf16");
+  // A step directory, a run's output folder or its checkpoints folder, as resume resolves them.
+  CHECK(memopt::io::saved_precision(bf16_root + "/step-00000001", "") == "bf16");
+  CHECK(memopt::io::saved_precision(dir.file("bf16"), fp32_root) == "bf16");
+  CHECK(memopt::io::saved_precision(bf16_root, fp32_root) == "bf16");
+  CHECK_FALSE(memopt::io::saved_precision("", fp32_root).has_value());               // no --resume
+  CHECK_FALSE(memopt::io::saved_precision(dir.file("nowhere"), fp32_root).has_value());  // resume says why
+  const std::string damaged = dir.file("damaged/step-00000001");
+  std::filesystem::create_directories(damaged);
+  std::ofstream(damaged + "/state.json") << "{\"precision\": ";
+  CHECK_FALSE(memopt::io::saved_precision(damaged, "").has_value());  // resume refuses it, or skips it
 }

@@ -30,6 +30,7 @@ namespace memopt::io {
 /// shape the result, and its counters (state.json's "consecutive_skips", "micro_splits").
 struct TrainerRecord {
   std::string trainer;
+  std::string precision;  // the precision policy's --precision spelling ("": it has no describe())
   nlohmann::json options;
   int64_t consecutive_skips = 0;
   int64_t micro_splits = 1;
@@ -61,6 +62,7 @@ class TrainingState {
                             {"config", run_config_},
                             {"consecutive_skips", record.consecutive_skips},
                             {"micro_splits", record.micro_splits}};
+    if (!record.precision.empty()) state["precision"] = record.precision;  // saved_precision() reads it
     if constexpr (ResumableSource<Loader>) state["loader"] = loader.state();
     state["kernels"] = kernel_choices::capture();  // a resume replays them (distributed: each rank's own)
     if (sync.distributed()) {  // every rank saves (a collective); rank 0 writes, other ranks their shards
@@ -174,5 +176,27 @@ class TrainingState {
   int64_t last_saved_step_ = -1;
   std::string last_checkpoint_;
 };
+
+/// The --precision spelling ("fp32", "bf16", …) of the checkpoint a Trainer::resume(spec) with
+/// `checkpoint_dir` (TrainerOptions::checkpoint_dir) would read, from its state.json; nothing
+/// when there is none yet, it predates the record, or its state.json does not read (the resume
+/// then says why, or skips it). For `--precision auto` with `--resume`: a resumed run keeps its
+/// precision, which auto may measure otherwise on another CPU (and the resume refuses another
+/// Trainer). A quick look, checksums unread: should the resume skip a damaged newest checkpoint
+/// for an older one of another precision, it refuses that one, naming both Trainers.
+///   if (auto p = memopt::io::saved_precision("latest", "runs/a/checkpoints")) precision = *p;
+inline std::optional<std::string> saved_precision(const std::string& spec, const std::string& checkpoint_dir) {
+  if (spec.empty() || (spec == "latest" && checkpoint_dir.empty())) return std::nullopt;
+  const std::string runs =
+      checkpoint_dir.empty() ? std::filesystem::path(spec).parent_path().string() + "/." : checkpoint_dir;
+  try {
+    const std::string dir = CheckpointManager(runs, 1).resolve(spec, nullptr, /*verify=*/false);
+    if (dir.empty() || !std::filesystem::exists(std::filesystem::path(dir) / "state.json")) return std::nullopt;
+    const nlohmann::json state = read_checkpoint_state(dir);
+    if (state.contains("precision") && state["precision"].is_string()) return state["precision"].get<std::string>();
+  } catch (const c10::Error&) {  // a damaged state.json: the resume proper decides
+  }
+  return std::nullopt;
+}
 
 }  // namespace memopt::io
