@@ -271,6 +271,26 @@ TEST_CASE("a widened product in many chunks equals the product in one", "[bf16_g
   CHECK(bgemm::detail::rows_per_chunk(0, 0) == 1);
   CHECK(bgemm::detail::rows_per_chunk(100, 50) == 1);
   CHECK(bgemm::detail::rows_per_chunk(10, 95) == 9);
+  // Equal chunks: 512 rows at most 455 a chunk are two of 256.
+  CHECK(memopt::detail::cpu_gemm::balanced_chunk(512, 455) == 256);
+  CHECK(memopt::detail::cpu_gemm::balanced_chunk(50, 7) == 7);
+  CHECK(memopt::detail::cpu_gemm::balanced_chunk(10, 100) == 10);
+  CHECK(memopt::detail::cpu_gemm::balanced_chunk(0, 5) == 1);
+  // A transposed first operand in chunks of its rows, each converted as its transpose's rows and
+  // multiplied transposed: the fp32 product of the widened operands, rounded.
+  const auto dy = gemm_randn({40, 50}), in = gemm_randn({40, 9});
+  const auto rows = bgemm::detail::widened_addmm({}, dy.t(), in, 0, 1, 4 * (40 + 9) * 7);
+  CHECK(torch::equal(rows, bgemm::detail::widened_addmm({}, dy.t(), in, 0, 1)));
+  CHECK(torch::equal(rows, dy.to(torch::kFloat).t().mm(in.to(torch::kFloat)).to(torch::kBFloat16)));
+  // A weight's gradient dYᵀ·X deeper than tall (m 8 < k 60), too big for one chunk of rows: chunks
+  // of the depth summed in fp32, as exact as the product in one (summation order aside).
+  const auto g = gemm_randn({60, 8}), h = gemm_randn({60, 5});
+  const auto one = bgemm::detail::widened_addmm({}, g.t(), h, 0, 1);
+  const auto before = bgemm::detail::widened_count().load();
+  const auto depth = bgemm::detail::widened_addmm({}, g.t(), h, 0, 1, 4 * (60 + 5) * 3);  // 3 rows, 15 deep
+  CHECK(bgemm::detail::widened_count().load() == before + 1);
+  gemm_check_within_native(depth, one, gemm_f64(g).t().mm(gemm_f64(h)));
+  CHECK_FALSE(torch::equal(depth, torch::zeros_like(depth)));
 }
 
 TEST_CASE("Native mode is LibTorch's bf16 kernel bit for bit, other dtypes are never touched", "[bf16_gemm]") {

@@ -17,7 +17,8 @@
 // The bf16 precision policies call enable() when a Trainer is built for the CPU (their
 // prepare() hook, policies/precision.hpp): a user of the Trainer never calls it; code that runs
 // bf16 products outside a Trainer calls it once. The widened operands and result are
-// temporaries of at most the fp32 copy of the second operand plus kChunkBytes (row chunks).
+// temporaries of at most the fp32 copy of the second operand plus kChunkBytes (row chunks), or
+// an (m, n) fp32 sum plus kChunkBytes (a weight's gradient, in chunks of its depth).
 #pragma once
 
 #include <c10/util/Exception.h>
