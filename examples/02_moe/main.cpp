@@ -334,7 +334,8 @@ int run(Args a) {  // a copy: --policies auto rewrites the policy flags
   fs::create_directories(a.output_dir);
   examples::join_world("moe_lm");  // torchrun: data parallel, rank 0 prints and writes the log
   if (memopt::dist::world().rank() == 0) fmt::print("{}", a.preset_line);  // what --preset turned on
-  a.precision_used = examples::resolve_precision(a.precision, device, "moe_lm", a.checkpoints.saved_precision(a.output_dir));
+  a.precision_used =
+      examples::resolve_precision(a.precision, device, "moe_lm", a.checkpoints.saved_precision(a.output_dir));
   if (memopt::dist::world().rank() == 0)
     std::ofstream(a.output_dir + "/metrics.jsonl", a.checkpoints.resume.empty() ? std::ios::trunc : std::ios::app);
 

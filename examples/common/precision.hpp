@@ -53,9 +53,9 @@ inline memopt::machine::PrecisionChoice resolve_choice(const std::string& flag, 
                                                        const std::optional<std::string>& resumed = {}) {
   if (flag != "auto" || !resumed) return memopt::machine::resolve_precision(flag, device);
   const auto here = memopt::machine::choose_precision(device);
-  return {*resumed, "kept from the checkpoint --resume reads" +
-                        (here.precision == *resumed ? std::string()
-                                                    : "; a new run here would take " + here.precision + ": " + here.reason)};
+  std::string reason = "kept from the checkpoint --resume reads";
+  if (here.precision != *resumed) reason += "; a new run here would take " + here.precision + ": " + here.reason;
+  return {*resumed, reason};
 }
 
 /// `flag` (checked by check_precision with a device) resolved on `device`: fp16 as given, the
