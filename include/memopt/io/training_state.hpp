@@ -36,6 +36,14 @@ struct TrainerRecord {
   int64_t micro_splits = 1;
 };
 
+/// Where Trainer::resume(spec) looks: the run's checkpoint directory, or without one the folder
+/// holding `spec` (a step directory).
+inline CheckpointManager resume_manager(const std::string& spec, const std::string& checkpoint_dir, int64_t keep) {
+  return checkpoint_dir.empty()
+             ? CheckpointManager(std::filesystem::path(spec).parent_path().string() + "/.", 1)
+             : CheckpointManager(checkpoint_dir, keep);
+}
+
 /// The checkpoints of one Trainer's run.
 class TrainingState {
  public:
@@ -103,8 +111,7 @@ class TrainingState {
     const std::string who = "memopt::Trainer::resume('" + spec + "')";
     TORCH_CHECK(spec != "latest" || enabled(), who, ": 'latest' needs a checkpoint directory. "
                 "HINT: set TrainerOptions().checkpoint_dir(...), or pass a step-N directory");
-    const CheckpointManager checkpoints =
-        enabled() ? manager() : CheckpointManager(std::filesystem::path(spec).parent_path().string() + "/.", 1);
+    const CheckpointManager checkpoints = resume_manager(spec, dir_, keep_);
     std::vector<std::string> refused;
     const std::string dir = checkpoints.resolve(spec, &refused);
     for (const auto& reason : refused) fmt::print(stderr, "memopt: refused a checkpoint, using an older one: {}\n", reason);
@@ -187,10 +194,8 @@ class TrainingState {
 ///   if (auto p = memopt::io::saved_precision("latest", "runs/a/checkpoints")) precision = *p;
 inline std::optional<std::string> saved_precision(const std::string& spec, const std::string& checkpoint_dir) {
   if (spec.empty() || (spec == "latest" && checkpoint_dir.empty())) return std::nullopt;
-  const std::string runs =
-      checkpoint_dir.empty() ? std::filesystem::path(spec).parent_path().string() + "/." : checkpoint_dir;
   try {
-    const std::string dir = CheckpointManager(runs, 1).resolve(spec, nullptr, /*verify=*/false);
+    const std::string dir = resume_manager(spec, checkpoint_dir, 1).resolve(spec, nullptr, /*verify=*/false);
     if (dir.empty() || !std::filesystem::exists(std::filesystem::path(dir) / "state.json")) return std::nullopt;
     const nlohmann::json state = read_checkpoint_state(dir);
     if (state.contains("precision") && state["precision"].is_string()) return state["precision"].get<std::string>();
