@@ -10,7 +10,7 @@
 // clang 14 in C++20 rejects LibTorch 1.13's <torch/torch.h> (a std::vector<c10::IValue> used
 // while IValue is still incomplete) unless IValue's header comes first.
 #include <ATen/core/ivalue.h>
-#include <memopt/io/checkpoint.hpp>
+#include <memopt/io/manifest.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using memopt::io::Manifest;

@@ -7,7 +7,7 @@
 #include <system_error>
 
 #include <memopt/data/tokenizer.hpp>
-#include <memopt/io/checkpoint.hpp>
+#include <memopt/io/manifest.hpp>
 
 namespace examples {
 

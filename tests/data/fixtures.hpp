@@ -149,7 +149,10 @@ inline std::vector<memopt::data::EmbedRecord> diverse_records(int n) {
   std::vector<memopt::data::EmbedRecord> out;
   for (int i = 0; i < n; ++i) {
     const int words = 1 + (i * 37) % n;  // lengths 1..n in a scrambled order
-    std::string q = "q" + std::to_string(i), p = "p" + std::to_string(i), n = "n" + std::to_string(i);
+    // Appended, not "q" + to_string(i): GCC 12 warns of that form (-Wstringop-overflow, a false positive).
+    const std::string id = std::to_string(i);
+    std::string q = "q", p = "p", n = "n";
+    q += id, p += id, n += id;
     for (int w = 0; w < words; ++w) {
       q += " ab";
       p += " cd ef";

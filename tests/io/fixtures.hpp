@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <memopt/io/hf_config.hpp>
 #include <memopt/models/llama.hpp>
 #include <memopt/trainer.hpp>
 
@@ -78,6 +79,27 @@ inline void check_same_weights(memopt::models::Llama& expected, memopt::models::
     INFO(item.key());
     CHECK(torch::equal(item.value(), b[item.key()]));
   }
+}
+
+/// The tiny HF-style LlamaConfig of the config.json and pretrained tests (GQA, rope_theta 5e5).
+inline memopt::models::LlamaConfig hf_config() {
+  return memopt::models::LlamaConfig()
+      .vocab_size(64)
+      .hidden_size(32)
+      .num_hidden_layers(2)
+      .num_attention_heads(4)
+      .num_key_value_heads(2)
+      .intermediate_size(48)
+      .max_position_embeddings(16)
+      .rope_theta(500000.0)
+      .rms_norm_eps(1e-6);
+}
+
+/// dir/config.json with `edit` applied to hf_config()'s JSON.
+inline void write_config(const TempDir& dir, const std::function<void(nlohmann::json&)>& edit) {
+  auto json = memopt::io::to_json(hf_config());
+  edit(json);
+  memopt::test::write_text(dir.file("config.json"), json.dump(2));
 }
 
 }  // namespace memopt::test::io

@@ -34,11 +34,11 @@
 #include <memopt/data/shard.hpp>
 #include <memopt/data/source.hpp>
 #include <memopt/data/tokenizer.hpp>
-#include <memopt/io/checkpoint.hpp>  // io::digest_file (XXH3-64)
+#include <memopt/io/manifest.hpp>  // io::digest_file (XXH3-64)
 
 namespace memopt::tools {
 
-/// index.json's "format" and "version" (what detail::index_shards in source.hpp checks).
+/// index.json's "format" and "version" (what detail::index_shards in source_files.hpp checks).
 inline constexpr const char* kIndexFormat = "memopt-token-shards";
 inline constexpr int kIndexVersion = 1;
 
