@@ -13,7 +13,6 @@
 #include <malloc.h>  // malloc_trim
 
 #include <filesystem>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>

@@ -25,9 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <string_view>
 #include <utility>

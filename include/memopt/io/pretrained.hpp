@@ -18,7 +18,6 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "memopt/error.hpp"
 #include "memopt/io/hf_config.hpp"
 #include "memopt/io/safetensors.hpp"
 #include "memopt/io/shards.hpp"
